@@ -1,0 +1,34 @@
+"""shardkit: a high-throughput sharded data pipeline for image-classification training in PyTorch.
+
+Pack image folders into WebDataset tar, LMDB or HDF5 shards with leak-free split manifests, stream
+them into ``torch.utils.data.DataLoader`` with fast JPEG decoding, train timm classifiers from them,
+and measure whether training is data-bound.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# Public names, imported lazily so that `shardkit --help` and worker start-up stay cheap.
+_LAZY = {
+    "ShardDataset": "shardkit.dataset",
+    "MapShardDataset": "shardkit.dataset",
+    "make_loader": "shardkit.loader",
+    "ShardLoader": "shardkit.loader",
+    "DeviceNormalizer": "shardkit.loader",
+    "TransformConfig": "shardkit.transforms",
+    "load_manifest": "shardkit.manifest",
+    "load_index": "shardkit.manifest",
+    "pack": "shardkit.pack",
+    "verify": "shardkit.verify",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,64 @@
+"""The one exception tree of shardkit.
+
+Every error a user can trigger with bad input derives from :class:`ShardkitError`; messages name
+the bad value (file, key, shard, option) and what was expected.
+"""
+from __future__ import annotations
+
+__all__ = [
+    "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
+    "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "DecodeError",
+    "LoaderError",
+]
+
+
+class ShardkitError(Exception):
+    """Base class of every error shardkit raises on purpose."""
+
+
+class ConfigError(ShardkitError, ValueError):
+    """An option or config value is invalid (the message names it and the allowed values)."""
+
+
+class SourceError(ShardkitError):
+    """The pack source (folder or CSV) cannot be used as given."""
+
+
+class LabelError(ShardkitError):
+    """Labels are inconsistent: a label map is malformed, or identical bytes carry two labels."""
+
+
+class UnknownLabelError(LabelError):
+    """Folder or CSV labels match no known class; lists the unknown names and the closest ones."""
+
+    def __init__(self, unknown: dict[str, list[str]], known: list[str]):
+        self.unknown = unknown
+        self.known = known
+        parts = [f"{name!r} (closest: {', '.join(repr(c) for c in close) or 'none'})"
+                 for name, close in unknown.items()]
+        super().__init__(f"{len(unknown)} label(s) match no class of the label map: "
+                         + "; ".join(parts) + f". Known classes: {known}")
+
+
+class SplitError(ShardkitError):
+    """A split specification is invalid or cannot be met."""
+
+
+class OutputExistsError(ShardkitError):
+    """The output folder already holds a dataset; pass --overwrite to replace it."""
+
+
+class ManifestError(ShardkitError):
+    """manifest.json or a split index is missing, unreadable or of an unknown schema version."""
+
+
+class ShardCorruptError(ShardkitError):
+    """A shard's bytes do not match the manifest (hash, size, count) or a sample cannot be read."""
+
+
+class DecodeError(ShardkitError):
+    """An image could not be decoded; names the shard and key when known."""
+
+
+class LoaderError(ShardkitError):
+    """A loader option combination is invalid (for example resampling on a val/test split)."""
