@@ -9,13 +9,13 @@ __all__ = ["main"]
 
 # name -> "module:attribute"; each module defines its own click.Command.
 COMMANDS = {
-    "pack": "shardkit.pack:pack_command",
-    "verify": "shardkit.verify:verify_command",
-    "train": "shardkit.train.cli:train_command",
-    "bench": "shardkit.bench.cli:bench_command",
-    "stats": "shardkit.doctor:stats_command",
-    "inspect": "shardkit.doctor:inspect_command",
-    "check": "shardkit.doctor:check_command",
+    "pack": ("shardkit.pack:pack_command", "Pack an image folder or CSV list into shards."),
+    "verify": ("shardkit.verify:verify_command", "Re-hash shards and check them against the manifest."),
+    "train": ("shardkit.train.cli:train_command", "Train a timm classifier from shards."),
+    "bench": ("shardkit.bench.cli:bench_command", "Benchmark the loader: is training data-bound?"),
+    "stats": ("shardkit.doctor:stats_command", "Per-channel mean/std of a split, saved in the manifest."),
+    "inspect": ("shardkit.doctor:inspect_command", "Counts, imbalance, shard sizes and a sample grid."),
+    "check": ("shardkit.doctor:check_command", "Check splits for leakage and transform drift."),
 }
 
 
@@ -26,11 +26,15 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx, name):
-        target = COMMANDS.get(name)
-        if target is None:
+        if name not in COMMANDS:
             return None
-        module, attr = target.split(":")
+        module, attr = COMMANDS[name][0].split(":")
         return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx, formatter):
+        """Lists commands from their one-line help, without importing their modules."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup)
