@@ -1,0 +1,248 @@
+"""Exactly-once epoch arithmetic: epoch order, rank / batch / worker partition (pure numpy).
+
+One epoch of one split is planned in three steps, each a pure function of its arguments, so every
+process (ranks, DataLoader workers, a resumed job) computes the same plan without talking:
+
+1. :func:`epoch_order` - the global order of sample positions ``[0, n)`` for ``(seed, epoch)``:
+   ``mode="exact"`` visits every sample exactly once (identity order, a permutation, or a
+   *shard-block* permutation: shuffle the shard order, then samples inside each shard, so a
+   consumer reads whole contiguous ranges of one shard - preferred for streamed remote tar
+   shards); ``mode="stream"`` draws ``samples_per_epoch`` positions with replacement, uniformly or
+   class-balanced (``balance="class"``: every class is drawn with probability ``1/num_classes``).
+2. :func:`rank_plan` - the contiguous slice of that order owned by ``rank`` of ``world_size``.
+   ``even=None`` keeps exactly-once (ranks differ by at most one sample; evaluation);
+   ``even="pad"`` wraps around to the start of the order like ``torch.utils.data.DistributedSampler``
+   so every rank gets ``ceil(total / world_size)`` samples (the repeats are flagged in ``valid``);
+   ``even="drop"`` drops the remainder so every rank gets ``floor(total / world_size)``.
+   The partition is over samples, not shards, so fewer shards than consumers is fine.
+3. :meth:`EpochPlan.worker_batches` - batch ``b`` of a rank (``b >= start_batch``) is built by
+   worker ``(b - start_batch) % num_workers``. ``torch.utils.data.DataLoader`` polls workers
+   round-robin, so batches arrive in order and a resume point is just ``(epoch, batches consumed)``
+   whatever ``num_workers`` was before or is now. A worker with no batch yields nothing.
+
+All index arrays are numpy (``int64``/``bool``), never lists of Python objects (field case 16).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["MODES", "EVEN_RULES", "BALANCE", "epoch_rng", "sample_rng", "epoch_order", "rank_count",
+           "rank_plan", "num_batches", "EpochPlan", "plan_epoch"]
+
+MODES = ("exact", "stream")
+EVEN_RULES = (None, "pad", "drop")
+BALANCE = (None, "class")
+
+# Distinct SeedSequence spawn keys so the order RNG and the augmentation RNG never share streams.
+_ORDER_STREAM = 0x5EED0
+_SAMPLE_STREAM = 0x5EED1
+
+
+def _check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of {list(allowed)}")
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{name}={value!r}: expected an int >= {minimum}")
+    return int(value)
+
+
+def epoch_rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
+    """The numpy Generator of ``(seed, epoch, *extra)`` (PCG64 via ``SeedSequence``).
+
+    Used for the epoch order (``extra=()``) and, through :func:`sample_rng`, per-sample
+    augmentation. Independent of process, worker and start method, so runs are reproducible.
+    """
+    return np.random.default_rng(np.random.SeedSequence([_ORDER_STREAM, int(seed), int(epoch),
+                                                         *map(int, extra)]))
+
+
+def sample_rng(seed: int, epoch: int, rank: int, position: int) -> np.random.Generator:
+    """Augmentation RNG of the sample at ``position`` of ``rank``'s epoch order (field case 17).
+
+    Derived from ``(seed, epoch, rank, position)`` only - not from the worker id or the process -
+    so it differs between samples, ranks and epochs, and is identical for any ``num_workers``.
+    """
+    return np.random.default_rng(np.random.SeedSequence(
+        [_SAMPLE_STREAM, int(seed), int(epoch), int(rank), int(position)]))
+
+
+def epoch_order(n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,
+                mode: str = "exact", labels: np.ndarray | None = None, balance: str | None = None,
+                samples_per_epoch: int | None = None, shards: np.ndarray | None = None,
+                block: bool = False) -> np.ndarray:
+    """Global order of sample positions for one epoch.
+
+    Args:
+        n: number of samples in the split (>= 0).
+        seed, epoch: the order is a pure function of these (and the other arguments).
+        shuffle: exact mode only; False gives ``arange(n)``.
+        mode: ``"exact"`` (each position exactly once) or ``"stream"`` (``samples_per_epoch``
+            draws with replacement; ``shuffle`` is implied).
+        labels: int64 ``(n,)`` class per sample; required for ``balance="class"``.
+        balance: ``None`` or ``"class"`` (stream mode only): sample weights ``1 / count(class)``
+            so every class present has the same expected frequency.
+        samples_per_epoch: stream mode: number of draws (default ``n``). Not allowed in exact mode.
+        shards: int ``(n,)`` shard of each sample; with ``block=True`` and ``shuffle`` the order is
+            shard-block (shard order shuffled, then samples within each shard).
+        block: see ``shards``.
+
+    Returns:
+        int64 array of positions in ``[0, n)``; length ``n`` (exact) or ``samples_per_epoch``.
+
+    Raises:
+        ConfigError: unknown mode/balance, balance or ``samples_per_epoch`` in exact mode, missing
+            or mis-sized ``labels``/``shards``, negative sizes, or draws requested from ``n == 0``.
+    """
+    n = _check_int("n", n, 0)
+    _check_choice("mode", mode, MODES)
+    _check_choice("balance", balance, BALANCE)
+    rng = epoch_rng(seed, epoch)
+    if mode == "exact":
+        if balance is not None:
+            raise ConfigError(f"balance={balance!r} resamples, so it needs mode='stream'; "
+                              "mode='exact' visits every sample exactly once")
+        if samples_per_epoch is not None and samples_per_epoch != n:
+            raise ConfigError(f"samples_per_epoch={samples_per_epoch!r} needs mode='stream'; "
+                              f"an exact epoch has exactly n={n} samples")
+        if not shuffle:
+            return np.arange(n, dtype=np.int64)
+        if block and shards is not None:
+            shards = np.asarray(shards)
+            if shards.shape != (n,):
+                raise ConfigError(f"shards has shape {shards.shape}, expected ({n},)")
+            ids = np.unique(shards)
+            shard_rank = np.empty(int(ids.max()) + 1 if n else 0, dtype=np.int64)
+            shard_rank[ids] = rng.permutation(len(ids))
+            # primary key: shuffled shard rank; secondary: a random key inside the shard
+            return np.lexsort((rng.random(n), shard_rank[shards])).astype(np.int64)
+        return rng.permutation(n).astype(np.int64)
+    count = n if samples_per_epoch is None else _check_int("samples_per_epoch",
+                                                           samples_per_epoch, 0)
+    if count and not n:
+        raise ConfigError(f"samples_per_epoch={count} draws requested from an empty split (n=0)")
+    if balance is None:
+        return rng.integers(0, n, size=count, dtype=np.int64)
+    if labels is None:
+        raise ConfigError("balance='class' needs labels (int64 array of shape (n,))")
+    labels = np.asarray(labels)
+    if labels.shape != (n,):
+        raise ConfigError(f"labels has shape {labels.shape}, expected ({n},)")
+    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    weights = 1.0 / counts[inverse]
+    return rng.choice(n, size=count, replace=True, p=weights / weights.sum()).astype(np.int64)
+
+
+def rank_count(total: int, rank: int, world_size: int, even: str | None = None) -> int:
+    """Number of samples ``rank`` gets from an order of length ``total`` (see :func:`rank_plan`)."""
+    total = _check_int("total", total, 0)
+    world_size = _check_int("world_size", world_size, 1)
+    rank = _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ConfigError(f"rank={rank} is not in [0, world_size={world_size})")
+    _check_choice("even", even, EVEN_RULES)
+    if even == "pad":
+        return -(-total // world_size)
+    if even == "drop":
+        return total // world_size
+    return total // world_size + (1 if rank < total % world_size else 0)
+
+
+def rank_plan(order: np.ndarray, rank: int, world_size: int,
+              even: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The contiguous part of ``order`` owned by ``rank``, and its validity mask.
+
+    Returns:
+        ``(positions, valid)``: int64 ``(m,)`` with ``m = rank_count(len(order), ...)`` and bool
+        ``(m,)``; ``valid`` is False only for ``even="pad"`` wrap-around repeats. With
+        ``even="pad"`` and an empty ``order`` every rank gets nothing (nothing to repeat).
+    """
+    order = np.asarray(order, dtype=np.int64)
+    total = len(order)
+    m = rank_count(total, rank, world_size, even)
+    if even == "pad":
+        if total == 0:
+            return order[:0], np.zeros(0, dtype=bool)
+        start = rank * m
+        idx = np.arange(start, start + m, dtype=np.int64)
+        return order[idx % total], idx < total
+    if even == "drop":
+        start = rank * m
+    else:
+        base, extra = divmod(total, world_size)
+        start = rank * base + min(rank, extra)
+    return order[start:start + m].copy(), np.ones(m, dtype=bool)
+
+
+def num_batches(count: int, batch_size: int, drop_last: bool = False) -> int:
+    """Batches from ``count`` samples: ``floor`` with ``drop_last`` else ``ceil``."""
+    count = _check_int("count", count, 0)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    return count // batch_size if drop_last else -(-count // batch_size)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one rank reads in one epoch.
+
+    Attributes:
+        positions: int64 ``(m,)`` sample positions in split order (index into ``SplitIndex``),
+            in the order this rank yields them.
+        valid: bool ``(m,)``; False for ``even="pad"`` repeats.
+        batch_size: samples per batch (>= 1); the last batch may be short unless ``drop_last``.
+        drop_last: drop a final short batch.
+        epoch, rank: for RNG derivation (:func:`sample_rng`).
+    """
+
+    positions: np.ndarray
+    valid: np.ndarray
+    batch_size: int = 1
+    drop_last: bool = False
+    epoch: int = 0
+    rank: int = 0
+
+    @property
+    def num_batches(self) -> int:
+        """Exact number of batches this rank yields in the epoch."""
+        return num_batches(len(self.positions), self.batch_size, self.drop_last)
+
+    def batch_slice(self, b: int) -> slice:
+        """Slice of ``positions`` for batch ``b`` in ``[0, num_batches)``."""
+        if not 0 <= b < self.num_batches:
+            raise ConfigError(f"batch {b} is not in [0, {self.num_batches})")
+        return slice(b * self.batch_size, min((b + 1) * self.batch_size, len(self.positions)))
+
+    def worker_batches(self, worker_id: int, num_workers: int, start_batch: int = 0) -> np.ndarray:
+        """Batch numbers built by ``worker_id`` of ``num_workers``: ``start_batch + worker_id``,
+        then every ``num_workers``-th. int64, possibly empty (a worker with nothing yields nothing).
+        """
+        num_workers = _check_int("num_workers", num_workers, 1)
+        worker_id = _check_int("worker_id", worker_id, 0)
+        if worker_id >= num_workers:
+            raise ConfigError(f"worker_id={worker_id} is not in [0, num_workers={num_workers})")
+        start_batch = _check_int("start_batch", start_batch, 0)
+        return np.arange(start_batch + worker_id, self.num_batches, num_workers, dtype=np.int64)
+
+
+def plan_epoch(n: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, epoch: int = 0,
+               shuffle: bool = False, mode: str = "exact", even: str | None = None,
+               batch_size: int = 1, drop_last: bool = False, labels: np.ndarray | None = None,
+               balance: str | None = None, samples_per_epoch: int | None = None,
+               shards: np.ndarray | None = None, block: bool = False) -> EpochPlan:
+    """:func:`epoch_order` then :func:`rank_plan`, bundled with the batch rule (an :class:`EpochPlan`).
+
+    Raises:
+        ConfigError: any invalid argument (see the functions above).
+    """
+    order = epoch_order(n, seed=seed, epoch=epoch, shuffle=shuffle, mode=mode, labels=labels,
+                        balance=balance, samples_per_epoch=samples_per_epoch, shards=shards,
+                        block=block)
+    positions, valid = rank_plan(order, rank, world_size, even)
+    _check_int("batch_size", batch_size, 1)
+    return EpochPlan(positions, valid, int(batch_size), bool(drop_last), int(epoch), int(rank))
