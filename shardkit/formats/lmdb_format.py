@@ -1,0 +1,111 @@
+"""LMDB shards (format name ``lmdb``).
+
+On-disk layout: one single-file LMDB environment per shard (``subdir=False``), a single unnamed
+database mapping the sample key (ASCII bytes) to the stored image bytes, unchanged. Labels and
+counts live in the manifest and split index, so a reader never needs a transaction in the parent.
+
+Writing (field case 9): puts are committed in batches; on ``MapFullError`` the map size is doubled
+and the batch retried, so no size guess can fail a pack. After the last batch the environment is
+copied with compaction to a tight file, and the working copy is removed.
+
+Reading (field cases 8 and 9): opened lazily per process (reopened after fork), with
+``readonly=True, readahead=False, meminit=False`` and ``lock=False``. Lock-free reading is safe
+only because shards are immutable once packed (nothing ever writes them again), and it removes the
+whole class of reader-slot failures at once: no ``lock.mdb`` to create (works on read-only mounts
+and ``chmod 0555`` copies), no 126-slot reader table to fill (``ReadersFullError`` after many
+epochs of re-created workers), and no stale slots left by SIGKILLed workers. This is the usual
+recipe for training data (BasicSR and most PyTorch LMDB datasets open with ``lock=False``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lmdb
+
+from ..errors import ShardCorruptError
+from .base import FormatReader, FormatWriter
+
+__all__ = ["Writer", "Reader", "suffix", "INITIAL_MAP_SIZE"]
+
+suffix = ".lmdb"
+INITIAL_MAP_SIZE = 64 << 20   # bytes; grows by doubling on MapFullError
+BATCH_BYTES = 16 << 20        # commit every 16 MiB of image bytes
+
+
+class Writer(FormatWriter):
+    suffix = suffix
+
+    def __init__(self, path, initial_map_size: int = INITIAL_MAP_SIZE):
+        super().__init__(path)
+        self._work = self.path.with_name(self.path.name + ".work")
+        for p in (self._work, Path(str(self._work) + "-lock")):
+            p.unlink(missing_ok=True)
+        self._map_size = int(initial_map_size)
+        self._env = lmdb.open(str(self._work), subdir=False, map_size=self._map_size, lock=False,
+                              sync=False, metasync=False, readahead=False, meminit=False)
+        self._batch: list[tuple[bytes, bytes]] = []
+        self._batch_bytes = 0
+        self.map_growths = 0
+
+    def add(self, key: str, data: bytes, ext: str, label: int) -> int:
+        self._batch.append((key.encode("ascii"), bytes(data)))
+        self._batch_bytes += len(data)
+        if self._batch_bytes >= BATCH_BYTES:
+            self._commit()
+        return 0
+
+    def _commit(self) -> None:
+        while self._batch:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for k, v in self._batch:
+                        txn.put(k, v, overwrite=True)
+            except lmdb.MapFullError:
+                self._map_size *= 2
+                self._env.set_mapsize(self._map_size)
+                self.map_growths += 1
+                continue
+            self._batch, self._batch_bytes = [], 0
+
+    def close(self) -> None:
+        if self._env is None:
+            return
+        self._commit()
+        self._env.sync(True)
+        self.path.unlink(missing_ok=True)
+        self._env.copy(str(self.path), compact=True)
+        self._env.close()
+        self._env = None
+        self._work.unlink(missing_ok=True)
+        with open(self.path, "rb+") as f:
+            os.fsync(f.fileno())
+
+    def abort(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+        self._work.unlink(missing_ok=True)
+
+
+class Reader(FormatReader):
+    def _open(self):
+        try:
+            return lmdb.open(self.location, subdir=False, readonly=True, lock=False,
+                             readahead=False, meminit=False)
+        except lmdb.Error as e:
+            raise ShardCorruptError(f"shard {self.name}: cannot open LMDB: {e}") from e
+
+    def read(self, key: str, offset: int, size: int) -> bytes:
+        env = self._get()
+        try:
+            with env.begin(buffers=False) as txn:
+                data = txn.get(key.encode("ascii"))
+        except lmdb.Error as e:
+            raise ShardCorruptError(f"shard {self.name}: reading sample {key!r} failed: {e}") from e
+        if data is None:
+            raise ShardCorruptError(f"shard {self.name}: sample {key!r} not found")
+        if len(data) != size:
+            raise ShardCorruptError(f"shard {self.name}: sample {key!r} has {len(data)} bytes, "
+                                    f"the index says {size}")
+        return data

@@ -1,0 +1,205 @@
+"""``manifest.json`` and the per-split index: the contract between the packer and every reader.
+
+Layout (schema version 1; the full schema is in ``docs/DESIGN.md``)::
+
+    OUT/manifest.json              written last and atomically; its presence means "dataset complete"
+    OUT/splits/<split>.jsonl       one JSON object per packed sample (human- and tool-readable)
+    OUT/splits/<split>.index.npz   the same as numpy arrays, what readers load (:class:`SplitIndex`)
+
+Readers take class names, counts and sample locations from here only, never by opening a shard
+in the parent process (field cases 8 and 10). ``root`` may be a local folder or an fsspec URL
+(``http://``, ``https://``, ``s3://``) for tar shards.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ManifestError
+
+__all__ = [
+    "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "is_url", "join", "load_manifest",
+    "write_manifest", "write_split_files", "load_index", "read_split_records", "atomic_write_bytes",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+INDEX_FIELDS = ("shard", "offset", "size", "label")
+
+
+def is_url(root: str | os.PathLike) -> bool:
+    """True when ``root`` is an fsspec URL (``scheme://...``) rather than a local path."""
+    return "://" in str(root) and not str(root).startswith("file://")
+
+
+def join(root: str | os.PathLike, rel: str) -> str:
+    """Joins a relative (posix) path onto a local folder or a URL."""
+    if is_url(root):
+        return str(root).rstrip("/") + "/" + rel
+    return str(Path(str(root).removeprefix("file://")) / rel)
+
+
+def _read_bytes(location: str) -> bytes:
+    if is_url(location):
+        import fsspec
+
+        with fsspec.open(location, "rb") as f:
+            return f.read()
+    with open(location, "rb") as f:
+        return f.read()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path`` via a temporary file in the same folder, fsync and rename.
+
+    A reader sees either the old file or the complete new one, never a partial file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_manifest(root: str | os.PathLike) -> dict:
+    """Reads and validates ``root/manifest.json``.
+
+    Raises:
+        ManifestError: the file is missing (the dataset is not packed or a pack run did not
+            finish), is not JSON, or has an unknown ``schema_version``.
+    """
+    location = join(root, MANIFEST_NAME)
+    try:
+        manifest = json.loads(_read_bytes(location))
+    except FileNotFoundError:
+        raise ManifestError(f"{location} not found: {root} is not a finished shardkit dataset "
+                            "(run `shardkit pack`; an interrupted pack leaves no manifest)") from None
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"cannot read {location}: {e}") from e
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ManifestError(f"{location} has schema_version {version!r}; this shardkit reads "
+                            f"{SCHEMA_VERSION}")
+    for field in ("format", "classes", "splits"):
+        if field not in manifest:
+            raise ManifestError(f"{location} lacks the required field {field!r}")
+    return manifest
+
+
+def write_manifest(root: str | os.PathLike, manifest: dict) -> None:
+    """Writes ``manifest`` to ``root/manifest.json`` atomically (the last step of a pack)."""
+    manifest = {"schema_version": SCHEMA_VERSION, **manifest}
+    data = json.dumps(manifest, indent=2, ensure_ascii=False, sort_keys=False).encode("utf-8")
+    atomic_write_bytes(Path(root) / MANIFEST_NAME, data + b"\n")
+
+
+@dataclass(frozen=True)
+class SplitIndex:
+    """Where every sample of one split lives, as flat numpy arrays (no per-sample Python objects,
+    so forked DataLoader workers do not copy it on read; field case 16).
+
+    Attributes (all of length ``len(self)``, in split order):
+        shard: int32, index into ``manifest["splits"][split]["shards"]``.
+        offset: int64, byte offset of the image data in a tar shard; row in an HDF5 shard; 0 for LMDB.
+        size: int64, stored image size in bytes.
+        label: int64, class index in ``[0, len(manifest["classes"]))``.
+        key: fixed-width bytes (numpy ``S``), the sample key (ASCII).
+    """
+
+    shard: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    label: np.ndarray
+    key: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+    def key_at(self, i: int) -> str:
+        """The key of sample ``i`` as ``str``."""
+        return self.key[i].decode("ascii")
+
+
+def write_split_files(root: str | os.PathLike, split: str, records: list[dict]) -> None:
+    """Writes ``splits/<split>.jsonl`` and ``splits/<split>.index.npz`` atomically.
+
+    ``records`` are per-sample dicts in split order with at least ``key``, ``label``, ``shard``,
+    ``offset``, ``size`` (see docs/DESIGN.md for the full field list).
+    """
+    folder = Path(root) / "splits"
+    lines = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
+    atomic_write_bytes(folder / f"{split}.jsonl", lines.encode("utf-8"))
+    keys = [r["key"].encode("ascii") for r in records]
+    arrays = {
+        "shard": np.array([r["shard"] for r in records], dtype=np.int32),
+        "offset": np.array([r["offset"] for r in records], dtype=np.int64),
+        "size": np.array([r["size"] for r in records], dtype=np.int64),
+        "label": np.array([r["label"] for r in records], dtype=np.int64),
+        "key": np.array(keys, dtype=f"S{max((len(k) for k in keys), default=1)}"),
+    }
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(folder / f"{split}.index.npz", buf.getvalue())
+
+
+def _check_split(root, manifest: dict | None, split: str) -> None:
+    manifest = manifest if manifest is not None else load_manifest(root)
+    if split not in manifest["splits"]:
+        raise ManifestError(f"split {split!r} not in {join(root, MANIFEST_NAME)}; "
+                            f"available: {sorted(manifest['splits'])}")
+
+
+def load_index(root: str | os.PathLike, split: str, manifest: dict | None = None) -> SplitIndex:
+    """Loads the :class:`SplitIndex` of ``split``.
+
+    Raises:
+        ManifestError: unknown split, or a missing/unreadable index file.
+    """
+    _check_split(root, manifest, split)
+    location = join(root, f"splits/{split}.index.npz")
+    try:
+        with np.load(io.BytesIO(_read_bytes(location)), allow_pickle=False) as z:
+            index = SplitIndex(**{name: z[name] for name in (*INDEX_FIELDS, "key")})
+    except (OSError, ValueError, KeyError) as e:
+        raise ManifestError(f"cannot read split index {location}: {e}") from e
+    expected = (manifest or load_manifest(root))["splits"][split]["num_samples"]
+    if len(index) != expected:
+        raise ManifestError(f"{location} lists {len(index)} samples, manifest says {expected}")
+    return index
+
+
+def read_split_records(root: str | os.PathLike, split: str) -> list[dict]:
+    """All per-sample records of ``splits/<split>.jsonl`` (for tools, not for the hot path)."""
+    location = join(root, f"splits/{split}.jsonl")
+    try:
+        text = _read_bytes(location).decode("utf-8")
+    except OSError as e:
+        raise ManifestError(f"cannot read {location}: {e}") from e
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
