@@ -1,0 +1,128 @@
+"""Read-side helpers shared by ``shardkit inspect``, ``check`` and ``stats`` (the data doctor).
+
+Everything here goes through the public contracts of docs/DESIGN.md: ``shardkit.manifest``
+(``load_manifest``, ``load_index``, ``write_manifest``), ``shardkit.formats.open_reader`` and
+``shardkit.decode.get_decoder``. Per-sample metadata (path, group, sha256) comes from
+``splits/<split>.jsonl``; byte locations come from the split index.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError, ManifestError
+
+__all__ = ["load_manifest_dict", "split_names", "read_rows", "iter_sample_bytes", "decode_rgb",
+           "save_manifest_dict"]
+
+
+def load_manifest_dict(root: str | Path) -> dict[str, Any]:
+    """The manifest of the dataset at ``root`` (a dict, schema of docs/DESIGN.md).
+
+    Raises:
+        ManifestError: ``root/manifest.json`` is missing, unreadable or of an unknown schema.
+    """
+    from shardkit.manifest import load_manifest
+
+    return load_manifest(root)
+
+
+def save_manifest_dict(root: str | Path, manifest: dict[str, Any]) -> None:
+    """Rewrite ``root/manifest.json`` atomically through ``shardkit.manifest.write_manifest``."""
+    from shardkit.manifest import write_manifest
+
+    write_manifest(Path(root), manifest)
+
+
+def split_names(manifest: dict[str, Any], split: str | None = None) -> list[str]:
+    """The split names to look at: all splits of the manifest, or ``[split]``.
+
+    Raises:
+        ConfigError: ``split`` is not a split of this dataset (the message lists the splits).
+    """
+    names = list(manifest.get("splits", {}))
+    if split is None:
+        return names
+    if split not in names:
+        raise ConfigError(f"split {split!r} is not in this dataset; expected one of {names}")
+    return [split]
+
+
+def read_rows(root: str | Path, split: str) -> list[dict[str, Any]]:
+    """The rows of ``root/splits/<split>.jsonl`` (one dict per sample, in split order).
+
+    Raises:
+        ManifestError: the file is missing or unreadable, or a row lacks one of ``key``,
+            ``label``, ``group``, ``sha256`` (names the file and row number).
+    """
+    from shardkit.manifest import read_split_records
+
+    try:
+        rows = read_split_records(root, split)
+    except ValueError as exc:  # json.JSONDecodeError
+        raise ManifestError(f"splits/{split}.jsonl of {root} holds a line that is not JSON: {exc}") \
+            from exc
+    for i, row in enumerate(rows, 1):
+        missing = [k for k in ("key", "label", "group", "sha256") if k not in row] \
+            if isinstance(row, dict) else ["<JSON object>"]
+        if missing:
+            raise ManifestError(f"{root}/splits/{split}.jsonl row {i} lacks {missing}; expected the "
+                                "fields of docs/DESIGN.md (key, path, label, group, sha256, ...)")
+    return rows
+
+
+def iter_sample_bytes(root: str | Path, manifest: Any, split: str,
+                      positions: Sequence[int] | None = None) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(position, encoded image bytes)`` for samples of ``split``, shard by shard.
+
+    ``positions`` are indices into the split order (all samples when None); they are read grouped
+    by shard and by offset, so the order of the output may differ from ``positions``. Each shard
+    reader is opened once and closed after its samples are read.
+
+    Raises:
+        ConfigError: a position is outside ``[0, num_samples)``.
+        ManifestError / ShardCorruptError: from the index loader or the format reader.
+    """
+    from shardkit.formats import open_reader
+    from shardkit.manifest import load_index
+
+    index = load_index(root, split, manifest)
+    n = len(index.key)
+    pos = np.arange(n) if positions is None else np.asarray(positions, dtype=np.int64)
+    if pos.size and (pos.min() < 0 or pos.max() >= n):
+        raise ConfigError(f"sample positions must lie in [0, {n}) for split {split!r}; "
+                          f"got min {pos.min()}, max {pos.max()}")
+    order = np.lexsort((np.asarray(index.offset)[pos], np.asarray(index.shard)[pos]))
+    reader, reader_shard = None, None
+    try:
+        for p in pos[order]:
+            shard = int(index.shard[p])
+            if shard != reader_shard:
+                if reader is not None:
+                    reader.close()
+                reader, reader_shard = open_reader(root, manifest, split, shard), shard
+            key = index.key[p]
+            key = key.decode("utf-8") if isinstance(key, bytes) else str(key)
+            yield int(p), bytes(reader.read(key, int(index.offset[p]), int(index.size[p])))
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+_DECODERS: dict[str, Any] = {}
+
+
+def decode_rgb(data: bytes, decoder: str = "auto") -> np.ndarray:
+    """Decode encoded image bytes with the shardkit decoder registry.
+
+    Returns:
+        ``(H, W, 3)`` uint8 RGB array, values 0-255, C-contiguous (the decoding contract).
+    """
+    if decoder not in _DECODERS:
+        from shardkit.decode import get_decoder
+
+        _DECODERS[decoder] = get_decoder(decoder)
+    return _DECODERS[decoder].decode(data)

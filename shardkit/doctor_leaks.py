@@ -1,0 +1,175 @@
+"""Split-leakage checks of ``shardkit check``: shared groups, identical bytes, near-duplicates,
+missing classes and class imbalance (field case 24).
+
+Near-duplicates use the 64-bit perceptual hash (pHash: DCT of a 32x32 grayscale thumbnail, sign of
+the 8x8 low-frequency block against its median) of the ``imagehash`` library (``imagehash.phash``,
+after Zauner, "Implementation and Benchmarking of Perceptual Image Hash Functions", 2010, and
+pHash.org). Two samples in different splits are reported when the Hamming distance of their
+hashes is at most :data:`PHASH_THRESHOLD` (4 of 64 bits): a resized or re-encoded copy of a photo
+lands at 0-2, while two unrelated photos differ in ~32 bits on average.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError
+
+__all__ = ["PHASH_THRESHOLD", "IMBALANCE_THRESHOLD", "phash64", "group_overlap", "sha_overlap",
+           "near_duplicate_pairs", "class_counts", "missing_classes", "imbalance",
+           "split_phashes"]
+
+PHASH_THRESHOLD = 4
+"""Default max Hamming distance (of 64 bits) between pHashes reported as near-duplicates."""
+
+IMBALANCE_THRESHOLD = 10.0
+"""Default max/min class-count ratio above which a split is reported as extremely imbalanced."""
+
+
+def _ref(split: str, row: dict[str, Any]) -> dict[str, Any]:
+    return {"split": split, "key": row["key"], "path": row.get("path"), "group": row["group"]}
+
+
+def group_overlap(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Groups that have samples in more than one split.
+
+    Args:
+        rows: split name -> rows of ``splits/<split>.jsonl``.
+
+    Returns:
+        One dict per leaking group, sorted by group: ``{"group": g, "splits": {split: count}}``.
+    """
+    where: dict[str, Counter] = defaultdict(Counter)
+    for split, split_rows in rows.items():
+        for row in split_rows:
+            where[str(row["group"])][split] += 1
+    return [{"group": g, "splits": dict(sorted(c.items()))}
+            for g, c in sorted(where.items()) if len(c) > 1]
+
+
+def sha_overlap(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Source files with identical bytes (equal sha256) in more than one split.
+
+    Returns:
+        One dict per shared hash, sorted by hash: ``{"sha256": h, "samples": [{"split", "key",
+        "path", "group"}, ...]}`` listing every sample with that hash.
+    """
+    where: dict[str, list] = defaultdict(list)
+    for split, split_rows in rows.items():
+        for row in split_rows:
+            where[row["sha256"]].append(_ref(split, row))
+    return [{"sha256": h, "samples": refs} for h, refs in sorted(where.items())
+            if len({r["split"] for r in refs}) > 1]
+
+
+def phash64(img: np.ndarray) -> int:
+    """64-bit pHash of an ``(H, W, 3)`` uint8 RGB image (``imagehash.phash``, hash_size 8),
+    as an unsigned integer whose bits are the hash read row-major (first bit = most significant).
+    """
+    import imagehash
+    from PIL import Image
+
+    bits = imagehash.phash(Image.fromarray(img), hash_size=8).hash.reshape(-1)
+    return int.from_bytes(np.packbits(bits).tobytes(), "big")
+
+
+def split_phashes(root: str | Path, manifest: dict[str, Any], split: str, *, decoder: str = "auto",
+                  progress: bool = False) -> np.ndarray:
+    """pHashes of every sample of ``split``, decoded from the stored shard bytes.
+
+    Returns:
+        ``(num_samples,)`` uint64 array in split order.
+    """
+    from tqdm import tqdm
+
+    from shardkit.doctor_io import decode_rgb, iter_sample_bytes
+
+    n = int(manifest["splits"][split]["num_samples"])
+    out = np.zeros(n, dtype=np.uint64)
+    for pos, data in tqdm(iter_sample_bytes(root, manifest, split), total=n,
+                          desc=f"phash {split}", disable=not progress):
+        out[pos] = phash64(decode_rgb(data, decoder))
+    return out
+
+
+def near_duplicate_pairs(hashes: dict[str, np.ndarray], rows: dict[str, list[dict[str, Any]]],
+                         threshold: int = PHASH_THRESHOLD, *,
+                         chunk: int = 2048) -> list[dict[str, Any]]:
+    """Pairs of samples in *different* splits whose pHashes differ in at most ``threshold`` bits.
+
+    Pairs of byte-identical files (equal sha256) are left out: :func:`sha_overlap` reports them.
+
+    Args:
+        hashes: split -> ``(n,)`` uint64 pHashes in split order (:func:`split_phashes`).
+        rows: split -> jsonl rows in the same order.
+        threshold: max Hamming distance, 0-64.
+        chunk: rows of the distance matrix computed at once (memory: chunk x n x 8 bytes).
+
+    Returns:
+        ``[{"distance": d, "a": ref, "b": ref}, ...]`` sorted by distance then keys, where a ref
+        is ``{"split", "key", "path", "group"}`` and ``a`` comes from the earlier split in
+        ``hashes`` order.
+
+    Raises:
+        ConfigError: ``threshold`` outside 0-64, or a hash array and its rows differ in length.
+    """
+    if isinstance(threshold, bool) or not 0 <= int(threshold) <= 64:
+        raise ConfigError(f"near-duplicate threshold must be a Hamming distance in 0-64; "
+                          f"got {threshold!r}")
+    for split, h in hashes.items():
+        if len(h) != len(rows[split]):
+            raise ConfigError(f"split {split!r}: {len(h)} hashes but {len(rows[split])} rows")
+    pairs = []
+    for sa, sb in combinations(hashes, 2):
+        ha, hb = np.asarray(hashes[sa], np.uint64), np.asarray(hashes[sb], np.uint64)
+        for start in range(0, len(ha), chunk):
+            dist = np.bitwise_count(ha[start:start + chunk, None] ^ hb[None, :])
+            for i, j in zip(*np.nonzero(dist <= threshold)):
+                ra, rb = rows[sa][start + i], rows[sb][j]
+                if ra["sha256"] == rb["sha256"]:
+                    continue
+                pairs.append({"distance": int(dist[i, j]), "a": _ref(sa, ra), "b": _ref(sb, rb)})
+    pairs.sort(key=lambda p: (p["distance"], p["a"]["key"], p["b"]["key"]))
+    return pairs
+
+
+def class_counts(rows: Iterable[dict[str, Any]], num_classes: int) -> np.ndarray:
+    """Samples per class, ``(num_classes,)`` int64, from jsonl rows.
+
+    Raises:
+        ConfigError: a row's label is outside ``[0, num_classes)`` (names the key).
+    """
+    counts = np.zeros(num_classes, dtype=np.int64)
+    for row in rows:
+        label = row["label"]
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
+            raise ConfigError(f"sample {row['key']!r} has label {label!r}; expected an int in "
+                              f"[0, {num_classes})")
+        counts[label] += 1
+    return counts
+
+
+def missing_classes(counts: dict[str, np.ndarray], classes: list[str]) -> dict[str, list[str]]:
+    """Split -> names of the classes with no sample in it (only splits missing any)."""
+    return {split: [classes[i] for i in np.flatnonzero(c == 0)]
+            for split, c in counts.items() if (c == 0).any()}
+
+
+def imbalance(counts: np.ndarray, classes: list[str]) -> dict[str, Any]:
+    """Class-imbalance summary of one split.
+
+    Returns:
+        ``{"ratio": max/min (float; inf when a class has 0 samples; None for an empty split),
+        "max_class", "max_count", "min_class", "min_count"}``.
+    """
+    if counts.sum() == 0:
+        return {"ratio": None, "max_class": None, "max_count": 0, "min_class": None, "min_count": 0}
+    hi, lo = int(np.argmax(counts)), int(np.argmin(counts))
+    ratio = float("inf") if counts[lo] == 0 else float(counts[hi] / counts[lo])
+    return {"ratio": ratio, "max_class": classes[hi], "max_count": int(counts[hi]),
+            "min_class": classes[lo], "min_count": int(counts[lo])}
