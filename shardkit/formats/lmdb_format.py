@@ -88,13 +88,29 @@ class Writer(FormatWriter):
         self._work.unlink(missing_ok=True)
 
 
+_ENVS: dict[str, lmdb.Environment] = {}  # per process: py-lmdb allows one Environment per file
+_ENVS_PID = os.getpid()
+
+
 class Reader(FormatReader):
     def _open(self):
-        try:
-            return lmdb.open(self.location, subdir=False, readonly=True, lock=False,
-                             readahead=False, meminit=False)
-        except lmdb.Error as e:
-            raise ShardCorruptError(f"shard {self.name}: cannot open LMDB: {e}") from e
+        global _ENVS_PID
+        if _ENVS_PID != os.getpid():  # forked: never touch the parent's environments
+            _ENVS.clear()
+            _ENVS_PID = os.getpid()
+        path = os.path.realpath(self.location)
+        env = _ENVS.get(path)
+        if env is None:
+            try:
+                env = lmdb.open(path, subdir=False, readonly=True, lock=False,
+                                readahead=False, meminit=False)
+            except lmdb.Error as e:
+                raise ShardCorruptError(f"shard {self.name}: cannot open LMDB: {e}") from e
+            _ENVS[path] = env
+        return env
+
+    def close(self) -> None:
+        self._handle = None  # the environment is shared within the process; it stays open
 
     def read(self, key: str, offset: int, size: int) -> bytes:
         env = self._get()

@@ -1,0 +1,197 @@
+"""Contract tests for every registered shard format (a new format needs no new test code)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from shardkit.errors import ConfigError, ShardCorruptError
+from shardkit.formats import FORMATS, ShardSink, open_reader, remove_partial, sha256_file
+from shardkit.manifest import load_index, load_manifest, write_manifest, write_split_files
+
+ALL = sorted(FORMATS)
+
+
+def _jpegs(sample_dir: Path, n: int) -> list[Path]:
+    files = sorted(sample_dir.glob("*/*.jpg"))[:n]
+    assert len(files) == n
+    return files
+
+
+def _write(out: Path, fmt: str, files: list[Path], **sink_kw) -> list[dict]:
+    sink = ShardSink(out, "train", fmt, **sink_kw)
+    records = []
+    for i, p in enumerate(files):
+        data = p.read_bytes()
+        key = f"train_{i:08d}"
+        shard, offset = sink.add(key, data, "jpg", i % 3)
+        records.append(dict(key=key, shard=shard, offset=offset, size=len(data), label=i % 3,
+                            sha256=hashlib.sha256(data).hexdigest()))
+    shards = sink.close()
+    write_split_files(out, "train", records)
+    write_manifest(out, {"format": fmt, "classes": ["a", "b", "c"],
+                         "splits": {"train": {"num_samples": len(records), "shards": shards}}})
+    return records
+
+
+def _read_all(out: Path) -> list[str]:
+    manifest = load_manifest(out)
+    index = load_index(out, "train")
+    readers = [open_reader(out, manifest, "train", i)
+               for i in range(len(manifest["splits"]["train"]["shards"]))]
+    return [hashlib.sha256(bytes(readers[index.shard[i]].read(
+        index.key_at(i), int(index.offset[i]), int(index.size[i])))).hexdigest()
+        for i in range(len(index))]
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_round_trip_is_byte_exact_with_rollover(fmt, sample_dir, tmp_path):
+    """Case 5: 25 images, 10 per shard -> exactly 10, 10, 5; no empty shard; bytes unchanged."""
+    files = _jpegs(sample_dir, 25)
+    records = _write(tmp_path / "out", fmt, files, max_samples=10)
+    manifest = load_manifest(tmp_path / "out")
+    shards = manifest["splits"]["train"]["shards"]
+    assert [s["num_samples"] for s in shards] == [10, 10, 5]
+    for s in shards:
+        path = tmp_path / "out" / s["path"]
+        assert s["sha256"] == sha256_file(path) and s["bytes"] == path.stat().st_size
+    assert _read_all(tmp_path / "out") == [r["sha256"] for r in records]
+    # nothing but finished shards remains (no temp files, no lock files)
+    names = sorted(p.name for p in (tmp_path / "out" / "shards").iterdir())
+    assert names == sorted(Path(s["path"]).name for s in shards)
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_byte_limit_rollover(fmt, sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 12)
+    limit = sum(p.stat().st_size for p in files[:4]) + 1
+    _write(tmp_path / "out", fmt, files, max_bytes=limit)
+    shards = load_manifest(tmp_path / "out")["splits"]["train"]["shards"]
+    assert sum(s["num_samples"] for s in shards) == 12
+    assert all(s["num_samples"] >= 1 for s in shards) and len(shards) >= 3
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_readers_pickle_without_handles_and_reopen(fmt, sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 3)
+    records = _write(tmp_path / "out", fmt, files)
+    reader = open_reader(tmp_path / "out", load_manifest(tmp_path / "out"), "train", 0)
+    first = bytes(reader.read(records[0]["key"], records[0]["offset"], records[0]["size"]))
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone._handle is None
+    assert bytes(clone.read(records[0]["key"], records[0]["offset"], records[0]["size"])) == first
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_aborted_sink_leaves_only_temp_files_that_are_removed(fmt, sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 5)
+    out = tmp_path / "out"
+    sink = ShardSink(out, "train", fmt, max_samples=3)
+    for i, p in enumerate(files):
+        sink.add(f"train_{i:08d}", p.read_bytes(), "jpg", 0)
+    # killed here: shard 0 is finished, shard 1 is a temp file; no manifest exists
+    assert not (out / "manifest.json").exists()
+    suffix = FORMATS[fmt].suffix
+    finished = sorted(p.name for p in (out / "shards").iterdir() if not p.name.startswith("."))
+    assert finished == [f"train-000000{suffix}"]  # the open shard never has a final name
+    leftovers = [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
+    assert sorted(remove_partial(out)) == sorted(leftovers)
+    assert all(not p.name.startswith(".") for p in (out / "shards").iterdir())
+
+
+def test_unknown_format_and_bad_limits():
+    with pytest.raises(ConfigError, match="unknown format 'zip'"):
+        ShardSink("/tmp/x", "train", "zip")
+    with pytest.raises(ConfigError, match="max_samples must be >= 1"):
+        ShardSink("/tmp/x", "train", "wds", max_samples=0)
+
+
+def test_wds_shards_are_plain_tars_for_tar_and_webdataset(sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 4)
+    _write(tmp_path / "out", "wds", files)
+    path = tmp_path / "out" / "shards" / "train-000000.tar"
+    listing = subprocess.run(["tar", "tf", str(path)], capture_output=True, text=True, check=True)
+    assert listing.stdout.split() == [f"train_{i:08d}.jpg" for i in range(4)]
+    import webdataset as wds
+
+    got = [s["jpg"] for s in wds.WebDataset(str(path), shardshuffle=False)]
+    assert got == [p.read_bytes() for p in files]
+    with tarfile.open(path) as tf:  # deterministic headers
+        assert {(m.mtime, m.uid, m.mode) for m in tf.getmembers()} == {(0, 0, 0o644)}
+
+
+def test_wds_optional_cls_members(sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 3)
+    _write(tmp_path / "out", "wds", files, writer_options={"wds_cls": True})
+    import webdataset as wds
+
+    path = tmp_path / "out" / "shards" / "train-000000.tar"
+    assert [int(s["cls"]) for s in wds.WebDataset(str(path), shardshuffle=False)] == [0, 1, 2]
+    assert _read_all(tmp_path / "out") == [hashlib.sha256(p.read_bytes()).hexdigest() for p in files]
+
+
+def test_wds_truncated_or_shifted_shard_names_shard_and_key(sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 4)
+    records = _write(tmp_path / "out", "wds", files)
+    path = tmp_path / "out" / "shards" / "train-000000.tar"
+    data = path.read_bytes()
+    path.write_bytes(data[: records[3]["offset"] + 10])
+    reader = open_reader(tmp_path / "out", load_manifest(tmp_path / "out"), "train", 0)
+    with pytest.raises(ShardCorruptError, match=r"train-000000.tar.*train_00000003.*truncated"):
+        reader.read(records[3]["key"], records[3]["offset"], records[3]["size"])
+    path.write_bytes(b"\0" * 512 + data)  # every offset now points at the wrong place
+    reader = open_reader(tmp_path / "out", load_manifest(tmp_path / "out"), "train", 0)
+    with pytest.raises(ShardCorruptError, match=r"train-000000.tar.*train_00000001"):
+        reader.read(records[1]["key"], records[1]["offset"], records[1]["size"])
+
+
+def test_lmdb_tiny_map_grows_and_file_is_compacted(sample_dir, tmp_path):
+    """Case 9: an initial map of 1 MiB grows by doubling; the final file is tight."""
+    files = _jpegs(sample_dir, 30)
+    source_bytes = sum(p.stat().st_size for p in files)
+    sink = ShardSink(tmp_path / "out", "train", "lmdb", writer_options={"initial_map_size": 1 << 20})
+    for i, p in enumerate(files):
+        sink.add(f"train_{i:08d}", p.read_bytes(), "jpg", 0)
+    writer = sink._writer
+    shards = sink.close()
+    assert writer.map_growths >= 1
+    assert source_bytes < shards[0]["bytes"] < 1.2 * source_bytes + (1 << 20)
+
+
+def test_lmdb_reads_from_read_only_copy(sample_dir, tmp_path):
+    """Case 9: a chmod 0555 copy (no lock file can be created) still reads byte-exact."""
+    files = _jpegs(sample_dir, 5)
+    records = _write(tmp_path / "out", "lmdb", files)
+    ro = tmp_path / "ro"
+    shutil.copytree(tmp_path / "out", ro)
+    for p in [ro / "shards", ro / "splits", ro]:
+        p.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    try:
+        if os.geteuid() == 0:  # root ignores permissions; the reader must not try to lock anyway
+            pass
+        assert _read_all(ro) == [r["sha256"] for r in records]
+        assert not any(p.name.endswith("-lock") for p in (ro / "shards").iterdir())
+    finally:
+        for p in [ro, ro / "shards", ro / "splits"]:
+            p.chmod(0o755)
+
+
+def test_hdf5_layout_is_vlen_uint8_with_nul_bytes(sample_dir, tmp_path):
+    """Case 11: JPEG bytes contain 0x00; stored as vlen uint8 (not strings, not pickles)."""
+    files = _jpegs(sample_dir, 3)
+    assert all(b"\x00" in p.read_bytes() for p in files)
+    records = _write(tmp_path / "out", "hdf5", files)
+    with h5py.File(tmp_path / "out" / "shards" / "train-000000.h5", "r") as f:
+        assert h5py.check_vlen_dtype(f["images"].dtype) == np.dtype("uint8")
+        assert f["labels"].dtype == np.int64 and list(f["labels"][:]) == [0, 1, 2]
+        assert [k.decode() for k in f["keys"][:]] == [r["key"] for r in records]
+        assert f["images"][1].tobytes() == files[1].read_bytes()
