@@ -1,0 +1,387 @@
+"""Image checking and pixel normalisation at pack time.
+
+Every source file goes through :func:`check_image` exactly once, when the dataset is packed, so
+that nothing can fail hours into training (field case 14) and every reader (libjpeg-turbo, Pillow,
+nvJPEG) sees the same upright RGB pixels (field case 15):
+
+* The media type is taken from the magic bytes (:func:`sniff`), never from the file name, so a
+  PNG named ``.jpg`` is handled as a PNG.
+* The pixel count is read from the header *before* anything is decoded; images over
+  ``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS`, Pillow's own limit) are rejected with a
+  reason. Pillow's global ``Image.MAX_IMAGE_PIXELS`` and ``ImageFile.LOAD_TRUNCATED_IMAGES`` are
+  never changed: the limit is passed per call.
+* The whole image is decoded (not just opened). JPEGs are decoded with libjpeg-turbo (PyTurboJPEG,
+  RGB output) and with Pillow; libjpeg-turbo's recoverable warnings are recorded in
+  ``ImageResult.warnings`` (and make the file fail under ``strict=True``); "Premature end of JPEG
+  file" and any Pillow decode error reject the file as truncated/corrupt.
+* A standard 8-bit YCbCr or grayscale JPEG with no EXIF rotation is stored as the original bytes
+  (rule ``"original"``). Grayscale stays grayscale on disk: every reader expands it to 3 channels.
+  ICC profiles are ignored (pixels are taken as stored, as torchvision and timm do); ``icc`` says
+  whether one was present.
+* Everything else that decodes (CMYK/YCCK JPEG, EXIF-rotated JPEG/PNG/TIFF, PNG, WebP, GIF, TIFF,
+  BMP, AVIF when Pillow has the codec, 16-bit, palette, alpha) is converted to upright 8-bit RGB
+  and stored as a lossless PNG without metadata. ``ImageResult.rule`` is the ``+``-joined list
+  of the steps applied, in order, each described in :data:`RULES` (copied into the manifest),
+  e.g. ``"exif-transpose+png"`` or ``"first-frame+alpha-over-white+png"``.
+* No Python warning escapes :func:`check_image` or :func:`decode_reference`. Warnings are captured
+  with ``warnings.catch_warnings``, which is process-wide: call these functions from worker
+  processes, not from several threads of one process.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, features
+
+from shardkit.errors import ConfigError, DecodeError
+
+__all__ = ["DEFAULT_MAX_PIXELS", "BACKGROUND", "PNG_COMPRESS_LEVEL", "RULES", "MEDIA_TYPES",
+           "ImageResult", "sniff", "check_image", "decode_reference"]
+
+#: Default pixel limit (width * height): Pillow's own ``PIL.Image.MAX_IMAGE_PIXELS``,
+#: ``int(1024 * 1024 * 1024 // 4 // 3)`` (src/PIL/Image.py, "1024*1024*1024 // 4 // 3"; a 1 GiB
+#: budget at 4 bytes per pixel over 3). Copied, not read, so that changes to Pillow's global by
+#: other code do not change what shardkit accepts.
+DEFAULT_MAX_PIXELS = 89_478_485
+
+#: Background that transparent pixels are composited onto (8-bit RGB white).
+BACKGROUND = (255, 255, 255)
+
+#: zlib level of the normalised PNGs (1..9). 6 is Pillow's and libpng's default.
+PNG_COMPRESS_LEVEL = 6
+
+#: Every media type :func:`sniff` can return.
+MEDIA_TYPES = ("jpeg", "png", "webp", "gif", "tiff", "bmp", "avif", "heif", "unknown")
+
+#: Normalisation steps; ``ImageResult.rule`` is ``"original"`` or a "+"-joined sequence of the others.
+RULES: dict[str, str] = {
+    "original": "standard 8-bit YCbCr/grayscale JPEG without EXIF rotation: the source bytes are "
+                "stored unchanged (ICC profiles ignored, grayscale expanded to RGB by readers)",
+    "first-frame": "multi-frame image (animated GIF/WebP/PNG, multi-page TIFF): only the first "
+                   "frame is kept",
+    "exif-transpose": "EXIF orientation 2..8 applied with PIL.ImageOps.exif_transpose, so the "
+                      "stored pixels are upright",
+    "16bit-to-8bit": "16-bit samples scaled to 8 bits as v8 = v16 >> 8 (the high byte; the same "
+                     "rule Pillow applies when it unpacks 16-bit RGB); 32-bit 'I' images are "
+                     "first clipped to 0..65535",
+    "cmyk-to-rgb": "CMYK/YCCK JPEG (Adobe-inverted or not, as Pillow decodes it) converted with "
+                   "Pillow's Image.convert('RGB')",
+    "alpha-over-white": "alpha (RGBA, LA, palette or colour-key transparency) composited onto "
+                        "opaque white (255, 255, 255) with PIL.Image.alpha_composite, then alpha "
+                        "dropped",
+    "to-rgb": "non-RGB colour model (grayscale, palette, bilevel, YCbCr, float) converted with "
+              "Pillow's Image.convert('RGB')",
+    "png": f"stored as lossless 8-bit RGB PNG (zlib level {PNG_COMPRESS_LEVEL}), no metadata",
+}
+
+_PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "tiff": "TIFF",
+               "bmp": "BMP", "avif": "AVIF"}
+_ORIENTATION_TAG = 0x0112
+_TJCS_CMYK, _TJCS_YCCK = 3, 4  # libjpeg-turbo TJCS enum (turbojpeg.h)
+_HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs",
+                b"mif1", b"msf1"}
+_BMP_DIB_SIZES = {12, 16, 40, 52, 56, 64, 108, 124}
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    """Outcome of :func:`check_image` for one source file.
+
+    Attributes:
+        ok: True when the file is to be packed.
+        reason: why it was rejected (None when ``ok``).
+        media: media type sniffed from the bytes (one of :data:`MEDIA_TYPES`).
+        ext: encoding of ``data``: "jpg" or "png" ("" when rejected).
+        data: the bytes to store (b"" when rejected).
+        rule: "original" or the "+"-joined steps of :data:`RULES` ("" when rejected).
+        width, height: upright size of the stored pixels in pixels (when rejected: the header
+            size if it could be read, else 0).
+        warnings: decoder/metadata warnings, deduplicated, in order of first appearance, each
+            prefixed by its source ("libjpeg-turbo: ..." or "pillow: ...").
+        icc: whether the source carried an ICC profile (it is not applied).
+    """
+
+    ok: bool
+    reason: str | None
+    media: str
+    ext: str
+    data: bytes
+    rule: str
+    width: int
+    height: int
+    warnings: tuple[str, ...]
+    icc: bool
+
+
+class _Reject(Exception):
+    """Internal: carries a rejection reason (and the header size when known) out of the checks."""
+
+    def __init__(self, reason: str, size: tuple[int, int] = (0, 0)):
+        super().__init__(reason)
+        self.reason = reason
+        self.size = size
+
+
+def sniff(data: bytes) -> str:
+    """Media type of ``data`` from its magic bytes only (the file name is never consulted).
+
+    Returns one of :data:`MEDIA_TYPES`: "jpeg" (FF D8 FF), "png" (the 8-byte PNG signature),
+    "gif" (GIF87a/GIF89a), "webp" (RIFF....WEBP), "tiff" (II*\\0, MM\\0*, or BigTIFF), "bmp"
+    ("BM" plus a known DIB header size), "avif"/"heif" (ISO-BMFF ``ftyp`` box brands), else
+    "unknown" (also for empty input).
+    """
+    head = bytes(data[:64])
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "tiff"
+    if head[:2] == b"BM" and len(head) >= 18 and int.from_bytes(head[14:18], "little") in _BMP_DIB_SIZES:
+        return "bmp"
+    if head[4:8] == b"ftyp" and len(head) >= 12:
+        box = min(int.from_bytes(head[:4], "big"), len(head))
+        major = head[8:12]
+        compatible = {head[i:i + 4] for i in range(16, box - 3, 4)}
+        if major in (b"avif", b"avis") or (major in (b"mif1", b"msf1") and b"avif" in compatible):
+            return "avif"
+        if major in _HEIF_BRANDS or compatible & _HEIF_BRANDS:
+            return "avif" if b"avif" in compatible else "heif"
+    return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def _turbo():
+    from turbojpeg import TurboJPEG
+
+    return TurboJPEG()
+
+
+def _open(data: bytes, media: str) -> Image.Image:
+    """Open with the Pillow plugin of the sniffed type, without Pillow's global pixel check.
+
+    ``Image.open`` applies ``Image.MAX_IMAGE_PIXELS`` (a process-wide setting); shardkit applies
+    its own per-call limit instead, so the plugin factory registered in ``Image.OPEN`` is called
+    directly (the same call ``Image.open`` makes). Raises _Reject if the header cannot be parsed.
+    """
+    fmt = _PIL_FORMAT[media]
+    if fmt not in Image.OPEN:
+        Image.init()
+    if fmt not in Image.OPEN:
+        raise _Reject(f"{media.upper()} not decodable: this Pillow build has no {fmt} plugin")
+    factory, _accept = Image.OPEN[fmt]
+    try:
+        return factory(io.BytesIO(data), "")
+    except Exception as e:  # noqa: BLE001 - any parser failure means a corrupt header
+        raise _Reject(f"corrupt {media.upper()} header: {type(e).__name__}: {e}") from e
+
+
+def _decode_failure(media: str, who: str, e: Exception) -> _Reject:
+    kind = "truncated" if ("truncat" in str(e).lower() or isinstance(e, EOFError)) else "corrupt"
+    if isinstance(e, Image.DecompressionBombError):
+        kind = "over Pillow's built-in decompression-bomb limit (2 x MAX_IMAGE_PIXELS) for"
+    return _Reject(f"{kind} {media.upper()}: {who} cannot decode it: {type(e).__name__}: {e}")
+
+
+def _orientation(im: Image.Image) -> int:
+    try:
+        value = im.getexif().get(_ORIENTATION_TAG, 1)
+    except Exception as e:  # noqa: BLE001 - broken EXIF is a metadata problem, not a pixel one
+        warnings.warn(f"unreadable EXIF block ignored: {type(e).__name__}: {e}")
+        return 1
+    return value if isinstance(value, int) and 2 <= value <= 8 else 1
+
+
+def _check_jpeg(data: bytes, im: Image.Image, messages: list[str]) -> bool:
+    """Fully decode a JPEG with libjpeg-turbo (recording warnings); return True if CMYK/YCCK."""
+    from turbojpeg import TJPF_CMYK, TJPF_RGB
+
+    turbo = _turbo()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _w, _h, _sub, colorspace = turbo.decode_header(data)
+            cmyk = colorspace in (_TJCS_CMYK, _TJCS_YCCK)
+            turbo.decode(data, pixel_format=TJPF_CMYK if cmyk else TJPF_RGB)
+    except OSError as e:
+        raise _Reject(f"corrupt JPEG: libjpeg-turbo cannot decode it: {e}", im.size) from e
+    turbo_msgs = [str(w.message) for w in caught]
+    messages.extend(f"libjpeg-turbo: {m}" for m in turbo_msgs)
+    for m in turbo_msgs:
+        if "premature end" in m.lower():
+            raise _Reject(f"truncated JPEG: {m} (libjpeg-turbo)", im.size)
+    return cmyk
+
+
+def _sixteen_bit(im: Image.Image) -> bool:
+    if im.mode.startswith("I;16") or im.mode == "I":
+        return True
+    for tile in im.tile[:1]:
+        args = tile.args if hasattr(tile, "args") else tile[3]
+        rawmode = args[0] if isinstance(args, tuple) and args else args
+        if isinstance(rawmode, str) and ";16" in rawmode:
+            return True
+    return False
+
+
+def _to_rgb(im: Image.Image, steps: list[str], sixteen: bool) -> Image.Image:
+    """Return an 8-bit RGB copy of ``im`` and record the steps taken."""
+    if im.mode.startswith("I;16") or im.mode == "I":
+        arr = np.asarray(im)
+        arr = np.clip(arr.astype(np.int64), 0, 65535) if im.mode == "I" else arr.astype(np.uint16)
+        im = Image.fromarray((arr >> 8).astype(np.uint8), "L")
+    if sixteen:
+        steps.append("16bit-to-8bit")
+    if im.mode == "CMYK":
+        steps.append("cmyk-to-rgb")
+        im = im.convert("RGB")
+    has_alpha = im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info
+    if has_alpha:
+        steps.append("alpha-over-white")
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, BACKGROUND + (255,))
+        im = Image.alpha_composite(background, rgba).convert("RGB")
+    elif im.mode != "RGB":
+        steps.append("to-rgb")
+        try:
+            im = im.convert("RGB")
+        except ValueError as e:
+            raise _Reject(f"unsupported colour mode {im.mode!r}: cannot convert to RGB ({e})",
+                          im.size) from e
+    return im
+
+
+def _png_bytes(im: Image.Image) -> bytes:
+    plain = Image.fromarray(np.ascontiguousarray(np.asarray(im, dtype=np.uint8)), "RGB")
+    buf = io.BytesIO()
+    plain.save(buf, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+    return buf.getvalue()
+
+
+def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> ImageResult:
+    im = _open(data, media)
+    width, height = im.size
+    if width * height > max_pixels:
+        raise _Reject(f"over --max-pixels: {width}x{height} = {width * height} > {max_pixels}",
+                      im.size)
+    icc = bool(im.info.get("icc_profile"))
+    cmyk = _check_jpeg(data, im, messages) if media == "jpeg" else False
+    frames = getattr(im, "n_frames", 1)
+    sixteen = _sixteen_bit(im)
+    orientation = _orientation(im)
+    try:
+        if frames > 1:
+            im.seek(0)
+        im.load()
+    except Exception as e:  # noqa: BLE001 - Pillow raises many types for broken streams
+        raise _decode_failure(media, "Pillow", e) from e
+    if media == "jpeg" and not cmyk and im.mode in ("RGB", "L") and orientation == 1:
+        return ImageResult(True, None, media, "jpg", data, "original", width, height, (), icc)
+    steps = ["first-frame"] if frames > 1 else []
+    try:
+        if orientation != 1:
+            steps.append("exif-transpose")
+            im = ImageOps.exif_transpose(im)
+        im = _to_rgb(im, steps, sixteen)
+        steps.append("png")
+        out = _png_bytes(im)
+    except _Reject:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise _decode_failure(media, "Pillow", e) from e
+    return ImageResult(True, None, media, "png", out, "+".join(steps), im.width, im.height, (),
+                       icc)
+
+
+def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+                strict: bool = False) -> ImageResult:
+    """Check one source file by decoding it completely, and say what to store.
+
+    Args:
+        data: the file's bytes (any bytes-like object).
+        max_pixels: largest accepted ``width * height`` of the (first frame's) header size;
+            positive int. Checked before decoding. Default: Pillow's limit, 89,478,485.
+        strict: reject files that decode only with warnings (libjpeg-turbo "Corrupt JPEG data"
+            and friends, or Pillow metadata warnings).
+
+    Returns:
+        :class:`ImageResult`. A rejected file gets ``ok=False`` and a ``reason`` such as
+        "empty file (0 bytes)", "not an image (sniffed: unknown)", "truncated JPEG: ...",
+        "corrupt PNG header: ...", "over --max-pixels: 10000x10000 = 100000000 > 89478485" or
+        "JPEG decodes only with warnings (strict): ...". Accepted files carry the bytes to store
+        (``data``, encoding ``ext``), the ``rule`` applied and the upright ``width``/``height``.
+
+    Raises:
+        ConfigError: ``max_pixels`` is not a positive int, or ``data`` is not bytes-like.
+    """
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels <= 0:
+        raise ConfigError(f"max_pixels must be a positive int, got {max_pixels!r}")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"check_image needs the file's bytes, got {type(data).__name__}")
+    data = bytes(data)
+    media = sniff(data)
+
+    def rejected(reason: str, size: tuple[int, int] = (0, 0), msgs: tuple[str, ...] = ()):
+        return ImageResult(False, reason, media, "", b"", "", size[0], size[1], msgs, False)
+
+    if not data:
+        return rejected("empty file (0 bytes)")
+    if media == "unknown":
+        return rejected("not an image (sniffed: unknown)")
+    if media == "heif":
+        return rejected("HEIF/HEIC not decodable: Pillow has no HEIF codec (needs pillow-heif)")
+    if media == "avif" and not features.check("avif"):
+        return rejected("AVIF not decodable: this Pillow build has no AVIF codec (libavif)")
+    messages: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = _check(data, media, max_pixels, messages)
+        except _Reject as r:
+            result = rejected(r.reason, r.size)
+    for w in caught:
+        if not issubclass(w.category, Image.DecompressionBombWarning):  # limits are ours
+            messages.append(f"pillow: {w.message}")
+    found = tuple(dict.fromkeys(messages))
+    if result.ok and strict and found:
+        return rejected(f"{media.upper()} decodes only with warnings (strict): " + "; ".join(found),
+                        (result.width, result.height), found)
+    return ImageResult(result.ok, result.reason, media, result.ext, result.data, result.rule,
+                       result.width, result.height, found, result.icc)
+
+
+def decode_reference(data: bytes) -> np.ndarray:
+    """Decode stored bytes the way every shardkit reader must: the reference pixels.
+
+    Pillow decode of the bytes as stored (no EXIF rotation: stored pixels are upright by
+    construction), converted with ``Image.convert("RGB")`` (grayscale expanded to 3 channels).
+
+    Returns:
+        numpy uint8 array of shape (H, W, 3), C-contiguous, HWC, RGB order, values 0..255.
+
+    Raises:
+        DecodeError: the bytes are not an image Pillow can decode.
+    """
+    data = bytes(data)
+    media = sniff(data)
+    if media not in _PIL_FORMAT:
+        raise DecodeError(f"not a decodable image (sniffed: {media}, {len(data)} bytes)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            im = _open(data, media)
+            im.load()
+            rgb = im.convert("RGB")
+        except _Reject as r:
+            raise DecodeError(r.reason) from None
+        except Exception as e:  # noqa: BLE001
+            raise DecodeError(f"{media.upper()} cannot be decoded: {type(e).__name__}: {e}") from e
+    return np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))
