@@ -1,0 +1,175 @@
+"""``shardkit check``: re-check a packed dataset's splits for leakage and its transforms for drift.
+
+Findings are *errors* (the command exits 1) or *warnings* (exit 0 unless ``strict``):
+
+- error: a group with samples in two splits; identical source bytes (sha256) in two splits;
+  train/eval transform drift (see :mod:`shardkit.doctor_transforms`);
+- warning: near-duplicates across splits (pHash Hamming distance <= threshold, see
+  :mod:`shardkit.doctor_leaks`), a class missing from a split, a split whose max/min class-count
+  ratio exceeds the imbalance threshold. ``strict=True`` turns every warning into an error.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from shardkit.errors import ConfigError
+
+__all__ = ["check_dataset", "format_check_report", "write_json_report"]
+
+
+def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bool = True,
+                  phash_threshold: int | None = None, imbalance_threshold: float | None = None,
+                  transforms: bool = True, transform_config: Any = None, transform_samples: int = 4,
+                  decoder: str = "auto", seed: int = 0, progress: bool = False) -> dict[str, Any]:
+    """Run every leak and drift check on the dataset at ``root``.
+
+    Args:
+        root: the packed dataset (``OUT`` of ``shardkit pack``).
+        strict: treat warnings (near-duplicates, missing classes, imbalance) as errors.
+        near_duplicates: run the pHash near-duplicate search (decodes every sample once);
+            when False the report says ``"near_duplicates": null`` and a warning says it did not run.
+        phash_threshold: max Hamming distance (0-64) of a near-duplicate pair; default
+            :data:`shardkit.doctor_leaks.PHASH_THRESHOLD` (4).
+        imbalance_threshold: max/min class-count ratio above which a split is flagged; default
+            :data:`shardkit.doctor_leaks.IMBALANCE_THRESHOLD` (10.0); must be >= 1.
+        transforms: run the transform-drift check; when False a warning says it did not run.
+        transform_config: a ``shardkit.transforms.TransformConfig`` (default: the one recorded in
+            the manifest, else ``TransformConfig()``).
+        transform_samples: samples of the first split used for the drift check.
+        decoder: decoder registry name used for pHashes.
+        seed: seed of the train-transform randomness in the drift check.
+        progress: tqdm bars on stderr.
+
+    Returns:
+        A JSON-serialisable report: ``{"root", "ok", "strict", "thresholds", "errors": [{"check",
+        "message"}], "warnings": [...], "group_overlap", "sha_overlap", "near_duplicates",
+        "missing_classes", "imbalance", "transform"}`` (see the functions of
+        :mod:`shardkit.doctor_leaks` and :mod:`shardkit.doctor_transforms` for each part).
+        ``ok`` is True when ``errors`` is empty.
+
+    Raises:
+        ConfigError: a threshold is out of range.
+        ManifestError, ShardCorruptError, DecodeError: from reading the dataset.
+    """
+    from shardkit import doctor_leaks as leaks
+    from shardkit.doctor_io import load_manifest_dict, read_rows
+
+    phash_threshold = leaks.PHASH_THRESHOLD if phash_threshold is None else phash_threshold
+    imbalance_threshold = (leaks.IMBALANCE_THRESHOLD if imbalance_threshold is None
+                           else float(imbalance_threshold))
+    if not imbalance_threshold >= 1.0:
+        raise ConfigError(f"imbalance threshold is a max/min count ratio and must be >= 1; "
+                          f"got {imbalance_threshold!r}")
+    manifest = load_manifest_dict(root)
+    classes = list(manifest["classes"])
+    rows = {split: read_rows(root, split) for split in manifest["splits"]}
+    errors: list[dict[str, str]] = []
+    warnings: list[dict[str, str]] = []
+    report: dict[str, Any] = {
+        "root": str(root), "strict": bool(strict),
+        "thresholds": {"phash_hamming": int(phash_threshold), "imbalance_ratio": imbalance_threshold},
+    }
+
+    groups = leaks.group_overlap(rows)
+    report["group_overlap"] = groups
+    for g in groups:
+        errors.append({"check": "group_overlap", "message": f"group {g['group']!r} has samples in "
+                       + ", ".join(f"{s} ({n})" for s, n in g["splits"].items())})
+
+    shas = leaks.sha_overlap(rows)
+    report["sha_overlap"] = shas
+    for h in shas:
+        errors.append({"check": "sha_overlap", "message": "identical bytes (sha256 "
+                       f"{h['sha256'][:12]}...) in " + ", ".join(
+                           f"{r['split']}:{r['key']} ({r['path']})" for r in h["samples"])})
+
+    near_level = errors if strict else warnings
+    if near_duplicates:
+        hashes = {s: leaks.split_phashes(root, manifest, s, decoder=decoder, progress=progress)
+                  for s in rows}
+        pairs = leaks.near_duplicate_pairs(hashes, rows, phash_threshold)
+        report["near_duplicates"] = pairs
+        for p in pairs:
+            a, b = p["a"], p["b"]
+            near_level.append({"check": "near_duplicates", "message": (
+                f"near-duplicate (pHash distance {p['distance']} <= {phash_threshold}): "
+                f"{a['split']}:{a['key']} ({a['path']}) ~ {b['split']}:{b['key']} ({b['path']})")})
+    else:
+        report["near_duplicates"] = None
+        warnings.append({"check": "near_duplicates", "message": "near-duplicate search not run "
+                         "(disabled by the caller)"})
+
+    counts = {s: leaks.class_counts(r, len(classes)) for s, r in rows.items()}
+    missing = leaks.missing_classes(counts, classes)
+    report["missing_classes"] = missing
+    for split, names in missing.items():
+        near_level.append({"check": "missing_classes",
+                           "message": f"split {split!r} has no sample of class(es) {names}"})
+
+    report["imbalance"] = {s: leaks.imbalance(c, classes) for s, c in counts.items()}
+    for split, imb in report["imbalance"].items():
+        ratio = imb["ratio"]
+        if ratio is not None and ratio != float("inf") and ratio > imbalance_threshold:
+            near_level.append({"check": "imbalance", "message": (
+                f"split {split!r} is imbalanced: {imb['max_class']} has {imb['max_count']} samples,"
+                f" {imb['min_class']} {imb['min_count']} (ratio {ratio:.1f} > "
+                f"{imbalance_threshold:g})")})
+
+    if transforms:
+        from shardkit.doctor_transforms import check_transform_drift
+
+        drift = check_transform_drift(root, manifest, transform_config,
+                                      num_samples=transform_samples, seed=seed)
+        report["transform"] = drift
+        for problem in drift["problems"]:
+            errors.append({"check": "transform_drift", "message": problem})
+    else:
+        report["transform"] = None
+        warnings.append({"check": "transform_drift", "message": "transform drift check not run "
+                         "(disabled by the caller)"})
+
+    report["errors"], report["warnings"] = errors, warnings
+    report["ok"] = not errors
+    return report
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and value == float("inf"):
+        return "inf"
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json_report(report: dict[str, Any], path: str | Path) -> Path:
+    """Write ``report`` as JSON (an infinite ratio is written as the string ``"inf"``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_json_safe(report), indent=2, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+    return path
+
+
+def format_check_report(report: dict[str, Any]) -> str:
+    """The report of :func:`check_dataset` as text: one line per finding, then a verdict."""
+    lines = [f"shardkit check {report['root']}"]
+    near = report["near_duplicates"]
+    lines.append(f"  groups in two splits: {len(report['group_overlap'])}; identical bytes across "
+                 f"splits: {len(report['sha_overlap'])}; near-duplicates (pHash <= "
+                 f"{report['thresholds']['phash_hamming']}): {'not run' if near is None else len(near)}")
+    for split, imb in report["imbalance"].items():
+        ratio = imb["ratio"]
+        lines.append(f"  {split}: imbalance max/min = "
+                     + ("-" if ratio is None else "inf" if ratio == float("inf") else f"{ratio:.2f}"))
+    if report["transform"] is not None:
+        lines.append(f"  transforms: {report['transform']['summary']}")
+    for level in ("errors", "warnings"):
+        for f in report[level]:
+            lines.append(f"{level[:-1].upper()} [{f['check']}] {f['message']}")
+    lines.append("OK: no leak found" if report["ok"] else
+                 f"FAILED: {len(report['errors'])} error(s)")
+    return "\n".join(lines)
