@@ -1,0 +1,78 @@
+"""``shardkit train``: the click command (flags override ``--config`` YAML, which overrides the
+:class:`~shardkit.train.config.TrainConfig` defaults). Works the same under
+``torchrun --nproc_per_node K -m shardkit.cli train ...`` (DDP; NCCL on GPU, gloo on CPU)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .config import CHOICES
+
+__all__ = ["train_command"]
+
+
+def _choice(name: str) -> click.Choice:
+    return click.Choice(list(CHOICES[name]))
+
+
+@click.command("train")
+@click.option("--data", type=click.Path(file_okay=False), help="Packed dataset folder (manifest.json).")
+@click.option("--out", type=click.Path(file_okay=False), help="Run folder for checkpoints and metrics.")
+@click.option("--config", "config_name", default="default", show_default=True,
+              help="YAML in configs/train/ (name) or a path; flags override it.")
+@click.option("--model", help="timm model name (random init), e.g. hrnet_w18_small.")
+@click.option("--pretrained", type=click.Path(dir_okay=False),
+              help="Local checkpoint; tensors whose shapes differ are skipped and reported.")
+@click.option("--epochs", type=int, help="Planned epochs (defines the LR schedule).")
+@click.option("--max-steps", type=int, help="Stop after this many optimizer steps (cuts the run).")
+@click.option("--batch-size", type=int, help="Images per step per process.")
+@click.option("--image-size", type=int, help="Square input side in pixels.")
+@click.option("--lr", type=float, help="Peak learning rate.")
+@click.option("--opt", type=_choice("opt"))
+@click.option("--weight-decay", type=float, help="On weights only (not norms or biases).")
+@click.option("--warmup-epochs", type=float, help="Linear warmup length in epochs.")
+@click.option("--warmup-steps", type=int, help="Linear warmup length in steps (wins).")
+@click.option("--label-smoothing", type=float)
+@click.option("--clip-grad", type=float, help="Max global gradient L2 norm.")
+@click.option("--loss", type=_choice("loss"))
+@click.option("--balance", type=_choice("balance"), help="class: class-balanced sampling.")
+@click.option("--amp", type=_choice("amp"), help="auto: bf16 on capable GPUs, fp16 on older, off on CPU.")
+@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
+@click.option("--channels-last/--no-channels-last", default=None)
+@click.option("--patience", type=int, help="Early stop after N evaluations without improvement.")
+@click.option("--monitor", type=_choice("monitor"))
+@click.option("--mean-std", type=_choice("mean_std"),
+              help="dataset: the train split's stats from `shardkit stats`.")
+@click.option("--seed", type=int)
+@click.option("--device", help="auto | cpu | cuda | cuda:N")
+@click.option("--num-workers", type=int, help="DataLoader workers per process.")
+@click.option("--prefetch-factor", type=int)
+@click.option("--overfit-batches", type=int, help="Train on N fixed un-augmented batches.")
+@click.option("--eval-every", type=int, help="Evaluate val every N epochs (and at the end).")
+@click.option("--resume", type=click.Path(exists=True),
+              help="Checkpoint file or run folder (continues step count and LR schedule).")
+@click.option("--progress/--no-progress", default=None, help="tqdm bar per epoch.")
+def train_command(config_name, compile_, **flags):
+    """Train a timm classifier (hrnet_w18_small by default) from shards packed by `shardkit pack`.
+
+    Writes RUN/config.yaml, RUN/metrics.json, RUN/checkpoints/{last,best}.pt, RUN/eval/*.json|png
+    and TensorBoard scalars in RUN/tb/.
+    """
+    from ..errors import ShardkitError
+    from .config import load_config
+    from .engine import train
+
+    flags["compile"] = compile_
+    try:
+        config = load_config(config_name, **flags)
+        metrics = train(config)
+    except ShardkitError as e:
+        raise click.ClickException(f"{type(e).__name__}: {e}") from e
+    summary = {"step": metrics["step"], "stopped": metrics["stopped"], "best": metrics["best"]}
+    if "test" in metrics:
+        summary["test"] = {k: metrics["test"].get(k) for k in ("top1", "top5", "macro_f1", "loss")
+                           if k in metrics["test"]}
+    if metrics["history"]:
+        summary["last_train"] = metrics["history"][-1]["train"]
+    click.echo(json.dumps(summary, indent=2))

@@ -1,0 +1,182 @@
+"""Training configuration: one frozen dataclass, loaded from YAML and overridden by CLI flags.
+
+The resolution order is ``TrainConfig`` defaults < ``configs/train/<name>.yaml`` < CLI flags (timm's
+``train.py`` does the same with ``--config``; the resolved config is saved as ``RUN/config.yaml`` next
+to the results, as timm saves ``args.yaml``). Every value is validated here, once, so the training
+engine never sees an invalid combination.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+__all__ = ["TrainConfig", "CONFIG_DIR", "CHOICES", "load_config", "resolve_config_path",
+           "save_config", "SCHEDULE_FIELDS"]
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
+
+CHOICES = {
+    "opt": ("sgd", "adamw"),
+    "loss": ("ce", "weighted-ce", "focal"),
+    "balance": ("none", "class"),
+    "amp": ("auto", "bf16", "fp16", "off"),
+    "monitor": ("macro_f1", "top1", "loss"),
+    "mean_std": ("imagenet", "dataset"),
+}
+
+# Fields that define the step count and the LR schedule: a resumed run must keep them.
+SCHEDULE_FIELDS = ("model", "epochs", "batch_size", "image_size", "lr", "opt", "momentum",
+                   "weight_decay", "warmup_epochs", "warmup_steps", "min_lr", "overfit_batches",
+                   "balance", "seed")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one ``shardkit train`` run needs (units in the comments; ``None`` = unset).
+
+    ``data`` is the packed dataset folder (``manifest.json`` lives there; the shard locations come
+    from the manifest and nothing else, field case 23). ``out`` is the run folder.
+    """
+
+    data: str | None = None               # packed dataset root (folder with manifest.json)
+    out: str | None = None                # run folder (config.yaml, metrics.json, checkpoints/, tb/)
+    model: str = "hrnet_w18_small"        # any timm model name
+    pretrained: str | None = None         # local checkpoint path; mismatched shapes are skipped
+    epochs: int = 30                      # planned epochs; defines the LR schedule length
+    max_steps: int | None = None          # cut the run short after this many optimizer steps
+    batch_size: int = 64                  # per rank
+    image_size: int = 224                 # square side, pixels
+    lr: float = 0.05                      # peak learning rate (after warmup)
+    opt: str = "sgd"                      # sgd (Nesterov momentum) | adamw
+    momentum: float = 0.9                 # SGD momentum
+    weight_decay: float = 5e-5            # applied to weights only, never to norm layers or biases
+    warmup_epochs: float = 0.0            # linear warmup length in epochs (ignored if warmup_steps)
+    warmup_steps: int = 0                 # linear warmup length in steps (wins over warmup_epochs)
+    min_lr: float = 0.0                   # cosine floor
+    label_smoothing: float = 0.1          # 0 <= x < 1
+    clip_grad: float | None = None        # max global L2 norm of gradients
+    loss: str = "ce"                      # ce | weighted-ce | focal
+    focal_gamma: float = 2.0              # focusing parameter of the focal loss (Lin et al. 2017)
+    balance: str = "none"                 # none | class (class-balanced sampling in make_loader)
+    amp: str = "auto"                     # auto | bf16 | fp16 | off
+    compile: bool = False                 # torch.compile the model
+    channels_last: bool = True            # NHWC memory format for model and inputs
+    patience: int | None = None           # early stop after this many evals without improvement
+    monitor: str = "macro_f1"             # macro_f1 | top1 | loss
+    mean_std: str = "imagenet"            # imagenet | dataset (manifest stats of the train split)
+    seed: int = 0
+    device: str = "auto"                  # auto | cpu | cuda | cuda:N
+    num_workers: int = 4                  # DataLoader workers per rank
+    prefetch_factor: int = 2              # batches prefetched per worker
+    overfit_batches: int = 0              # >0: train on N fixed eval-transform batches, repeatedly
+    eval_every: int = 1                   # evaluate val every N epochs (and always at the end)
+    train_split: str = "train"
+    val_split: str = "val"
+    test_split: str = "test"
+    resume: str | None = None             # checkpoint file, or a run folder (uses checkpoints/last.pt)
+    progress: bool = True                 # tqdm bar per epoch on rank 0
+
+    def __post_init__(self) -> None:
+        for name, allowed in CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"{name}={value!r} is not one of {list(allowed)}")
+        positive = ("epochs", "batch_size", "image_size", "prefetch_factor", "eval_every")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}={value!r}: expected an integer >= 1")
+        non_negative = ("warmup_steps", "num_workers", "overfit_batches", "seed")
+        for name in non_negative:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name}={value!r}: expected an integer >= 0")
+        for name in ("max_steps", "patience"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}={value!r}: expected an integer >= 1 or null")
+        for name in ("lr", "momentum", "weight_decay", "warmup_epochs", "min_lr", "focal_gamma"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name}={value!r}: expected a finite number >= 0")
+        if self.lr <= 0:
+            raise ConfigError(f"lr={self.lr!r}: expected a number > 0")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"min_lr={self.min_lr!r} is above lr={self.lr!r}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing={self.label_smoothing!r}: expected 0 <= x < 1")
+        if self.clip_grad is not None and not self.clip_grad > 0:
+            raise ConfigError(f"clip_grad={self.clip_grad!r}: expected a number > 0 or null")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain ``{field: value}`` dict (YAML/JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, *, source: str = "config") -> "TrainConfig":
+        """Builds a config from ``values``; unknown keys raise :class:`ConfigError` naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        if values.get("amp") is False:  # YAML 1.1 reads a bare `off` as false
+            values = {**values, "amp": "off"}
+        return cls(**values)
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """``"default"`` -> ``configs/train/default.yaml``; an existing path is returned as is.
+
+    Raises:
+        ConfigError: neither a file nor a config name under ``configs/train/``.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    named = CONFIG_DIR / f"{name_or_path}.yaml"
+    if named.is_file():
+        return named
+    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(f"config {str(name_or_path)!r} is neither a file nor one of {available} "
+                      f"in {CONFIG_DIR}")
+
+
+def load_config(config: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """Defaults < YAML file ``config`` (name or path) < ``overrides`` (``None`` values ignored).
+
+    Raises:
+        ConfigError: unreadable YAML, unknown keys, or an invalid value.
+    """
+    values: dict = {}
+    if config is not None:
+        path = resolve_config_path(config)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot read config {path}: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config {path} must hold a mapping, got {type(loaded).__name__}")
+        values.update(loaded)
+        source = str(path)
+    else:
+        source = "overrides"
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig.from_dict(values, source=source)
+
+
+def save_config(config: TrainConfig, path: str | Path) -> None:
+    """Writes the resolved config as YAML (keys in field order)."""
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

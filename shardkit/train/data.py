@@ -1,0 +1,100 @@
+"""Loaders for training: one ``TransformConfig`` for train (RandomResizedCrop + flip) and
+val / test (resize + center crop), normalisation on the device, and fixed overfit batches.
+
+The data location is ``config.data`` and nothing else: shard paths come from its manifest
+(field case 23: HRNet-Image-Classification rebuilt the data path from other config fields).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+from .config import TrainConfig
+from .dist import DistInfo
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "resolve_mean_std", "transform_config",
+           "train_loader", "eval_loader", "fixed_batches", "make_normalizer"]
+
+# ImageNet RGB mean/std on the 0-1 scale (torchvision's and timm's IMAGENET_DEFAULT_MEAN/STD).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def resolve_mean_std(config: TrainConfig, manifest: dict) -> tuple[tuple, tuple]:
+    """RGB ``(mean, std)`` on the 0-1 scale: ImageNet's, or the train split's manifest ``stats``.
+
+    Raises:
+        ConfigError: ``mean_std=dataset`` and the manifest has no stats for the train split.
+    """
+    if config.mean_std == "imagenet":
+        return IMAGENET_MEAN, IMAGENET_STD
+    stats = (manifest.get("stats") or {}).get(config.train_split)
+    if not stats or "mean" not in stats or "std" not in stats:
+        raise ConfigError(f"--mean-std dataset: the manifest of {config.data} has no stats for "
+                          f"split {config.train_split!r}; run `shardkit stats {config.data} "
+                          f"--split {config.train_split}` first, or use --mean-std imagenet")
+    mean, std = tuple(float(v) for v in stats["mean"]), tuple(float(v) for v in stats["std"])
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ConfigError(f"manifest stats of {config.train_split!r} are not 3 RGB means and 3 "
+                          f"positive stds: mean={mean}, std={std}")
+    return mean, std
+
+
+def transform_config(config: TrainConfig, mean, std):
+    """The one :class:`shardkit.transforms.TransformConfig` shared by train and eval loaders."""
+    from ..transforms import TransformConfig
+
+    return TransformConfig(image_size=config.image_size, mean=tuple(mean), std=tuple(std))
+
+
+def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool, even,
+            balance=None, num_workers: int | None = None):
+    from ..loader import make_loader
+
+    workers = config.num_workers if num_workers is None else num_workers
+    return make_loader(
+        config.data, split, config.batch_size, num_workers=workers,
+        prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        pin_memory=torch.cuda.is_available() and config.device != "cpu", train=train,
+        image_size=config.image_size, seed=config.seed, rank=info.rank,
+        world_size=info.world_size, even=even, balance=balance, transform_config=tc)
+
+
+def train_loader(config: TrainConfig, info: DistInfo, tc):
+    """Shuffled, augmented train loader; every rank yields the same number of batches
+    (``even="pad"``), class-balanced when ``config.balance == "class"``."""
+    balance = "class" if config.balance == "class" else None
+    return _loader(config, info, tc, config.train_split, train=True, even="pad", balance=balance)
+
+
+def eval_loader(config: TrainConfig, info: DistInfo, tc, split: str):
+    """Unshuffled resize + center-crop loader of ``split``; ranks split the samples exactly once
+    (``even=None``), so merging every rank's predictions counts each sample once."""
+    return _loader(config, info, tc, split, train=False, even=None)
+
+
+def fixed_batches(config: TrainConfig, info: DistInfo, tc) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``config.overfit_batches`` train-split batches with the *eval* transform
+    (no augmentation), as uint8 ``(N, 3, S, S)`` images and int64 ``(N,)`` labels on the CPU.
+
+    Raises:
+        ConfigError: the train split has fewer batches than asked for.
+    """
+    loader = _loader(config, info, tc, config.train_split, train=False, even="pad",
+                     num_workers=0)
+    batches = []
+    for images, labels in loader:
+        batches.append((images.clone(), labels.clone()))
+        if len(batches) == config.overfit_batches:
+            return batches
+    raise ConfigError(f"overfit_batches={config.overfit_batches} but split "
+                      f"{config.train_split!r} gives only {len(batches)} batches of "
+                      f"{config.batch_size} on this rank")
+
+
+def make_normalizer(mean, std, device: torch.device, channels_last: bool):
+    """A callable uint8 ``(N, 3, H, W)`` (any device) -> float32 ``(N, 3, H, W)`` on ``device``,
+    ``(x / 255 - mean) / std`` (channels_last memory layout when asked), done on the device."""
+    from ..loader import DeviceNormalizer
+
+    return DeviceNormalizer(mean, std, device=device, channels_last=channels_last)

@@ -1,0 +1,409 @@
+"""The training loop of ``shardkit train``: steps, evaluation, checkpoints, early stopping, logs.
+
+One :class:`Trainer` per process. Under ``torchrun`` every rank runs the same number of steps
+(the train loader pads with ``even="pad"``) and evaluation is exactly-once: each rank scores a
+disjoint part of the split and the logits and labels of all ranks are all-gathered, so every rank
+computes the same metrics over exactly ``manifest.splits[split].num_samples`` samples.
+
+Outputs in ``config.out`` (written by rank 0): ``config.yaml``, ``metrics.json``,
+``checkpoints/{last,best}.pt``, ``eval/<split>_*.{json,png}``, ``tb/`` (TensorBoard scalars) and
+``pretrained_report.json`` when ``--pretrained`` is used.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError, LoaderError, ShardkitError
+from .checkpoint import (check_resume_config, check_run_folder, load_checkpoint, resolve_resume,
+                         rng_state, save_checkpoint, set_rng_state)
+from .config import TrainConfig, save_config
+from .data import (eval_loader, fixed_batches, make_normalizer, resolve_mean_std,
+                   train_loader, transform_config)
+from .dist import all_gather_varlen, barrier, resolve_amp, setup_distributed, teardown_distributed
+from .metrics import better, classification_metrics, save_eval
+from .model import build_model, check_labels, load_pretrained, unwrap
+from .optim import build_loss, build_optimizer, build_scheduler
+
+__all__ = ["train", "Trainer", "EvalCountError", "TrainingDivergedError"]
+
+
+class EvalCountError(LoaderError):
+    """A merged evaluation did not see every sample of the split exactly once."""
+
+
+class TrainingDivergedError(ShardkitError, FloatingPointError):
+    """The training loss became NaN or infinite (names the step and the learning rate)."""
+
+
+def train(config: TrainConfig) -> dict:
+    """Runs one training job (single process, or one rank under torchrun); returns metrics.json.
+
+    Raises:
+        ConfigError: missing ``data`` / ``out``, invalid options, resume mismatches.
+        ManifestError: ``config.data`` is not a packed dataset.
+        LabelError: a label lies outside ``[0, num_classes)``.
+        OutputExistsError: ``config.out`` already holds a run and this is not a resume.
+    """
+    if not config.data or not config.out:
+        raise ConfigError(f"data={config.data!r} and out={config.out!r}: both are required "
+                          "(--data OUT --out RUN)")
+    info, device = setup_distributed(config.device)
+    try:
+        return Trainer(config, info, device).run()
+    finally:
+        teardown_distributed()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Trainer:
+    """Holds the model, optimiser, loaders and run state of one process."""
+
+    def __init__(self, config: TrainConfig, info, device: torch.device):
+        from ..manifest import load_manifest
+
+        self.info, self.device = info, device
+        self.out = Path(config.out)
+        resume_path = resolve_resume(config.resume) if config.resume else None
+        self.resume = load_checkpoint(resume_path) if resume_path else None
+        if self.resume is not None:
+            check_resume_config(config, self.resume["config"])
+        check_run_folder(self.out, resuming=self.resume is not None)
+        if config.overfit_batches and config.label_smoothing:
+            config = config.replace(label_smoothing=0.0)  # smoothing forbids a loss near zero
+        self.config = config
+        self.manifest = load_manifest(config.data)
+        self.classes = list(self.manifest["classes"])
+        self.num_classes = len(self.classes)
+        splits = self.manifest["splits"]
+        for split in (config.train_split, config.val_split):
+            if split not in splits:
+                raise ConfigError(f"split {split!r} is not in {config.data} (splits: "
+                                  f"{sorted(splits)})")
+        self.eval_splits = [s for s in (config.val_split, config.test_split) if s in splits]
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.amp_dtype = resolve_amp(config.amp, device)
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+            if torch.cuda.get_device_capability(device)[0] >= 8:  # TF32 on Ampere and newer
+                torch.backends.cuda.matmul.allow_tf32 = True
+                torch.backends.cudnn.allow_tf32 = True
+        mean, std = resolve_mean_std(config, self.manifest)
+        self.mean_std = {"mean": list(mean), "std": list(std)}
+        tc = transform_config(config, mean, std)
+        self.normalize = make_normalizer(mean, std, device, config.channels_last)
+        if config.overfit_batches:
+            self.fixed = fixed_batches(config, info, tc)
+            self.train_loader = None
+            self.steps_per_epoch = len(self.fixed)
+        else:
+            self.fixed = None
+            self.train_loader = train_loader(config, info, tc)
+            self.steps_per_epoch = len(self.train_loader)
+        self.eval_loaders = {s: eval_loader(config, info, tc, s) for s in self.eval_splits}
+        self._build_model()
+        self.criterion = build_loss(config, splits[config.train_split]["class_counts"],
+                                    self.classes).to(device)
+        self.optimizer = build_optimizer(unwrap(self.model), config)
+        self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
+        self.scaler = torch.amp.GradScaler(device.type,
+                                           enabled=self.amp_dtype == torch.float16)
+        self.step, self.epoch, self.epoch_done, self.epoch_batches = 0, 0, False, 0
+        self.best, self.bad_evals, self.history = None, 0, []
+        self.loader_state = None
+        if self.resume is not None:
+            self._load_resume()
+        self.writer = None
+        if info.is_main:
+            (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+            save_config(config, self.out / "config.yaml")
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out / "tb"))
+
+    # ----------------------------------------------------------------- set-up
+    def _build_model(self) -> None:
+        config = self.config
+        model = build_model(config.model, self.num_classes)
+        self.pretrained_report = None
+        if config.pretrained and self.resume is None:
+            self.pretrained_report = load_pretrained(model, config.pretrained)
+            if self.info.is_main:
+                self.out.mkdir(parents=True, exist_ok=True)
+                (self.out / "pretrained_report.json").write_text(
+                    json.dumps(self.pretrained_report, indent=2))
+                skipped = self.pretrained_report["skipped_shape"]
+                print(f"pretrained {config.pretrained}: loaded {self.pretrained_report['loaded']}"
+                      f" tensors; skipped {len(skipped)} with mismatched shapes: "
+                      + ", ".join(f"{s['key']} {s['checkpoint']}->{s['model']}" for s in skipped))
+        model.to(self.device)
+        if config.channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.plain = model
+        if self.info.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = DDP(model, device_ids=ids)
+        if config.compile:
+            model = torch.compile(model)
+        self.model = model
+        self.eval_model = torch.compile(self.plain) if config.compile else self.plain
+
+    def _load_resume(self) -> None:
+        ckpt = self.resume
+        self.plain.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        if ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.step, self.epoch, self.epoch_done = ckpt["step"], ckpt["epoch"], ckpt["epoch_done"]
+        self.epoch_batches = ckpt["epoch_batches"]
+        self.best, self.bad_evals = ckpt["best"], ckpt["bad_evals"]
+        self.history = list(ckpt["history"])
+        self.loader_state = ckpt["loader"]
+        set_rng_state(ckpt["rng"])
+
+    # ----------------------------------------------------------------- loop
+    def run(self) -> dict:
+        config = self.config
+        stopped = "completed"
+        epoch = self.epoch + 1 if (self.resume is not None and self.epoch_done) else self.epoch
+        if self.max_steps_reached():
+            stopped = "max_steps"
+            epoch = config.epochs
+        while epoch < config.epochs:
+            resume_state = self.loader_state if (self.resume is not None and not self.epoch_done
+                                                 and epoch == self.epoch) else None
+            train_stats = self.train_epoch(epoch, resume_state)
+            cut = self.max_steps_reached()
+            entry = {"epoch": epoch, "step": self.step, "partial": cut and not self.epoch_done,
+                     "train": train_stats}
+            last_epoch = epoch == config.epochs - 1 or cut
+            if (epoch + 1) % config.eval_every == 0 or last_epoch:
+                entry["val"] = self.evaluate(config.val_split, f"epoch{epoch:03d}")
+                self.history.append(entry)
+                self.track_best(entry)
+            else:
+                self.history.append(entry)
+            self.save("last")
+            self.write_metrics(stopped)
+            if cut:
+                stopped = "max_steps"
+                break
+            if config.patience and self.bad_evals >= config.patience:
+                stopped = "early_stop"
+                break
+            epoch += 1
+        result = self.final_test(stopped)
+        if self.writer is not None:
+            self.writer.close()
+        return result
+
+    def max_steps_reached(self) -> bool:
+        return self.config.max_steps is not None and self.step >= self.config.max_steps
+
+    def _batches(self, epoch: int, resume_state):
+        if self.fixed is not None:
+            return iter(self.fixed), len(self.fixed)
+        loader = self.train_loader
+        if resume_state is not None:
+            loader.load_state_dict(resume_state)
+        else:
+            loader.set_epoch(epoch)
+        return iter(loader), len(loader)
+
+    def train_epoch(self, epoch: int, resume_state=None) -> dict:
+        """One epoch (or what is left of it after a resume / before max_steps) of steps."""
+        from tqdm import tqdm
+
+        config, device = self.config, self.device
+        self.model.train()
+        self.epoch, self.epoch_done = epoch, False
+        batches, total = self._batches(epoch, resume_state)
+        bar = tqdm(total=total, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True,
+                   disable=not (self.info.is_main and config.progress))
+        if resume_state is None:
+            self.epoch_batches = 0
+        bar.update(self.epoch_batches)
+        autocast = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
+                    else nullcontext())
+        loss_sum, images, wait, compute, done = 0.0, 0, 0.0, 0.0, 0
+        start = time.perf_counter()
+        while not self.max_steps_reached():
+            _sync(device)
+            t0 = time.perf_counter()
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                self.epoch_done = True
+                break
+            t1 = time.perf_counter()
+            check_labels(y, self.num_classes, f"split {config.train_split!r}, step {self.step}")
+            y = y.to(device, non_blocking=True)
+            x = self.normalize(x)
+            with autocast:
+                logits = self.model(x)
+            loss = self.criterion(logits.float(), y)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            if config.clip_grad:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_grad)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scheduler.step()
+            self.step += 1
+            value = float(loss.detach())  # synchronises on CUDA
+            if not math.isfinite(value):
+                raise TrainingDivergedError(f"train loss is {value} at step {self.step}; lower "
+                                         f"--lr (now {config.lr}) or use --clip-grad")
+            _sync(device)
+            t2 = time.perf_counter()
+            wait, compute = wait + (t1 - t0), compute + (t2 - t1)
+            loss_sum, images, done = loss_sum + value * y.shape[0], images + y.shape[0], done + 1
+            self.epoch_batches += 1
+            lr = self.optimizer.param_groups[0]["lr"]
+            if self.writer is not None:
+                self.writer.add_scalar("train/loss", value, self.step)
+                self.writer.add_scalar("train/lr", lr, self.step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.3f}", lr=f"{lr:.2e}")
+        else:
+            # cut by max_steps: was this the last batch of the epoch anyway?
+            self.epoch_done = self.epoch_batches >= total
+        bar.close()
+        seconds = time.perf_counter() - start
+        self.loader_state = None if self.fixed is not None else self.train_loader.state_dict()
+        totals = self._reduce([loss_sum, images, wait, compute, done], [seconds])
+        loss_sum, images, wait, compute, done, seconds = totals
+        stats = {"loss": loss_sum / images if images else float("nan"),
+                 "lr": self.optimizer.param_groups[0]["lr"], "steps": int(done / self.info.world_size),
+                 "images": int(images), "seconds": seconds,
+                 "images_per_s": images / seconds if seconds > 0 else float("nan"),
+                 "data_wait_fraction": wait / (wait + compute) if wait + compute > 0 else float("nan")}
+        if self.writer is not None:
+            for key in ("loss", "images_per_s", "data_wait_fraction"):
+                self.writer.add_scalar(f"epoch/train_{key}", stats[key], epoch)
+        return stats
+
+    def _reduce(self, sums: list[float], maxes: list[float]) -> list[float]:
+        """Sums ``sums`` and takes the max of ``maxes`` over ranks (identity on one process)."""
+        if not self.info.distributed:
+            return sums + maxes
+        t = torch.tensor(sums, dtype=torch.float64, device=self.device)
+        m = torch.tensor(maxes, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        return t.tolist() + m.tolist()
+
+    # ----------------------------------------------------------------- eval
+    @torch.inference_mode()
+    def evaluate(self, split: str, name: str) -> dict:
+        """Merged metrics of ``split`` over all ranks; rank 0 saves ``eval/<split>_<name>.*``.
+
+        Raises:
+            EvalCountError: the merged count differs from the manifest's ``num_samples``.
+        """
+        model, device = self.eval_model, self.device
+        if self.info.distributed:  # BN running stats drift per rank; score rank 0's model
+            for buffer in self.plain.buffers():
+                dist.broadcast(buffer, src=0)
+        model.eval()
+        autocast = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
+                    else nullcontext())
+        all_logits, all_labels = [], []
+        for x, y in self.eval_loaders[split]:
+            check_labels(y, self.num_classes, f"split {split!r}")
+            with autocast:
+                all_logits.append(model(self.normalize(x)).float())
+            all_labels.append(y.to(device))
+        logits = (torch.cat(all_logits) if all_logits
+                  else torch.zeros((0, self.num_classes), device=device))
+        labels = torch.cat(all_labels) if all_labels else torch.zeros(0, dtype=torch.long,
+                                                                       device=device)
+        logits, labels = all_gather_varlen(logits), all_gather_varlen(labels)
+        expected = self.manifest["splits"][split]["num_samples"]
+        if labels.numel() != expected:
+            raise EvalCountError(f"evaluation of {split!r} merged {labels.numel()} samples over "
+                                 f"{self.info.world_size} rank(s); the manifest lists {expected}")
+        result = classification_metrics(logits, labels, self.classes)
+        result["split"], result["step"] = split, self.step
+        if self.info.is_main:
+            result["files"] = save_eval(result, self.classes, self.out / "eval", f"{split}_{name}")
+            for key in ("loss", "top1", "top5", "macro_f1"):
+                if key in result:
+                    self.writer.add_scalar(f"{split}/{key}", result[key], self.step)
+        self.model.train()
+        return result
+
+    def track_best(self, entry: dict) -> None:
+        monitor = self.config.monitor
+        value = entry["val"][monitor]
+        previous = None if self.best is None else self.best["value"]
+        if better(monitor, value, previous):
+            self.best = {"monitor": monitor, "value": value, "epoch": entry["epoch"],
+                         "step": self.step}
+            self.bad_evals = 0
+            self.save("best")
+        else:
+            self.bad_evals += 1
+
+    def final_test(self, stopped: str) -> dict:
+        """Evaluates the best checkpoint on the test split (when there is one); writes metrics."""
+        test = None
+        if self.config.test_split in self.eval_loaders:
+            barrier()
+            best = self.out / "checkpoints" / "best.pt"
+            if best.exists():
+                self.plain.load_state_dict(load_checkpoint(best)["model"])
+            test = self.evaluate(self.config.test_split, "best")
+        return self.write_metrics(stopped, test)
+
+    # ----------------------------------------------------------------- outputs
+    def save(self, which: str) -> None:
+        if not self.info.is_main:
+            return
+        save_checkpoint(self.out / "checkpoints" / f"{which}.pt", {
+            "model": self.plain.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch, "epoch_done": self.epoch_done, "step": self.step,
+            "epoch_batches": self.epoch_batches,
+            "loader": self.loader_state, "config": self.config.to_dict(),
+            "classes": self.classes, "best": self.best, "bad_evals": self.bad_evals,
+            "history": self.history, "rng": rng_state()})
+
+    def write_metrics(self, stopped: str, test: dict | None = None) -> dict:
+        import timm
+
+        metrics = {
+            "run": {"model": self.config.model, "num_classes": self.num_classes,
+                    "classes": self.classes, "data": str(self.config.data),
+                    "device": str(self.device), "world_size": self.info.world_size,
+                    "amp": str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "off",
+                    "seed": self.config.seed, "steps_per_epoch": self.steps_per_epoch,
+                    "mean_std": self.mean_std, "torch": torch.__version__,
+                    "timm": timm.__version__, "pretrained": self.pretrained_report},
+            "step": self.step, "stopped": stopped, "best": self.best, "history": self.history}
+        if test is not None:
+            metrics["test"] = test
+        if self.info.is_main:
+            path = self.out / "metrics.json"
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(metrics, indent=2))
+            tmp.replace(path)
+        return metrics

@@ -1,0 +1,105 @@
+"""Classification metrics from merged logits and labels (scikit-learn), saved as JSON and PNG.
+
+Per-class precision / recall / F1 / support, macro-F1 and the confusion matrix come from
+``sklearn.metrics``; a class with no prediction or no sample scores 0 (``zero_division=0``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .model import topk_for
+
+__all__ = ["classification_metrics", "save_eval", "plot_confusion", "better"]
+
+
+def classification_metrics(logits: torch.Tensor, labels: torch.Tensor,
+                           classes: list[str]) -> dict:
+    """Metrics of one evaluation over all samples.
+
+    Args:
+        logits: float ``(N, C)`` on any device, ``C == len(classes)``.
+        labels: int64 ``(N,)`` in ``[0, C)``.
+        classes: class names; label ``i`` is ``classes[i]``.
+
+    Returns:
+        ``{"num_samples", "loss" (mean CE, nats, no smoothing, no class weights), "top1" (0-1),
+        "top5" (only when C > 5), "macro_f1" (0-1), "per_class" {name: {precision, recall, f1,
+        support}}, "confusion_matrix" (C x C list, rows = true, columns = predicted)}``.
+    """
+    from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
+
+    logits = logits.detach().float().cpu()
+    labels = labels.detach().long().cpu()
+    num_classes = len(classes)
+    out: dict = {"num_samples": int(labels.numel())}
+    if labels.numel() == 0:
+        out.update(loss=float("nan"), top1=float("nan"), macro_f1=float("nan"), per_class={},
+                   confusion_matrix=np.zeros((num_classes, num_classes), int).tolist())
+        return out
+    out["loss"] = float(F.cross_entropy(logits, labels))
+    top = logits.topk(max(topk_for(num_classes)), dim=1).indices
+    for k in topk_for(num_classes):
+        out[f"top{k}"] = float((top[:, :k] == labels[:, None]).any(dim=1).float().mean())
+    y_true, y_pred = labels.numpy(), top[:, 0].numpy()
+    ids = list(range(num_classes))
+    precision, recall, f1, support = precision_recall_fscore_support(
+        y_true, y_pred, labels=ids, zero_division=0)
+    out["macro_f1"] = float(f1_score(y_true, y_pred, labels=ids, average="macro",
+                                     zero_division=0))
+    out["per_class"] = {name: {"precision": float(precision[i]), "recall": float(recall[i]),
+                               "f1": float(f1[i]), "support": int(support[i])}
+                        for i, name in enumerate(classes)}
+    out["confusion_matrix"] = confusion_matrix(y_true, y_pred, labels=ids).tolist()
+    return out
+
+
+def plot_confusion(matrix: list[list[int]], classes: list[str], path: str | Path,
+                   title: str = "") -> None:
+    """Writes the confusion matrix as a PNG (rows = true class, columns = predicted; counts)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cm = np.asarray(matrix)
+    size = max(3.0, 0.6 * len(classes) + 1.5)
+    fig, ax = plt.subplots(figsize=(size + 1, size))
+    image = ax.imshow(cm, cmap="Blues")
+    fig.colorbar(image, ax=ax)
+    ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
+    ax.set_yticks(range(len(classes)), classes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title)
+    if len(classes) <= 30:
+        threshold = cm.max() / 2 if cm.size else 0
+        for (i, j), value in np.ndenumerate(cm):
+            ax.text(j, i, str(value), ha="center", va="center",
+                    color="white" if value > threshold else "black", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save_eval(result: dict, classes: list[str], folder: str | Path, name: str) -> dict:
+    """Writes ``folder/name.json`` and ``folder/name.png``; returns ``{"json", "png"}`` paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = folder / f"{name}.json", folder / f"{name}.png"
+    json_path.write_text(json.dumps(result, indent=2))
+    plot_confusion(result["confusion_matrix"], classes, png_path, title=name)
+    return {"json": str(json_path), "png": str(png_path)}
+
+
+def better(monitor: str, value: float, best: float | None) -> bool:
+    """True when ``value`` of ``monitor`` improves on ``best`` (loss: lower; others: higher)."""
+    if value != value:  # NaN never improves
+        return False
+    if best is None:
+        return True
+    return value < best if monitor == "loss" else value > best

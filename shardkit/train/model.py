@@ -1,0 +1,130 @@
+"""The timm classifier adapter: head size from the manifest, shape-checked pretrained loading,
+label range checks and top-k clamping (field case 23, HRNet-Image-Classification).
+
+HRNet-Image-Classification's ``cls_hrnet.py`` hardcodes a 2048 -> 1000 head, its ``evaluate.py``
+always computes top-5, and its pretrained loader filters keys by name only. Here the head is built
+with ``num_classes`` taken from the manifest, top-k is clamped to the class count, and pretrained
+tensors whose shapes differ from the model's are skipped and reported.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, LabelError
+
+__all__ = ["build_model", "load_pretrained", "param_groups", "check_labels", "topk_for",
+           "unwrap"]
+
+
+def build_model(name: str, num_classes: int) -> nn.Module:
+    """A randomly initialised timm model ``name`` with a ``num_classes``-way head.
+
+    Nothing is downloaded (``pretrained=False``); use :func:`load_pretrained` for local weights.
+    The model maps float ``(N, 3, H, W)`` normalised images to ``(N, num_classes)`` logits.
+
+    Raises:
+        ConfigError: ``name`` is not a timm model, or ``num_classes < 2``.
+    """
+    import timm
+
+    if num_classes < 2:
+        raise ConfigError(f"num_classes={num_classes}: a classifier needs at least 2 classes")
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name.split('_')[0]}*")[:10]
+        raise ConfigError(f"model {name!r} is not a timm model; similar names: {close}")
+    return timm.create_model(name, pretrained=False, num_classes=num_classes)
+
+
+def _state_dict_of(obj) -> dict[str, torch.Tensor]:
+    """The tensor dict inside a checkpoint: a plain state_dict, or under "model"/"state_dict"."""
+    if isinstance(obj, dict):
+        for key in ("model", "state_dict", "model_state_dict"):
+            if isinstance(obj.get(key), dict):
+                return _state_dict_of(obj[key])
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return obj
+    raise ConfigError("pretrained checkpoint holds no state_dict (expected a dict of tensors, or "
+                      "one under 'model' / 'state_dict')")
+
+
+def load_pretrained(model: nn.Module, path: str | Path) -> dict:
+    """Loads the tensors of checkpoint ``path`` whose names *and* shapes match ``model``.
+
+    A ``module.`` / ``_orig_mod.`` prefix (DDP / torch.compile) is stripped. Returns a report:
+    ``{"path", "loaded": int, "skipped_shape": [{"key", "checkpoint", "model"}],
+    "unexpected": [keys not in the model], "missing": [model keys not in the checkpoint]}``.
+
+    Raises:
+        ConfigError: the file is missing or holds no state_dict.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"pretrained checkpoint {path} does not exist")
+    state = _state_dict_of(torch.load(path, map_location="cpu", weights_only=False))
+    clean = {}
+    for key, value in state.items():
+        for prefix in ("module.", "_orig_mod."):
+            key = key.removeprefix(prefix)
+        clean[key] = value
+    own = model.state_dict()
+    loadable, skipped, unexpected = {}, [], []
+    for key, value in clean.items():
+        if key not in own:
+            unexpected.append(key)
+        elif tuple(value.shape) != tuple(own[key].shape):
+            skipped.append({"key": key, "checkpoint": list(value.shape),
+                            "model": list(own[key].shape)})
+        else:
+            loadable[key] = value
+    model.load_state_dict(loadable, strict=False)
+    missing = sorted(set(own) - set(loadable))
+    return {"path": str(path), "loaded": len(loadable), "skipped_shape": skipped,
+            "unexpected": sorted(unexpected), "missing": missing}
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two optimizer groups: weights with ``weight_decay``; biases and norm parameters without.
+
+    A parameter counts as norm/bias when it is 1-D (BatchNorm/LayerNorm weight and bias, all
+    biases), the rule of timm's ``param_groups_weight_decay``.
+    """
+    decay, no_decay = [], []
+    for _, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim <= 1 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def check_labels(labels: torch.Tensor, num_classes: int, where: str = "batch") -> None:
+    """Raises :class:`LabelError` naming the first label outside ``[0, num_classes)``.
+
+    ``labels``: int64 ``(N,)`` on any device (read on the host; call before moving to a GPU).
+    """
+    if labels.numel() == 0:
+        return
+    bad = (labels < 0) | (labels >= num_classes)
+    if bool(bad.any()):
+        value = int(labels[bad][0])
+        raise LabelError(f"label {value} in {where} is outside [0, {num_classes}): the model has "
+                         f"{num_classes} classes (from the manifest)")
+
+
+def topk_for(num_classes: int) -> tuple[int, ...]:
+    """The top-k accuracies to report: (1, 5) only when there are more than 5 classes, else (1,)."""
+    return (1, 5) if num_classes > 5 else (1,)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
