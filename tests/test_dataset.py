@@ -1,0 +1,255 @@
+"""ShardDataset / MapShardDataset on real packed photos: exactly-once over ranks x workers for every
+format, uneven shards, fewer shards than consumers, LMDB/HDF5 opened before fork (cases 8, 10),
+pickling, index memory (case 16), errors naming shard and key."""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardkit.dataset import MapShardDataset, ShardDataset
+from shardkit.errors import ConfigError, LoaderError, ManifestError, ShardCorruptError
+from shardkit.formats import FORMATS, get_format
+from shardkit.manifest import load_index, write_manifest, write_split_files
+
+ALL = sorted(FORMATS)
+CLASSES = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+
+
+def build_split(sample_dir: Path, out: Path, fmt: str, shard_sizes: list[int],
+                split: str = "train", start: int = 0) -> list[dict]:
+    """Packs real photos of the embedded sample into shards of exactly ``shard_sizes`` samples
+    with the formats API (independent of shardkit.pack). Returns the per-sample records (with the
+    source sha256), in split order. Several splits can share ``out``."""
+    files = sorted(sample_dir.glob("*/*.jpg"))[start:start + sum(shard_sizes)]
+    assert len(files) == sum(shard_sizes)
+    mod = get_format(fmt)
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    records, shards, i = [], [], 0
+    for s, count in enumerate(shard_sizes):
+        rel = f"shards/{split}-{s:06d}{mod.suffix}"
+        writer = mod.Writer(out / rel)
+        for p in files[i:i + count]:
+            data = p.read_bytes()
+            key = f"{split}_{i:08d}"
+            label = CLASSES.index(p.parent.name)
+            offset = writer.add(key, data, "jpg", label)
+            records.append(dict(key=key, shard=s, offset=offset, size=len(data), label=label,
+                                path=p.relative_to(sample_dir).as_posix(),
+                                sha256=hashlib.sha256(data).hexdigest()))
+            i += 1
+        writer.close()
+        shards.append({"path": rel, "num_samples": count, "bytes": (out / rel).stat().st_size,
+                       "sha256": ""})
+    write_split_files(out, split, records)
+    manifest_path = out / "manifest.json"
+    import json
+
+    manifest = (json.loads(manifest_path.read_text()) if manifest_path.exists()
+                else {"format": fmt, "classes": CLASSES, "splits": {}})
+    manifest.pop("schema_version", None)
+    manifest["splits"][split] = {"num_samples": len(records), "shards": shards}
+    write_manifest(out, manifest)
+    return records
+
+
+def _sha(b) -> str:
+    return hashlib.sha256(bytes(b)).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uneven(sample_dir, tmp_path_factory):
+    """Per format: train = 5 uneven shards (17, 3, 9, 1, 10 = 40 samples) of real photos."""
+    cache = {}
+
+    def make(fmt):
+        if fmt not in cache:
+            out = tmp_path_factory.mktemp(f"uneven-{fmt}")
+            cache[fmt] = (out, build_split(sample_dir, out, fmt, [17, 3, 9, 1, 10]))
+        return cache[fmt]
+    return make
+
+
+def _keys_over_consumers(root, world_size, num_workers, **kw):
+    per_rank = []
+    for rank in range(world_size):
+        ds = ShardDataset(root, "train", rank=rank, world_size=world_size, decode=False,
+                          batch_size=2, **kw)
+        dl = DataLoader(ds, batch_size=None, num_workers=num_workers)
+        per_rank.append([(s["key"], _sha(s["image"])) for s in dl])
+    return per_rank
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_exactly_once_over_ranks_and_workers_every_format(fmt, uneven):
+    out, records = uneven(fmt)
+    want = {r["key"]: r["sha256"] for r in records}
+    for world_size, num_workers, shuffle in [(1, 0, False), (3, 2, True), (2, 2, False)]:
+        per_rank = _keys_over_consumers(out, world_size, num_workers, shuffle=shuffle, seed=4)
+        flat = [k for rank in per_rank for k, _ in rank]
+        assert len(flat) == len(set(flat)) == 40  # union == all keys, no overlap
+        assert dict(kv for rank in per_rank for kv in rank) == want  # byte-exact vs source
+
+
+def test_fewer_shards_than_consumers(sample_dir, tmp_path):
+    records = build_split(sample_dir, tmp_path, "wds", [7, 4])  # 2 shards, 3 ranks x 2 workers
+    per_rank = _keys_over_consumers(tmp_path, 3, 2, shuffle=True)
+    assert [len(r) for r in per_rank] == [4, 4, 3]  # every rank gets samples, split inside shards
+    assert sorted(k for r in per_rank for k, _ in r) == [r["key"] for r in records]
+
+
+def test_shuffle_is_deterministic_per_epoch_and_changes_across_epochs(uneven):
+    out, _ = uneven("wds")
+    ds = ShardDataset(out, "train", shuffle=True, seed=1, decode=False)
+    e0 = [s["key"] for s in ds]
+    assert e0 == [s["key"] for s in ShardDataset(out, "train", shuffle=True, seed=1, decode=False)]
+    ds.set_epoch(1)
+    e1 = [s["key"] for s in ds]
+    assert e0 != e1 and sorted(e0) == sorted(e1)
+    assert [s["index"] for s in ShardDataset(out, "train", decode=False)] == list(range(40))
+
+
+def test_even_pad_and_drop_give_equal_counts(uneven):
+    out, _ = uneven("lmdb")
+    for even, per in [("pad", 14), ("drop", 13)]:
+        got = [list(ShardDataset(out, "train", rank=r, world_size=3, even=even, decode=False))
+               for r in range(3)]
+        assert [len(g) for g in got] == [per] * 3
+    pad = [s for r in range(3) for s in ShardDataset(out, "train", rank=r, world_size=3,
+                                                      even="pad", decode=False)]
+    assert sorted(s["key"] for s in pad if s["valid"]) == sorted({s["key"] for s in pad})
+    assert sum(not s["valid"] for s in pad) == 2  # 42 - 40 wrap-around repeats
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_opened_in_parent_then_workers_read_byte_exact(fmt, method, uneven):
+    """Cases 8 and 10: the parent reads (opens the env/file) before workers start; workers under
+    fork and spawn return source bytes; the parent can still read afterwards."""
+    out, records = uneven(fmt)
+    want = {r["key"]: r["sha256"] for r in records}
+    ds = ShardDataset(out, "train", decode=False, batch_size=3)
+    first = next(iter(ds))  # opens shard 0 in this process
+    assert _sha(first["image"]) == want[first["key"]]
+    epochs = 1 if method == "spawn" else 3  # spawn start-up is ~5 s per loader on 2 cores
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=method,
+                        timeout=120)
+        got = {s["key"]: _sha(s["image"]) for s in dl}
+        assert got == want
+    assert {s["key"]: _sha(s["image"]) for s in ds} == want  # parent reads after the workers
+    clone = pickle.loads(pickle.dumps(ds))
+    assert all(r._handle is None for r in clone._source._readers.values())
+    assert {s["key"]: _sha(s["image"]) for s in clone} == want
+
+
+def test_map_dataset_all_formats_and_decode(uneven):
+    for fmt in ALL:
+        out, records = uneven(fmt)
+        ds = MapShardDataset(out, "train", decode=False)
+        assert len(ds) == 40
+        assert [_sha(ds[i]["image"]) for i in range(40)] == [r["sha256"] for r in records]
+        assert ds[-1]["key"] == "train_00000039" and ds[5]["label"] == records[5]["label"]
+        with pytest.raises(IndexError, match="index 40 out of range"):
+            ds[40]
+
+
+def test_decoded_image_is_upright_rgb_uint8(uneven, sample_dir):
+    pytest.importorskip("shardkit.decode", reason="decoder module not landed")
+    out, records = uneven("wds")
+    from PIL import Image
+
+    sample = MapShardDataset(out, "train")[3]
+    img = sample["image"]
+    with Image.open(sample_dir / records[3]["path"]) as im:
+        w, h = im.size
+    assert img.dtype == np.uint8 and img.shape == (h, w, 3)
+
+
+def test_transform_gets_bytes_and_a_position_rng(uneven):
+    out, _ = uneven("hdf5")
+    tf = lambda data, rng: (len(bytes(data)), float(rng.random()))  # noqa: E731
+    a = [s["image"] for s in ShardDataset(out, "train", transform=tf, shuffle=True)]
+    b = [s["image"] for s in DataLoader(ShardDataset(out, "train", transform=tf, shuffle=True),
+                                         batch_size=None, num_workers=2)]
+    assert a == [tuple(x) for x in b]  # same draws whatever the worker count
+    assert len({x[1] for x in a}) == 40  # a different draw per sample
+
+
+def test_stream_refused_for_eval_and_bad_options(uneven, sample_dir, tmp_path):
+    out, _ = uneven("wds")
+    build_split(sample_dir, tmp_path, "wds", [5], split="val")
+    with pytest.raises(LoaderError, match="split 'val'"):
+        ShardDataset(tmp_path, "val", mode="stream")
+    with pytest.raises(ConfigError, match="even='both'"):
+        ShardDataset(out, "train", even="both")
+    with pytest.raises(ConfigError, match="on_error='ignore'"):
+        ShardDataset(out, "train", on_error="ignore")
+    with pytest.raises(ConfigError, match="rank=3, world_size=2"):
+        ShardDataset(out, "train", rank=3, world_size=2)
+    with pytest.raises(ManifestError, match="'nope'"):
+        ShardDataset(out, "nope")
+    stream = ShardDataset(out, "train", mode="stream", samples_per_epoch=100, decode=False)
+    assert len(stream) == len(list(stream)) == 100
+
+
+def test_corrupt_shard_raises_naming_shard_and_key_or_skips(sample_dir, tmp_path):
+    build_split(sample_dir, tmp_path, "wds", [4, 4])
+    index = load_index(tmp_path, "train")
+    shard = tmp_path / "shards/train-000001.tar"
+    raw = bytearray(shard.read_bytes())
+    head = int(index.offset[5]) - 512
+    raw[head:head + 5] = b"XXXXX"  # clobber the member name of train_00000005
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ShardCorruptError, match=r"train-000001\.tar.*'train_00000005'"):
+        list(ShardDataset(tmp_path, "train", decode=False))
+    ds = ShardDataset(tmp_path, "train", decode=False, on_error="skip")
+    with pytest.warns(RuntimeWarning, match="skipped sample 'train_00000005'"):
+        keys = [s["key"] for s in ds]
+    assert len(keys) == 7 and "train_00000005" not in keys and ds.skipped == ["train_00000005"]
+
+
+def _walk_keys(obj, q):
+    import psutil
+
+    before = psutil.Process().memory_full_info().uss
+    if isinstance(obj, list):
+        total = sum(len(k) for k in obj)
+    else:
+        total = sum(len(obj.key_at(i)) for i in range(len(obj)))
+    q.put((psutil.Process().memory_full_info().uss - before, total))
+
+
+@pytest.mark.skipif(mp.get_start_method(allow_none=True) not in (None, "fork")
+                    or not hasattr(mp, "get_context"), reason="needs fork")
+def test_index_is_numpy_and_forked_reads_do_not_copy_it(uneven):
+    """Case 16, scaled down: a forked worker walking 300k index keys stays within a small USS
+    bound, while the same keys held as a Python list of str get copied into the child."""
+    pytest.importorskip("psutil")
+    out, _ = uneven("wds")
+    index = ShardDataset(out, "train", decode=False)._source.index
+    for name in ("shard", "offset", "size", "label", "key"):
+        assert isinstance(getattr(index, name), np.ndarray)
+    assert index.key.dtype.kind == "S" and index.label.dtype == np.int64
+    big = type(index)(**{f: np.tile(getattr(index, f), 7500) for f in
+                         ("shard", "offset", "size", "label", "key")})  # 300k entries
+    as_list = [big.key_at(i) for i in range(len(big))]
+    ctx = mp.get_context("fork")
+    growth = {}
+    for name, obj in (("numpy", big), ("list", as_list)):
+        q = ctx.Queue()
+        p = ctx.Process(target=_walk_keys, args=(obj, q))
+        p.start()
+        growth[name], total = q.get(timeout=60)
+        p.join(60)
+        assert total == 300_000 * 14
+    # a list of 300k str copies >= 10 MB of pages on read (refcounts); the numpy index does not
+    assert growth["list"] > 10 * 2**20
+    assert growth["numpy"] < 0.1 * growth["list"]
