@@ -56,7 +56,7 @@ train: install
 # explicit step). Prints which PIL really loaded afterwards.
 simd: install
 	$(PY) -m pip uninstall -y -q pillow pillow-simd || true
-	CC="cc -mavx2" $(PY) -m pip install -q --no-cache-dir --no-binary :all: pillow-simd
+	CC="cc -mavx2" $(PY) -m pip install -q --no-cache-dir --no-binary pillow-simd pillow-simd
 	$(PY) -c "import PIL; from PIL import features; print('PIL', PIL.__version__, 'libjpeg_turbo', features.version('libjpeg_turbo'))"
 
 clean:
