@@ -1,0 +1,235 @@
+"""The decoder contract: :class:`Decoder`, DCT scale choice, format sniffing, warning policy.
+
+Every decoder returns RGB ``uint8`` arrays of shape ``(H, W, 3)``, C-contiguous, on the CPU
+(HWC, values 0..255), grayscale expanded to three channels. Pixels are returned as stored: EXIF
+orientation is *not* applied here, because the packer writes upright pixels (field case 15).
+
+Decoder warnings (libjpeg's "Corrupt JPEG data: N extraneous bytes before marker", "Premature end
+of JPEG file", ...) are never printed: each decode stores how many it saw in
+``decoder.last_warnings`` and the last text in ``decoder.last_warning``; the caller applies its
+policy with :func:`apply_warning_policy` (field case 12).
+"""
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+from typing import ClassVar, NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from shardkit.errors import DecodeError
+
+__all__ = [
+    "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
+    "choose_scale", "scaled_size", "is_jpeg", "pil_decode_rgb", "pil_probe", "DCT_REDUCTIONS",
+]
+
+#: The DCT reductions libjpeg-turbo implements: M/8 for M = 1..8 (libjpeg-turbo ``jdmaster.c``,
+#: ``jpeg_core_output_dimensions``; the same set ``tjGetScalingFactors`` lists below 1). A factor
+#: such as 1/3 is not in it and is never used (field case 12).
+DCT_REDUCTIONS: tuple[Fraction, ...] = tuple(Fraction(m, 8) for m in range(1, 9))
+
+#: Policies for decoder warnings: keep the image, skip the sample, or raise.
+WARNING_POLICIES = ("keep", "skip", "raise")
+
+
+class DecodeWarningError(DecodeError):
+    """A decode produced libjpeg warnings and the warning policy is ``"raise"``."""
+
+
+class ImageProbe(NamedTuple):
+    """What a header read tells: original ``width``, ``height`` (pixels, as stored), whether the
+    bytes are a JPEG this decoder decodes itself, and the DCT reductions it may use on them."""
+
+    width: int
+    height: int
+    is_jpeg: bool
+    factors: tuple[Fraction, ...]
+
+
+def is_jpeg(data: bytes | memoryview) -> bool:
+    """True when ``data`` starts with the JPEG SOI marker ``FF D8 FF``."""
+    return bytes(data[:3]) == b"\xff\xd8\xff"
+
+
+def scaled_size(width: int, height: int, factor: Fraction) -> tuple[int, int]:
+    """Output size of a DCT-scaled decode: ``(ceil(width * f), ceil(height * f))``, the rounding
+    libjpeg-turbo uses (``jdiv_round_up`` in ``jdmaster.c``; TurboJPEG's ``TJSCALED``)."""
+    return (-(-width * factor.numerator // factor.denominator),
+            -(-height * factor.numerator // factor.denominator))
+
+
+def choose_scale(crop_w: float, crop_h: float, target_w: int, target_h: int,
+                 factors: tuple[Fraction, ...] = DCT_REDUCTIONS) -> Fraction:
+    """Pick the largest DCT reduction that still keeps the crop at least the target size.
+
+    Args:
+        crop_w, crop_h: crop size in original pixels (> 0).
+        target_w, target_h: final output size in pixels (> 0).
+        factors: supported reductions (Fractions in (0, 1]); others are ignored.
+    Returns:
+        the smallest ``f`` in ``factors`` (``f <= 1``) with ``crop_w * f >= target_w`` and
+        ``crop_h * f >= target_h``; ``Fraction(1)`` when none qualifies (never upscale by DCT).
+    Raises:
+        ValueError: a size is not positive.
+    """
+    if crop_w <= 0 or crop_h <= 0 or target_w <= 0 or target_h <= 0:
+        raise ValueError(f"sizes must be > 0, got crop {crop_w}x{crop_h}, "
+                         f"target {target_w}x{target_h}")
+    best = Fraction(1)
+    for f in factors:
+        if 0 < f < best and crop_w * f >= target_w and crop_h * f >= target_h:
+            best = f
+    return best
+
+
+def apply_warning_policy(n_warnings: int, policy: str, what: str = "image",
+                         message: str | None = None) -> bool:
+    """Apply a decoder-warning policy to one sample.
+
+    Returns True to keep the sample, False to skip it (``policy="skip"`` and warnings > 0).
+    Raises :class:`DecodeWarningError` (``policy="raise"``, naming ``what`` and the last warning)
+    and :class:`shardkit.errors.ConfigError` for a policy outside ``WARNING_POLICIES``.
+    """
+    if policy not in WARNING_POLICIES:
+        from shardkit.errors import ConfigError
+        raise ConfigError(f"warning policy {policy!r} is not one of {WARNING_POLICIES}")
+    if n_warnings == 0 or policy == "keep":
+        return True
+    if policy == "skip":
+        return False
+    raise DecodeWarningError(f"{what}: {n_warnings} decoder warning(s), last: {message!r}")
+
+
+def pil_probe(data: bytes | memoryview) -> tuple[int, int]:
+    """(width, height) from the header via Pillow; raises DecodeError if unreadable."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return im.size
+    except Exception as exc:  # Pillow raises several unrelated types here
+        raise DecodeError(f"cannot read image header ({len(data)} bytes): {exc}") from exc
+
+
+def pil_decode_rgb(data: bytes | memoryview, reduce: int = 1) -> np.ndarray:
+    """Decode any Pillow-readable image to RGB uint8 (H, W, 3), C-contiguous.
+
+    ``reduce`` (1, 2, 4 or 8) asks libjpeg for a 1/reduce DCT-scaled decode via ``Image.draft``
+    (JPEG only); the result is then ``ceil(W / reduce) x ceil(H / reduce)`` (checked).
+    Palette/alpha/16-bit inputs are converted with Pillow's ``convert("RGB")``; the packer is
+    where they are normalised properly (field case 15). Raises DecodeError on any failure,
+    including truncated data (Pillow's ``LOAD_TRUNCATED_IMAGES`` is never changed).
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if reduce > 1:
+                w, h = im.size
+                if im.format != "JPEG":
+                    raise DecodeError(f"DCT reduction 1/{reduce} needs a JPEG, got {im.format}")
+                im.draft("RGB", (max(1, w // reduce), max(1, h // reduce)))
+                want = scaled_size(w, h, Fraction(1, reduce))
+                if im.size != want:
+                    raise DecodeError(f"Pillow draft gave {im.size} for 1/{reduce} of {w}x{h}, "
+                                      f"expected {want}")
+            if im.mode != "RGB":
+                im = im.convert("RGB")
+            else:
+                im.load()
+            return np.asarray(im)  # one copy (tobytes); C-contiguous, read-only
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"Pillow cannot decode image ({len(data)} bytes): {exc}") from exc
+
+
+class Decoder:
+    """Base class (and protocol) of every decoder in :data:`shardkit.decode.DECODERS`.
+
+    Subclasses implement :meth:`probe`, :meth:`_decode_scaled` and may override
+    :meth:`decode_region` (the ROI decoder does). Instances are cheap, hold their native handle
+    lazily, and are created per process (never pickled with an open handle).
+
+    Attributes:
+        last_warnings: number of decoder warnings of the most recent call (0 when clean).
+        last_warning: text of the last warning of the most recent call, or None.
+    """
+
+    name: ClassVar[str] = "base"
+    supports_roi: ClassVar[bool] = False
+
+    def __init__(self, fast_dct: bool = False, fast_upsample: bool = False):
+        self.fast_dct = bool(fast_dct)
+        self.fast_upsample = bool(fast_upsample)
+        self.last_warnings = 0
+        self.last_warning: str | None = None
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether this backend can run in this environment."""
+        return True
+
+    def info(self) -> dict:
+        """Backend name, library versions and paths (for benchmark and bug reports)."""
+        return {"name": self.name}
+
+    def probe(self, data: bytes | memoryview) -> ImageProbe:
+        """Read the header only; returns original size and usable DCT reductions."""
+        w, h = pil_probe(data)
+        return ImageProbe(w, h, False, (Fraction(1),))
+
+    def decode(self, data: bytes | memoryview) -> np.ndarray:
+        """Decode the whole image: RGB uint8 (H, W, 3) C-contiguous, values 0..255.
+
+        JPEGs use this backend; other formats (PNG, ...) fall back to Pillow. Updates
+        ``last_warnings``. Raises :class:`shardkit.errors.DecodeError` on fatal errors.
+        """
+        return self.decode_scaled(data, Fraction(1))
+
+    def decode_with_warnings(self, data: bytes | memoryview) -> tuple[np.ndarray, int]:
+        """:meth:`decode`, also returning the warning count of this call."""
+        arr = self.decode(data)
+        return arr, self.last_warnings
+
+    def decode_scaled(self, data: bytes | memoryview, factor: Fraction,
+                      probe: ImageProbe | None = None) -> np.ndarray:
+        """Whole image decoded at DCT scale ``factor`` (from ``probe.factors``); the result is
+        ``scaled_size(W, H, factor)`` (checked, DecodeError otherwise)."""
+        probe = probe or self.probe(data)
+        self.last_warnings, self.last_warning = 0, None
+        if factor not in probe.factors:
+            raise DecodeError(f"DCT scale {factor} not supported for this image by {self.name}; "
+                              f"supported: {[str(f) for f in probe.factors]}")
+        if not probe.is_jpeg:
+            return pil_decode_rgb(data)
+        arr = self._decode_scaled(data, factor)
+        want = scaled_size(probe.width, probe.height, factor)
+        if arr.shape != (want[1], want[0], 3):
+            raise DecodeError(f"{self.name} decoded shape {arr.shape} at scale {factor} of "
+                              f"{probe.width}x{probe.height}, expected {(want[1], want[0], 3)}")
+        return arr
+
+    def decode_region(self, data: bytes | memoryview, box: tuple[int, int, int, int],
+                      factor: Fraction, probe: ImageProbe | None = None) -> np.ndarray:
+        """Pixels ``[y0:y1, x0:x1]`` of the image decoded at scale ``factor``.
+
+        ``box = (x0, y0, x1, y1)`` in *scaled* pixel coordinates, inside
+        ``scaled_size(W, H, factor)``. Returns RGB uint8 ``(y1-y0, x1-x0, 3)`` C-contiguous.
+        This default decodes the whole scaled image and slices; ROI-capable backends decode
+        only the window. Raises DecodeError (bad box, decode failure).
+        """
+        probe = probe or self.probe(data)
+        full = self.decode_scaled(data, factor, probe)
+        x0, y0, x1, y1 = box
+        if not (0 <= x0 < x1 <= full.shape[1] and 0 <= y0 < y1 <= full.shape[0]):
+            raise DecodeError(f"region {box} outside the {full.shape[1]}x{full.shape[0]} image")
+        if (x0, y0, x1, y1) == (0, 0, full.shape[1], full.shape[0]):
+            return full
+        return np.ascontiguousarray(full[y0:y1, x0:x1])
+
+    def _decode_scaled(self, data: bytes | memoryview, factor: Fraction) -> np.ndarray:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("_handle", None)  # native handles are per process
+        return state

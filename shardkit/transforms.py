@@ -1,0 +1,317 @@
+"""One preprocessing factory for train, val and inference: :class:`TransformConfig` +
+:func:`make_transform`.
+
+A :class:`SampleTransform` maps encoded image bytes to an RGB ``uint8`` array ``(S, S, 3)`` (HWC,
+0..255, CPU), written straight into a caller buffer (a row of the batch) when one is given.
+
+Train: RandomResizedCrop + horizontal flip. Crop parameters are sampled exactly like
+torchvision's ``RandomResizedCrop.get_params`` (``torchvision/transforms/transforms.py``: 10
+attempts of log-uniform aspect ratio and uniform area fraction, then a center-crop fallback),
+from the ORIGINAL image size read from the header, with the caller's ``np.random.Generator``
+only. Then only the crop window is decoded (ROI decoder), at the largest DCT reduction that keeps
+the crop >= S in both dimensions (``dct_scaling``), and resized with Pillow's ``resize(box=...)``
+(antialiased, as torchvision's PIL path); the flip is a reversed view copied into the output.
+With ``dct_scaling=False`` and scale 1 the result equals torchvision v2 ``resized_crop`` on the
+same decoded pixels.
+
+Eval/inference: timm's default: resize the shorter side to ``floor(S / crop_pct)`` then center
+crop S (``timm/data/transforms_factory.py``, ``transforms_imagenet_eval``), fused into one resize
+of the center box (same sampling grid as resize-then-crop).
+
+Normalisation happens on the device: :func:`normalize_on_device` (timm ``PrefetchLoader`` style).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from fractions import Fraction
+from typing import NamedTuple
+
+import numpy as np
+from PIL import Image
+from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+from shardkit.decode import choose_scale, get_decoder, scaled_size
+from shardkit.errors import ConfigError
+
+__all__ = [
+    "TransformConfig", "CropParams", "SampleTransform", "make_transform", "sample_crop_params",
+    "eval_crop_box", "torchvision_reference", "TorchvisionReference", "normalize_on_device",
+    "TransformInputError",
+]
+
+_PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+                "nearest": Image.Resampling.NEAREST}
+_FILTER_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "nearest": 0.5}  # Pillow Resample.c
+
+
+class TransformInputError(ConfigError):
+    """An argument handed to a transform (output buffer, batch tensor) has the wrong shape/dtype."""
+
+
+@dataclass(frozen=True)
+class TransformConfig:
+    """Preprocessing configuration shared by train, val and inference.
+
+    image_size: output side S (pixels). scale: RandomResizedCrop area fraction range.
+    ratio: aspect ratio (w/h) range. hflip: flip probability in [0, 1]. crop_pct: eval crop
+    fraction (resize shorter side to floor(S / crop_pct), center crop S). interpolation:
+    "bilinear" | "bicubic" | "nearest". mean/std: per-channel RGB in 0..1 units (ImageNet from
+    ``timm.data.constants``). decoder: a ``shardkit.decode.DECODERS`` name or "auto".
+    dct_scaling: decode at the largest DCT reduction (M/8) that keeps the crop >= S in both
+    dimensions (:func:`shardkit.decode.choose_scale`). fast_dct / fast_upsample: libjpeg speed
+    flags (off by default; see benchmarks/bench_decode.py).
+    """
+
+    image_size: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: float = 0.5
+    crop_pct: float = 0.875
+    interpolation: str = "bilinear"
+    mean: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_MEAN)
+    std: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_STD)
+    decoder: str = "auto"
+    dct_scaling: bool = True
+    fast_dct: bool = False
+    fast_upsample: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("scale", "ratio", "mean", "std"):
+            object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
+        if not isinstance(self.image_size, int) or self.image_size < 1:
+            raise ConfigError(f"image_size must be a positive int, got {self.image_size!r}")
+        if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise ConfigError(f"scale must be (lo, hi) with 0 < lo <= hi <= 1, got {self.scale}")
+        if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ConfigError(f"ratio must be (lo, hi) with 0 < lo <= hi, got {self.ratio}")
+        if not 0 <= self.hflip <= 1:
+            raise ConfigError(f"hflip must be a probability in [0, 1], got {self.hflip}")
+        if not 0 < self.crop_pct <= 1:
+            raise ConfigError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
+        if self.interpolation not in _PIL_FILTERS:
+            raise ConfigError(f"interpolation {self.interpolation!r} is not one of "
+                              f"{sorted(_PIL_FILTERS)}")
+        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
+            raise ConfigError(f"mean/std must be 3 values each, std > 0; got {self.mean}, "
+                              f"{self.std}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TransformConfig":
+        """Build from a plain dict (YAML); unknown keys raise ConfigError naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown transform option(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict:
+        """Plain dict (lists for tuples), YAML/JSON-safe; ``from_dict(to_dict())`` round-trips."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+class CropParams(NamedTuple):
+    """A crop in ORIGINAL pixel coordinates (torchvision order: top, left, height, width) and
+    whether to flip horizontally."""
+
+    top: int
+    left: int
+    height: int
+    width: int
+    flip: bool
+
+
+def sample_crop_params(width: int, height: int, cfg: TransformConfig,
+                       rng: np.random.Generator) -> CropParams:
+    """RandomResizedCrop parameters + flip, drawn from ``rng`` only.
+
+    Same algorithm as torchvision ``RandomResizedCrop.get_params`` (10 attempts, area fraction
+    ~ U(scale), log aspect ratio ~ U(log ratio), ``w = round(sqrt(area * r))``; then the
+    center-crop fallback clamped to ``ratio``). Flip is ``rng.random() < cfg.hflip``, drawn after.
+    """
+    area = width * height
+    log_lo, log_hi = math.log(cfg.ratio[0]), math.log(cfg.ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(cfg.scale[0], cfg.scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(rng.integers(0, height - h + 1))
+            left = int(rng.integers(0, width - w + 1))
+            break
+    else:
+        in_ratio = width / height
+        if in_ratio < min(cfg.ratio):
+            w, h = width, int(round(width / min(cfg.ratio)))
+        elif in_ratio > max(cfg.ratio):
+            w, h = int(round(height * max(cfg.ratio))), height
+        else:
+            w, h = width, height
+        top, left = (height - h) // 2, (width - w) // 2
+    flip = bool(rng.random() < cfg.hflip)
+    return CropParams(top, left, h, w, flip)
+
+
+def eval_crop_box(width: int, height: int, cfg: TransformConfig) -> tuple[float, float, float, float]:
+    """The eval center crop as a box ``(x0, y0, x1, y1)`` in original (float) pixels.
+
+    Resize shorter side to ``floor(S / crop_pct)`` (long side ``int(size * long / short)``,
+    torchvision ``_compute_resized_output_size``), center crop S with the anchor
+    ``int(round((resized - S) / 2))`` (torchvision ``_center_crop_compute_crop_anchor``).
+    """
+    s = cfg.image_size
+    size = math.floor(s / cfg.crop_pct)
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = size, int(size * long / short)
+    new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
+    top, left = int(round((new_h - s) / 2.0)), int(round((new_w - s) / 2.0))
+    rx, ry = width / new_w, height / new_h
+    return (left * rx, top * ry, (left + s) * rx, (top + s) * ry)
+
+
+class SampleTransform:
+    """Bytes -> RGB uint8 (S, S, 3). Picklable; the decoder is created lazily per process.
+
+    Call: ``t(data, rng=None, out=None) -> np.ndarray``. ``data``: encoded image bytes (JPEG
+    fast path; PNG etc. via Pillow). ``rng``: the train randomness (ignored in eval; ``None`` in
+    train means a fresh OS-seeded generator). ``out``: optional writable (S, S, 3) uint8 array;
+    when given the result is written there and ``out`` is returned. Raises DecodeError on
+    undecodable data, TransformInputError on a bad ``out``. After each call ``last_warnings``
+    holds the decoder warning count of that sample (policy is the caller's).
+    """
+
+    def __init__(self, cfg: TransformConfig, train: bool):
+        self.cfg = cfg
+        self.train = bool(train)
+        self._decoder = None
+        self._filter = _PIL_FILTERS[cfg.interpolation]
+        self.last_warnings = 0
+        self.last_params: CropParams | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_decoder"] = None
+        return state
+
+    @property
+    def decoder(self):
+        if self._decoder is None:
+            self._decoder = get_decoder(self.cfg.decoder, fast_dct=self.cfg.fast_dct,
+                                        fast_upsample=self.cfg.fast_upsample)
+        return self._decoder
+
+    def __call__(self, data, rng: np.random.Generator | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        s = self.cfg.image_size
+        if out is not None and (out.shape != (s, s, 3) or out.dtype != np.uint8
+                                or not out.flags.writeable):
+            raise TransformInputError(f"out must be a writable ({s}, {s}, 3) uint8 array, got "
+                                      f"{out.shape} {out.dtype}")
+        dec = self.decoder
+        probe = dec.probe(data)
+        if self.train:
+            p = sample_crop_params(probe.width, probe.height, self.cfg,
+                                   rng if rng is not None else np.random.default_rng())
+            box = (p.left, p.top, p.left + p.width, p.top + p.height)
+            margin_support = 0.0  # torchvision crops first: no context outside the crop
+        else:
+            box = eval_crop_box(probe.width, probe.height, self.cfg)
+            p = CropParams(int(box[1]), int(box[0]), int(box[3] - box[1]), int(box[2] - box[0]),
+                           False)
+            margin_support = _FILTER_SUPPORT[self.cfg.interpolation]
+        self.last_params = p
+        bw, bh = box[2] - box[0], box[3] - box[1]
+        factor = (choose_scale(bw, bh, s, s, probe.factors) if self.cfg.dct_scaling
+                  else Fraction(1))
+        sw, sh = scaled_size(probe.width, probe.height, factor)
+        f = float(factor)
+        fb = (box[0] * f, box[1] * f, box[2] * f, box[3] * f)
+        # context the filter may read beyond the box (eval only, to match resize-then-crop)
+        m = math.ceil(margin_support * max(bw * f / s, bh * f / s, 1.0)) + 1 if margin_support else 0
+        region = (max(0, math.floor(fb[0]) - m), max(0, math.floor(fb[1]) - m),
+                  min(sw, math.ceil(fb[2]) + m), min(sh, math.ceil(fb[3]) + m))
+        arr = dec.decode_region(data, region, factor, probe)
+        self.last_warnings = dec.last_warnings
+        img = Image.frombuffer("RGB", (arr.shape[1], arr.shape[0]), arr, "raw", "RGB", 0, 1)
+        rel = (fb[0] - region[0], fb[1] - region[1], fb[2] - region[0], fb[3] - region[1])
+        res = np.asarray(img.resize((s, s), self._filter, box=rel))
+        src = res[:, ::-1] if p.flip else res
+        if out is None:
+            return np.ascontiguousarray(src)
+        np.copyto(out, src)
+        return out
+
+
+def make_transform(cfg: TransformConfig, train: bool) -> SampleTransform:
+    """The one factory: ``train=True`` gives RandomResizedCrop+flip, ``False`` the eval
+    resize + center crop used for val, test and inference."""
+    return SampleTransform(cfg, train)
+
+
+class TorchvisionReference:
+    """torchvision.transforms.v2 equivalent of :class:`SampleTransform` on a PIL RGB image.
+
+    ``ref(img, params=None) -> np.ndarray`` uint8 (S, S, 3). Train needs ``params`` (the
+    :class:`CropParams` the shardkit transform used, see ``SampleTransform.last_params``) and
+    applies ``v2.functional.resized_crop(..., antialias=True)`` then ``horizontal_flip``. Eval
+    applies ``v2.Resize(floor(S / crop_pct))`` + ``v2.CenterCrop(S)``. ``.pipeline`` is the
+    stochastic v2 pipeline (RandomResizedCrop + RandomHorizontalFlip) for train.
+    """
+
+    def __init__(self, cfg: TransformConfig, train: bool):
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import v2
+
+        self.cfg, self.train = cfg, train
+        self._mode = InterpolationMode(cfg.interpolation)
+        s = cfg.image_size
+        if train:
+            self.pipeline = v2.Compose([
+                v2.RandomResizedCrop(s, scale=cfg.scale, ratio=cfg.ratio,
+                                     interpolation=self._mode, antialias=True),
+                v2.RandomHorizontalFlip(cfg.hflip)])
+        else:
+            self.pipeline = v2.Compose([
+                v2.Resize(math.floor(s / cfg.crop_pct), interpolation=self._mode, antialias=True),
+                v2.CenterCrop(s)])
+
+    def __call__(self, img: Image.Image, params: CropParams | None = None) -> np.ndarray:
+        from torchvision.transforms.v2 import functional as F
+
+        if not self.train:
+            return np.asarray(self.pipeline(img))
+        if params is None:
+            raise TransformInputError("train reference needs the CropParams to reproduce")
+        s = self.cfg.image_size
+        out = F.resized_crop(img, params.top, params.left, params.height, params.width, [s, s],
+                             interpolation=self._mode, antialias=True)
+        if params.flip:
+            out = F.horizontal_flip(out)
+        return np.asarray(out)
+
+
+def torchvision_reference(cfg: TransformConfig, train: bool) -> TorchvisionReference:
+    """The torchvision v2 pipeline equivalent to ``make_transform(cfg, train)`` (for tests)."""
+    return TorchvisionReference(cfg, train)
+
+
+def normalize_on_device(batch, mean, std):
+    """Normalise a uint8 image batch on its device (timm ``PrefetchLoader`` style).
+
+    Args:
+        batch: ``torch.uint8`` tensor ``(N, 3, H, W)`` RGB 0..255, any device and memory format.
+        mean, std: 3 values each in 0..1 units (e.g. ``cfg.mean``, ``cfg.std``).
+    Returns:
+        ``torch.float32`` ``(batch / 255 - mean) / std``, same device and memory format.
+    Raises:
+        TransformInputError: wrong dtype or shape.
+    """
+    import torch
+
+    if batch.dtype != torch.uint8 or batch.ndim != 4 or batch.shape[1] != 3:
+        raise TransformInputError(f"batch must be uint8 (N, 3, H, W), got {batch.dtype} "
+                                  f"{tuple(batch.shape)}")
+    m = torch.tensor([v * 255 for v in mean], device=batch.device).view(1, 3, 1, 1)
+    sd = torch.tensor([v * 255 for v in std], device=batch.device).view(1, 3, 1, 1)
+    return batch.float().sub_(m).div_(sd)
