@@ -1,0 +1,206 @@
+"""``shardkit bench``: sweep loader settings, time them against a step, say what to change.
+
+Writes ``OUT/bench.json`` (every row, the environment, the recommendation), PNG plots, and prints
+a table. Exit status 1 when any row errored (its message is in the table and the JSON).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from shardkit.bench.env import EXPECT_PIL_CHOICES, collect_environment
+from shardkit.bench.grid import expand_grid, parse_int_list, parse_mode
+from shardkit.bench.report import format_table, recommend, write_json, write_plots
+from shardkit.bench.runner import RunConfig, add_baseline_rows, dataset_info, run_rows
+from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
+from shardkit.errors import ConfigError, ShardkitError
+
+__all__ = ["bench_command", "run_bench", "decoder_availability"]
+
+
+def decoder_availability(names: list[str]) -> dict[str, str]:
+    """``name -> reason`` for each decoder in ``names`` that cannot run here.
+
+    Uses ``shardkit.decode.DECODERS`` (name -> class with ``available()``) when present.
+
+    Raises:
+        ConfigError: a name is not in the registry (the message lists the registered ones).
+    """
+    try:
+        from shardkit import decode
+    except ImportError as exc:
+        return {n: f"shardkit.decode is not importable ({exc})" for n in names if n != "auto"}
+    registry = getattr(decode, "DECODERS", None)
+    if registry is None:
+        return {}
+    out = {}
+    for n in names:
+        if n == "auto":
+            continue
+        if n not in registry:
+            raise ConfigError(f"decoder={n!r}; expected 'auto' or one of {sorted(registry)}")
+        cls = registry[n]
+        if hasattr(cls, "available") and not cls.available():
+            out[n] = "its library or device is not available in this environment"
+    return out
+
+
+def _make_step(step_ms: float | None, model: str | None, device: str, num_classes: int) -> Step:
+    if step_ms is not None and model is not None:
+        raise ConfigError(f"--step-ms {step_ms} and --model {model} both given; pick one")
+    dev = resolve_device(device)
+    if model is not None:
+        return ModelStep(model, num_classes, dev)
+    if step_ms is not None:
+        return SleepStep(step_ms, dev)
+    return NoStep()
+
+
+def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = (), decoders: tuple[str, ...] = ("auto",),
+              num_workers: str = "0,1,2,4", prefetch_factor: str = "2,4,8",
+              pin_memory: str = "both", persistent_workers: str = "off",
+              cfg: RunConfig = RunConfig(), step_ms: float | None = None,
+              model: str | None = None, device: str = "auto", baseline: str = "none",
+              expect_pil: str = "any", tolerance: float = 0.05, threshold: float = 0.10,
+              plots: bool = True, echo=click.echo) -> dict:
+    """The whole ``shardkit bench`` run; returns the ``bench.json`` payload (also written).
+
+    Raises:
+        ConfigError: bad option values (named in the message).
+        ManifestError: a ``data`` folder is not a packed dataset.
+    """
+    if baseline not in ("none", "imagefolder"):
+        raise ConfigError(f"baseline={baseline!r}; expected 'none' or 'imagefolder'")
+    if not 0 <= tolerance < 1:
+        raise ConfigError(f"tolerance={tolerance}; expected 0 <= tolerance < 1")
+    if not 0 < threshold <= 1:
+        raise ConfigError(f"data_bound_threshold={threshold}; expected 0 < threshold <= 1")
+    infos = [dataset_info(d) for d in data]
+    if formats:
+        missing = set(formats) - {i["format"] for i in infos}
+        if missing:
+            raise ConfigError(f"--format {sorted(missing)} requested but no --data folder has that "
+                              f"format (given: {[(i['root'], i['format']) for i in infos]})")
+        infos = [i for i in infos if i["format"] in formats]
+    for i in infos:
+        if cfg.split not in i["splits"]:
+            raise ConfigError(f"split {cfg.split!r} not in {i['root']}; available: "
+                              f"{sorted(i['splits'])}")
+    workers = parse_int_list(num_workers, "--num-workers")
+    prefetch = parse_int_list(prefetch_factor, "--prefetch-factor", minimum=1, allow_none=True)
+    pins = parse_mode(pin_memory, "--pin-memory")
+    pers = parse_mode(persistent_workers, "--persistent-workers")
+    decoders = tuple(dict.fromkeys(decoders))
+    unavailable = decoder_availability(list(decoders))
+    step = _make_step(step_ms, model, device, len(infos[0]["classes"]))
+    import torch
+
+    env = collect_environment(expect_pil=expect_pil, decoders=list(decoders))
+    rows = expand_grid([(i["root"], i["format"]) for i in infos], list(decoders), workers,
+                       prefetch, pins, pers, pin_available=torch.cuda.is_available(),
+                       unavailable_decoders=unavailable)
+    t0 = time.perf_counter()
+    progress = (lambda msg: echo(msg, err=True)) if echo else None
+    results = run_rows(rows, cfg, step, progress=progress)
+    if baseline == "imagefolder":
+        results += add_baseline_rows(results, infos[0], cfg, step, progress=progress)
+    rec = recommend(results, step.info(), tolerance=tolerance, threshold=threshold)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_files = write_plots(results, out) if plots else []
+    payload = {
+        "created_by": f"shardkit {env['shardkit']}",
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "config": {"data": [i["root"] for i in infos], "formats": [i["format"] for i in infos],
+                   "split": cfg.split, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
+                   "warmup": cfg.warmup, "batches": cfg.batches, "repeats": cfg.repeats,
+                   "train": cfg.train, "decoders": list(decoders), "num_workers": workers,
+                   "prefetch_factor": prefetch, "pin_memory": pin_memory,
+                   "persistent_workers": persistent_workers, "baseline": baseline,
+                   "expect_pil": expect_pil, "tolerance": tolerance,
+                   "data_bound_threshold": threshold},
+        "step": step.info(),
+        "environment": env,
+        "rows": results,
+        "recommendation": rec,
+        "plots": plot_files,
+        "elapsed_s": time.perf_counter() - t0,
+    }
+    write_json(out / "bench.json", payload)
+    if echo:
+        echo(format_table(results))
+        for m in env["mismatches"]:
+            echo(f"WARNING (environment mismatch): {m}")
+        pil, tj = env["pil"], env["turbojpeg"]
+        echo(f"PIL {pil['version']} ({'SIMD' if pil['simd'] else 'stock'}, libjpeg-turbo "
+             f"{pil['libjpeg_turbo']}); TurboJPEG {tj.get('libjpeg_turbo')} at "
+             f"{tj.get('library_path')}; {env['cpu']['usable_cores']} cores "
+             f"({env['cpu']['model']})")
+        echo(rec["text"])
+        echo(f"wrote {out / 'bench.json'}" + (f" and {', '.join(plot_files)}" if plot_files else ""))
+    return payload
+
+
+@click.command("bench")
+@click.option("--data", "data", multiple=True, required=True,
+              type=click.Path(exists=True, file_okay=False),
+              help="Packed dataset folder (repeat for several formats).")
+@click.option("--split", default="train", show_default=True)
+@click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False),
+              help="Output folder for bench.json and plots.")
+@click.option("--format", "formats", multiple=True,
+              help="Only the --data folders of these formats (repeatable).")
+@click.option("--decoder", "decoders", multiple=True, default=("auto",), show_default=True,
+              help="Decoder name from the registry (repeatable).")
+@click.option("--num-workers", default="0,1,2,4", show_default=True)
+@click.option("--prefetch-factor", default="2,4,8", show_default=True,
+              help="Comma list; 'none' = DataLoader default. N/A with num_workers=0.")
+@click.option("--pin-memory", type=click.Choice(["on", "off", "both"]), default="both",
+              show_default=True, help="N/A without a CUDA device.")
+@click.option("--persistent-workers", type=click.Choice(["on", "off", "both"]), default="off",
+              show_default=True, is_flag=False, flag_value="on",
+              help="Bare flag = on. N/A with num_workers=0.")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--image-size", default=224, show_default=True, type=click.IntRange(min=8))
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
+              help="Batches per repeat excluded from timing.")
+@click.option("--batches", default=20, show_default=True, type=click.IntRange(min=1),
+              help="Timed batches per repeat (at most).")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--step-ms", type=click.FloatRange(min=0), default=None,
+              help="Simulate a training step of this many ms (CPU sleep, GPU sleep on CUDA).")
+@click.option("--model", default=None, help="Real timm model step instead, e.g. hrnet_w18_small.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--baseline", type=click.Choice(["none", "imagefolder"]), default="none",
+              show_default=True, help="Also time torchvision ImageFolder+PIL on the source files.")
+@click.option("--expect-pil", type=click.Choice(EXPECT_PIL_CHOICES), default="any",
+              show_default=True, help="Flag a mismatch when another PIL is loaded.")
+@click.option("--tolerance", default=0.05, show_default=True, type=float,
+              help="Recommend the cheapest setting within this fraction of the best throughput.")
+@click.option("--data-bound-threshold", default=0.10, show_default=True, type=float)
+@click.option("--eval", "eval_mode", is_flag=True, help="Time the eval transform (train=False).")
+def bench_command(data, split, out, formats, decoders, num_workers, prefetch_factor, pin_memory,
+                  persistent_workers, batch_size, image_size, warmup, batches, repeats, step_ms,
+                  model, device, baseline, expect_pil, tolerance, data_bound_threshold,
+                  eval_mode):
+    """Benchmark the loader over a settings grid: is training data-bound, and what to change."""
+    cfg = RunConfig(split=split, batch_size=batch_size, image_size=image_size, warmup=warmup,
+                    batches=batches, repeats=repeats, train=not eval_mode)
+    try:
+        payload = run_bench(list(data), out, formats=formats, decoders=decoders,
+                            num_workers=num_workers, prefetch_factor=prefetch_factor,
+                            pin_memory=pin_memory, persistent_workers=persistent_workers, cfg=cfg,
+                            step_ms=step_ms, model=model, device=device, baseline=baseline,
+                            expect_pil=expect_pil, tolerance=tolerance,
+                            threshold=data_bound_threshold)
+    except ShardkitError as exc:
+        raise click.ClickException(str(exc)) from exc
+    errors = [r["id"] for r in payload["rows"] if r["status"] == "error"]
+    if errors:
+        raise click.ClickException(f"{len(errors)} row(s) failed: {errors} (see the notes above "
+                                   f"and {Path(out) / 'bench.json'})")

@@ -1,0 +1,192 @@
+"""Runs the grid: builds each loader (shardkit or the ImageFolder baseline), times it, records it.
+
+A row never crashes the sweep: an option combination the loader rejects at construction is
+recorded as ``"n/a"`` with the loader's message (case 20); a failure while iterating is recorded
+as ``"error"`` with the exception, and the CLI exits non-zero when any row errored.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardkit.bench.grid import GridRow, Setting
+from shardkit.bench.harness import measure
+from shardkit.bench.steps import Step
+
+__all__ = ["RunConfig", "dataset_info", "shardkit_factory", "run_rows", "add_baseline_rows"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What every row shares: split, batch, image size, warm-up, timed batches, repeats."""
+
+    split: str = "train"
+    batch_size: int = 32
+    image_size: int = 224
+    warmup: int = 2
+    batches: int = 20
+    repeats: int = 3
+    train: bool = True
+    monitor_interval: float = 0.5
+
+
+def dataset_info(root: str | Path) -> dict:
+    """``{"root", "format", "classes", "source_root", "source_kind", "splits"}`` from the manifest.
+
+    Raises:
+        ManifestError: no readable ``manifest.json`` under ``root``.
+    """
+    from shardkit.manifest import load_manifest
+
+    m = load_manifest(root)
+    source = m.get("source", {})
+    return {"root": str(root), "format": m["format"], "classes": m["classes"],
+            "source_root": source.get("root"), "source_kind": source.get("kind", "folder"),
+            "splits": {k: v.get("num_samples") for k, v in m["splits"].items()}}
+
+
+def shardkit_factory(setting: Setting, cfg: RunConfig):
+    """Builds ``shardkit.make_loader(...)`` for ``setting`` (construction errors propagate)."""
+    from shardkit import make_loader
+
+    return make_loader(setting.data, cfg.split, cfg.batch_size,
+                       num_workers=setting.num_workers,
+                       prefetch_factor=setting.prefetch_factor,
+                       pin_memory=setting.pin_memory, train=cfg.train,
+                       image_size=cfg.image_size, decoder=setting.decoder,
+                       persistent_workers=setting.persistent_workers)
+
+
+def _epochs(loader):
+    def make(repeat: int):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(repeat)
+        return loader
+    return make
+
+
+def _row_dict(row: GridRow, kind: str) -> dict:
+    return {"id": row.id, "kind": kind, "requested": row.requested.as_dict(),
+            "setting": row.setting.as_dict(), "status": row.status, "note": row.note,
+            "same_as": row.same_as}
+
+
+def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
+             factory: Callable[[Setting, RunConfig], object] = shardkit_factory,
+             kind: str = "shardkit", progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Measures every ``"run"`` row; returns one JSON-ready dict per row (N/A rows included).
+
+    Each dict: ``id, kind, requested, setting, status ("ok" | "n/a" | "error"), note, same_as``
+    and, when measured, ``batch_size, batches_timed, images_timed, metrics, memory_kind,
+    num_batches`` (``len()`` of the loader when it has one).
+    """
+    out = []
+    for row in rows:
+        rec = _row_dict(row, kind)
+        out.append(rec)
+        if row.status != "run":
+            continue
+        if progress:
+            s = row.setting
+            progress(f"[{kind} row {row.id}] {s.format or ''} decoder={s.decoder} "
+                     f"workers={s.num_workers} prefetch={s.prefetch_factor} pin={s.pin_memory} "
+                     f"persistent={s.persistent_workers}")
+        try:
+            loader = factory(row.setting, cfg)
+        except ValueError as exc:  # LoaderError/ConfigError or DataLoader's own validation
+            rec.update(status="n/a", note=_join(rec["note"], f"rejected by the loader: "
+                                                             f"{type(exc).__name__}: {exc}"))
+            continue
+        n = _len(loader)
+        try:
+            res = measure(_epochs(loader), step, repeats=cfg.repeats, warmup=cfg.warmup,
+                          max_batches=cfg.batches, monitor_interval=cfg.monitor_interval)
+        except Exception as exc:  # noqa: BLE001 - recorded as an error row, reported, exit != 0
+            rec.update(status="error", note=_join(rec["note"], f"{type(exc).__name__}: {exc}"))
+            continue
+        finally:
+            _shutdown(loader)
+        rec.update(status="ok", batch_size=cfg.batch_size, num_batches=n, **res)
+        if n is not None and n - cfg.warmup < cfg.batches:
+            rec["note"] = _join(rec["note"], f"loader has {n} batches: {n - cfg.warmup} timed "
+                                             f"after {cfg.warmup} warm-up (asked {cfg.batches})")
+    return out
+
+
+def _len(loader) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _shutdown(loader) -> None:
+    """Stops persistent workers so the next row starts with the machine to itself."""
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    inner = getattr(loader, "loader", None) or getattr(loader, "dataloader", None)
+    if inner is not None and inner is not loader:
+        _shutdown(inner)
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
+def split_source_paths(root: str | Path, split: str) -> list[str]:
+    """Source-relative paths of the samples of ``split`` (from ``splits/<split>.jsonl``)."""
+    path = Path(root) / "splits" / f"{split}.jsonl"
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line)["path"] for line in fh if line.strip()]
+
+
+def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Step,
+                      progress: Callable[[str], None] | None = None) -> list[dict]:
+    """ImageFolder+PIL rows for every distinct worker setting measured for ``info``'s dataset.
+
+    Sets ``baseline_row`` and ``ratio_to_baseline`` (median throughput ratio) on the shardkit
+    rows of every dataset that shares the setting. Returns the baseline rows (status "n/a" with a
+    note when the manifest's ``source.root`` is not reachable).
+    """
+    from shardkit.bench.baseline import imagefolder_loader
+
+    keys: dict[tuple, Setting] = {}
+    for rec in results:
+        if rec["kind"] == "shardkit" and rec["status"] == "ok":
+            s = rec["setting"]
+            k = (s["num_workers"], s["prefetch_factor"], s["pin_memory"], s["persistent_workers"])
+            keys.setdefault(k, Setting(str(info["source_root"]), "imagefolder", "pil", *k))
+    src = info.get("source_root")
+    start = max((r["id"] for r in results), default=-1) + 1
+    rows = [GridRow(start + i, s, s, "run") for i, s in enumerate(keys.values())]
+    if not src or not Path(src).is_dir():
+        for r in rows:
+            r.status, r.note = "n/a", (f"baseline needs the original files: source.root "
+                                       f"{src!r} of {info['root']} is not reachable here")
+        return [_row_dict(r, "baseline") for r in rows]
+    paths = split_source_paths(info["root"], cfg.split)
+
+    def factory(setting: Setting, c: RunConfig):
+        return imagefolder_loader(src, paths, c.batch_size, num_workers=setting.num_workers,
+                                  prefetch_factor=setting.prefetch_factor,
+                                  pin_memory=setting.pin_memory,
+                                  persistent_workers=setting.persistent_workers,
+                                  image_size=c.image_size)
+
+    base = run_rows(rows, cfg, step, factory=factory, kind="baseline", progress=progress)
+    by_key = {(b["setting"]["num_workers"], b["setting"]["prefetch_factor"],
+               b["setting"]["pin_memory"], b["setting"]["persistent_workers"]): b for b in base}
+    for rec in results:
+        if rec["kind"] != "shardkit" or rec["status"] != "ok":
+            continue
+        s = rec["setting"]
+        b = by_key.get((s["num_workers"], s["prefetch_factor"], s["pin_memory"],
+                        s["persistent_workers"]))
+        if b is not None and b["status"] == "ok":
+            rec["baseline_row"] = b["id"]
+            rec["ratio_to_baseline"] = (rec["metrics"]["throughput_img_s"]["median"]
+                                        / b["metrics"]["throughput_img_s"]["median"])
+    return base
