@@ -1,0 +1,173 @@
+"""Tests of ``shardkit train``: config, model adapter (field case 23), schedule, losses, metrics,
+and end-to-end CPU runs on the embedded sample packed by shardkit (smoke, resume, overfit,
+torchrun gloo, case 23)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from shardkit.errors import ConfigError, LabelError, OutputExistsError
+from shardkit.train import (TrainConfig, build_model, check_labels, classification_metrics,
+                            load_config, load_pretrained, topk_for)
+from shardkit.train.dist import all_gather_varlen, resolve_amp
+from shardkit.train.metrics import better
+from shardkit.train.model import param_groups
+from shardkit.train.optim import FocalLoss, build_optimizer, build_scheduler, class_weights
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES3 = ["a", "b", "c"]
+
+
+# ----------------------------------------------------------------------------- config
+def test_config_yaml_then_flags():
+    config = load_config("cpu-smoke", lr=0.25, batch_size=None)
+    assert config.lr == 0.25                      # flag wins
+    assert config.batch_size == 8                 # None flag keeps the YAML value
+    assert config.amp == "off" and config.image_size == 64
+    default = load_config("default")
+    assert default.model == "hrnet_w18_small" and default.opt == "sgd"
+
+
+def test_config_rejects_unknown_and_invalid_values():
+    with pytest.raises(ConfigError, match="unknown key.*'learning_rate'"):
+        TrainConfig.from_dict({"learning_rate": 0.1})
+    with pytest.raises(ConfigError, match="opt='adam'.*sgd"):
+        TrainConfig(opt="adam")
+    with pytest.raises(ConfigError, match="label_smoothing=1.0"):
+        TrainConfig(label_smoothing=1.0)
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        TrainConfig(batch_size=0)
+    with pytest.raises(ConfigError, match="nonexistent"):
+        load_config("nonexistent")
+
+
+# ----------------------------------------------------------------------------- model (case 23)
+def test_head_size_from_num_classes_not_1000():
+    model = build_model("hrnet_w18_small", 3).eval()
+    with torch.no_grad():
+        logits = model(torch.zeros(2, 3, 64, 64))
+    assert logits.shape == (2, 3)
+    assert model.get_classifier().out_features == 3
+
+
+def test_unknown_model_name_raises():
+    with pytest.raises(ConfigError, match="hrnet_w18_smol"):
+        build_model("hrnet_w18_smol", 3)
+
+
+def test_topk_clamped_to_num_classes():
+    assert topk_for(3) == (1,) and topk_for(5) == (1,)
+    assert topk_for(6) == (1, 5)
+    logits = torch.tensor([[3.0, 2.0, 1.0], [0.0, 1.0, 5.0], [1.0, 0.0, 0.0]])
+    result = classification_metrics(logits, torch.tensor([0, 1, 0]), CLASSES3)
+    assert "top5" not in result and result["top1"] == pytest.approx(2 / 3)
+    # six classes: top-5 is reported and counts a label ranked 5th as a hit
+    six = torch.tensor([[6.0, 5.0, 4.0, 3.0, 2.0, 1.0]] * 2)
+    result6 = classification_metrics(six, torch.tensor([4, 5]), list("abcdef"))
+    assert result6["top1"] == 0.0 and result6["top5"] == pytest.approx(0.5)
+
+
+def test_labels_out_of_range_raise_naming_the_label():
+    check_labels(torch.tensor([0, 1, 2]), 3)
+    with pytest.raises(LabelError, match=r"label 3 .*\[0, 3\)"):
+        check_labels(torch.tensor([0, 3, 1]), 3)
+    with pytest.raises(LabelError, match="label -1"):
+        check_labels(torch.tensor([-1]), 3)
+
+
+def test_pretrained_shape_mismatch_skipped_and_reported(tmp_path):
+    source = build_model("hrnet_w18_small", 5)
+    torch.save({"state_dict": {f"module.{k}": v for k, v in source.state_dict().items()}},
+               tmp_path / "w.pth")
+    model = build_model("hrnet_w18_small", 3)
+    report = load_pretrained(model, tmp_path / "w.pth")
+    skipped = {s["key"]: (s["checkpoint"], s["model"]) for s in report["skipped_shape"]}
+    assert skipped == {"classifier.weight": ([5, 2048], [3, 2048]),
+                       "classifier.bias": ([5], [3])}
+    assert report["missing"] == ["classifier.bias", "classifier.weight"]
+    assert report["loaded"] == len(source.state_dict()) - 2
+    assert torch.equal(model.state_dict()["conv1.weight"], source.state_dict()["conv1.weight"])
+    assert not torch.equal(model.classifier.weight[:3], source.classifier.weight[:3])
+
+
+def test_no_weight_decay_on_norms_and_biases():
+    model = build_model("hrnet_w18_small", 3)
+    decay, no_decay = param_groups(model, 0.05)
+    names_1d = {n for n, p in model.named_parameters() if p.ndim == 1}
+    assert any("bn" in n for n in names_1d) and "classifier.bias" in names_1d
+    assert len(no_decay["params"]) == len(names_1d) and no_decay["weight_decay"] == 0.0
+    assert all(p.ndim >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.05
+
+
+# ----------------------------------------------------------------------------- schedule, losses
+def test_warmup_then_cosine_per_step():
+    config = TrainConfig(lr=0.1, min_lr=0.001, epochs=2, warmup_steps=4, opt="sgd")
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, config)
+    sched = build_scheduler(opt, config, steps_per_epoch=10)  # 20 steps in all
+    lrs = [opt.param_groups[0]["lr"]]
+    for _ in range(20):
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs[0] == pytest.approx(1e-4)                          # 0.1 * 1e-3
+    assert lrs[2] == pytest.approx(0.1 * (1e-3 + (1 - 1e-3) * 2 / 4))
+    assert lrs[4] == pytest.approx(0.1)                           # warmup done
+    # cosine: halfway through the 16 cosine steps the LR is the mean of peak and floor
+    assert lrs[12] == pytest.approx((0.1 + 0.001) / 2)
+    assert lrs[20] == pytest.approx(0.001)
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    with pytest.raises(ConfigError, match="warmup of 20 steps"):
+        build_scheduler(opt, TrainConfig(epochs=2, warmup_steps=20), steps_per_epoch=10)
+
+
+def test_class_weights_and_focal_loss():
+    weights = class_weights([10, 30], ["rare", "common"])
+    assert weights.tolist() == pytest.approx([2.0, 2 / 3])
+    with pytest.raises(ConfigError, match="'empty'"):
+        class_weights([4, 0], ["full", "empty"])
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.1, 0.2, 0.3]])
+    labels = torch.tensor([0, 2])
+    ce = torch.nn.functional.cross_entropy(logits, labels)
+    assert FocalLoss(gamma=0.0)(logits, labels) == pytest.approx(float(ce), rel=1e-6)
+    p = torch.softmax(logits, 1)[[0, 1], labels]
+    expected = (-(1 - p) ** 2 * p.log()).mean()                   # Lin et al. 2017, eq. 5
+    assert FocalLoss(gamma=2.0)(logits, labels) == pytest.approx(float(expected), rel=1e-6)
+    smooth = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1)
+    assert FocalLoss(0.0, label_smoothing=0.1)(logits, labels) == pytest.approx(float(smooth),
+                                                                                rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- metrics, amp
+def test_classification_metrics_values():
+    # true 0,0,1,1,2 ; predicted 0,1,1,1,0
+    logits = torch.eye(3)[[0, 1, 1, 1, 0]] * 4
+    result = classification_metrics(logits, torch.tensor([0, 0, 1, 1, 2]), CLASSES3)
+    assert result["confusion_matrix"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
+    assert result["top1"] == pytest.approx(0.6)
+    a, b, c = (result["per_class"][k] for k in CLASSES3)
+    assert (a["precision"], a["recall"], a["support"]) == (0.5, 0.5, 2)
+    assert b["precision"] == pytest.approx(2 / 3) and b["recall"] == 1.0
+    assert c == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+    assert result["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+    assert better("loss", 0.5, 0.6) and not better("top1", 0.5, 0.6)
+    assert not better("macro_f1", float("nan"), None)
+
+
+def test_amp_resolution_on_cpu():
+    cpu = torch.device("cpu")
+    assert resolve_amp("auto", cpu) is None and resolve_amp("off", cpu) is None
+    assert resolve_amp("bf16", cpu) is torch.bfloat16
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA"):
+        resolve_amp("fp16", cpu)
+    t = torch.arange(6).reshape(3, 2)
+    assert torch.equal(all_gather_varlen(t), t)  # one process: identity
