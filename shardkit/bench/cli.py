@@ -43,9 +43,10 @@ def decoder_availability(names: list[str]) -> dict[str, str]:
             continue
         if n not in registry:
             raise ConfigError(f"decoder={n!r}; expected 'auto' or one of {sorted(registry)}")
-        cls = registry[n]
-        if hasattr(cls, "available") and not cls.available():
-            out[n] = "its library or device is not available in this environment"
+        try:
+            decode.get_decoder(n)
+        except ShardkitError as exc:  # e.g. "decoder 'nvjpeg' is not available: CUDA ..."
+            out[n] = str(exc)
     return out
 
 

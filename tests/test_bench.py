@@ -1,0 +1,320 @@
+"""shardkit bench: harness correctness, N/A grid rows, environment report, CLI (field case 20)."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import PIL
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from shardkit.bench import (ProcessMonitor, SleepStep, expand_grid, measure, recommend,
+                            time_batches)
+from shardkit.bench.env import (collect_environment, describe_pil, libjpeg_turbo_version_of,
+                                pil_mismatches)
+from shardkit.bench.grid import Setting, parse_int_list
+from shardkit.bench.harness import BenchError
+from shardkit.bench.runner import RunConfig, run_rows
+from shardkit.errors import ConfigError
+
+
+class FixedDelayLoader:
+    """Yields ``n`` batches of 4 uint8 images, each after blocking ``ms`` milliseconds."""
+
+    def __init__(self, n: int, ms: float):
+        self.n, self.ms = n, ms
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(self.ms / 1000.0)
+            yield torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.full((4,), i)
+
+
+class SleepyDataset(Dataset):
+    """``n`` items of (uint8 (3, 8, 8), label) that each take ``ms`` ms (sleep, or CPU spin)."""
+
+    def __init__(self, n: int, ms: float, spin: bool = False):
+        self.n, self.ms, self.spin = n, ms, spin
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.spin:
+            end = time.process_time() + self.ms / 1000.0
+            while time.process_time() < end:
+                pass
+        else:
+            time.sleep(self.ms / 1000.0)
+        return torch.zeros(3, 8, 8, dtype=torch.uint8), i
+
+
+# --- case 20: the harness measures known delays within +-10% ---------------------------------
+
+def test_fixed_20ms_loader_and_30ms_step_measured_within_10_percent():
+    res = measure(lambda r: FixedDelayLoader(10, 20.0), SleepStep(30.0), repeats=1, warmup=2,
+                  max_batches=8, monitor=False)
+    loader = res["metrics"]["loader_ms_per_batch"]["median"]
+    step = res["metrics"]["step_ms_per_batch"]["median"]
+    assert res["batches_timed"] == [8]
+    assert res["images_timed"] == [32]
+    assert 18.0 <= loader <= 22.0, loader
+    assert 27.0 <= step <= 33.0, step
+    # wall = loader + step per batch: the wait share is 20 / 50 and throughput 4 img / 50 ms
+    assert res["metrics"]["data_wait_fraction"]["median"] == pytest.approx(0.4, abs=0.04)
+    assert res["metrics"]["throughput_img_s"]["median"] == pytest.approx(80.0, rel=0.1)
+
+
+def test_warmup_batches_are_excluded_from_timing():
+    class SlowStart(FixedDelayLoader):
+        def __iter__(self):
+            time.sleep(0.3)  # e.g. worker start-up: must land in warm-up, not in the numbers
+            yield from super().__iter__()
+
+    run = time_batches(SlowStart(6, 5.0), warmup=1)
+    assert len(run.loader_ms) == 5
+    assert max(run.loader_ms) < 50.0, run.loader_ms
+
+
+def test_step_much_longer_than_loader_gives_near_zero_data_wait():
+    # 2 workers each build a batch in ~20 ms; the step takes 120 ms: batches are always ready.
+    loader = DataLoader(SleepyDataset(28, 5.0), batch_size=4, num_workers=2, prefetch_factor=2)
+    res = measure(lambda r: loader, SleepStep(120.0), repeats=1, warmup=2, max_batches=4,
+                  monitor=False)
+    frac = res["metrics"]["data_wait_fraction"]["median"]
+    assert frac < 0.05, frac
+    rec = recommend([_ok_row(0, 2, 2, res)], SleepStep(120.0).info())
+    assert rec["data_bound"] is False
+
+
+def test_tiny_step_is_data_bound():
+    res = measure(lambda r: FixedDelayLoader(8, 20.0), SleepStep(0.5), repeats=1, warmup=1,
+                  max_batches=6, monitor=False)
+    frac = res["metrics"]["data_wait_fraction"]["median"]
+    assert frac > 0.9, frac
+    rec = recommend([_ok_row(0, 0, None, res)], SleepStep(0.5).info())
+    assert rec["data_bound"] is True
+    assert "DATA-BOUND" in rec["text"]
+
+
+def test_loader_too_short_for_warmup_raises_bench_error():
+    with pytest.raises(BenchError, match="warm-up"):
+        time_batches(FixedDelayLoader(2, 0.0), warmup=3)
+    with pytest.raises(ConfigError, match="warmup=-1"):
+        time_batches(FixedDelayLoader(2, 0.0), warmup=-1)
+
+
+def test_monitor_counts_worker_cpu_and_reports_pss():
+    loader = DataLoader(SleepyDataset(24, 15.0, spin=True), batch_size=2, num_workers=2)
+    mon = ProcessMonitor(interval=0.1)
+    run = time_batches(loader, warmup=2, monitor=mon)
+    res = run.resources
+    assert res["processes"] == 3  # main + 2 workers
+    assert res["memory_kind"] == "pss"
+    # the main process mostly blocks on the queue; only the spinning workers can make this > 0.2
+    assert res["cpu_util_cores"] > 0.2, res
+    assert 10 < res["memory_mb"] < 64 * 1024
+
+
+# --- case 20: the grid never crashes on num_workers=0 x prefetch --------------------------
+
+def test_grid_num_workers_0_prefetch_recorded_na_and_run_once():
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 1], [2, 4], (False, True), (False, True),
+                       pin_available=False)
+    assert len(rows) == 2 * 2 * 2 * 2
+    zero = [r for r in rows if r.requested.num_workers == 0]
+    runs = [r for r in zero if r.status == "run"]
+    assert len(runs) == 1
+    ran = runs[0].setting
+    assert (ran.prefetch_factor, ran.persistent_workers, ran.pin_memory) == (None, False, False)
+    assert "prefetch_factor=2 does not apply with num_workers=0" in runs[0].note
+    for r in zero:
+        if r is not runs[0]:
+            assert r.status == "n/a" and r.same_as == runs[0].id, r
+    na4 = [r for r in zero if r.requested.prefetch_factor == 4]
+    assert all("prefetch_factor=4 does not apply" in r.note for r in na4)
+    one = [r for r in rows if r.requested.num_workers == 1]
+    assert sorted((r.setting.prefetch_factor, r.setting.persistent_workers)
+                  for r in one if r.status == "run") == [(2, False), (2, True), (4, False),
+                                                         (4, True)]
+    pinned = [r for r in one if r.requested.pin_memory]
+    assert all(r.status == "n/a" and "pin_memory has no effect" in r.note for r in pinned)
+
+
+def test_grid_rows_with_real_dataloader_do_not_crash_and_na_rows_are_not_run():
+    built = []
+
+    def factory(s: Setting, cfg: RunConfig):
+        built.append(s)  # DataLoader itself raises ValueError for prefetch with num_workers=0
+        return DataLoader(SleepyDataset(16, 0.0), batch_size=4, num_workers=s.num_workers,
+                          prefetch_factor=s.prefetch_factor,
+                          persistent_workers=s.persistent_workers)
+
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 1], [2, 4], (False,), (False, True),
+                       pin_available=False)
+    out = run_rows(rows, RunConfig(warmup=1, batches=2, repeats=1, batch_size=4), SleepStep(0),
+                   factory=factory)
+    status = [r["status"] for r in out]
+    assert status.count("ok") == 5 and status.count("n/a") == 3 and "error" not in status
+    assert len(built) == 5
+    assert all(s.prefetch_factor is None for s in built if s.num_workers == 0)
+    zero_ok = next(r for r in out if r["status"] == "ok" and r["setting"]["num_workers"] == 0)
+    assert zero_ok["metrics"]["throughput_img_s"]["median"] > 0
+
+
+def test_rejected_setting_is_na_and_failing_loader_is_error():
+    def factory(s, cfg):
+        if s.num_workers == 1:
+            raise ConfigError("num_workers=1 rejected by this loader")
+        return FailingLoader()
+
+    class FailingLoader:
+        def __iter__(self):
+            yield torch.zeros(1, 3, 2, 2, dtype=torch.uint8), torch.zeros(1)
+            raise OSError("shard vanished")
+
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 1], [2], (False,), (False,),
+                       pin_available=False)
+    out = run_rows(rows, RunConfig(warmup=0, batches=5, repeats=1), SleepStep(0), factory=factory)
+    assert [r["status"] for r in out] == ["error", "n/a"]
+    assert "OSError: shard vanished" in out[0]["note"]
+    assert "num_workers=1 rejected" in out[1]["note"]
+
+
+def test_parse_int_list_names_bad_item():
+    assert parse_int_list("0,1,2,4,2", "--num-workers") == [0, 1, 2, 4]
+    assert parse_int_list("none,2", "--prefetch-factor", minimum=1, allow_none=True) == [None, 2]
+    with pytest.raises(ConfigError, match="'x'"):
+        parse_int_list("1,x", "--num-workers")
+    with pytest.raises(ConfigError, match="0 < 1"):
+        parse_int_list("0", "--prefetch-factor", minimum=1)
+
+
+# --- recommendation -------------------------------------------------------------------------
+
+def _ok_row(idx, nw, pf, res, pin=False, batch=4):
+    s = {"data": "d", "format": "wds", "decoder": "auto", "num_workers": nw,
+         "prefetch_factor": pf, "pin_memory": pin, "persistent_workers": False}
+    return {"id": idx, "kind": "shardkit", "status": "ok", "setting": s, "requested": s,
+            "note": "", "same_as": None, "batch_size": batch, **res}
+
+
+def _res(thr, wait=0.5, step=10.0):
+    def one(v):
+        return {"median": v, "min": v, "max": v, "q1": v, "q3": v, "values": [v]}
+    return {"metrics": {"throughput_img_s": one(thr), "data_wait_fraction": one(wait),
+                        "step_ms_per_batch": one(step), "loader_ms_per_batch": one(5.0)}}
+
+
+def test_recommendation_is_cheapest_within_5_percent_of_best():
+    rows = [_ok_row(0, 0, None, _res(50)), _ok_row(1, 2, 4, _res(100)),
+            _ok_row(2, 4, 2, _res(104)), _ok_row(3, 2, 2, _res(99.5)),
+            _ok_row(4, 2, 2, _res(99.8), pin=True), _ok_row(5, 1, 2, _res(98.0))]
+    rec = recommend(rows, {"kind": "sleep"})
+    assert rec["best_row"] == 2
+    # 5% below 104 is 98.8: row 5 (1 worker, 98.0) is out; of the 2-worker rows, prefetch 2
+    # with pin off (row 3) is cheapest.
+    assert rec["recommended_row"] == 3
+    assert rec["throughput_img_s"] == 99.5
+    rec_none = recommend(rows, {"kind": "none"})
+    assert rec_none["data_bound"] is None
+    assert recommend([], {"kind": "none"})["recommended_row"] is None
+
+
+# --- case 20: the environment names the PIL that really loaded ------------------------------
+
+def test_environment_reports_real_pil_and_flags_missing_pillow_simd():
+    env = collect_environment(expect_pil="pillow-simd")
+    assert env["pil"]["version"] == PIL.__version__
+    assert env["pil"]["simd"] is False  # stock Pillow is what this venv installs
+    assert env["torch"]["version"] == torch.__version__
+    assert env["cpu"]["usable_cores"] >= 1
+    assert len(env["mismatches"]) == 1
+    assert "pillow-simd was requested but stock Pillow " + PIL.__version__ in env["mismatches"][0]
+    assert collect_environment(expect_pil="any")["mismatches"] == []
+    tj = env["turbojpeg"]
+    assert Path(tj["library_path"]).is_file()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", tj["libjpeg_turbo"]), tj
+    assert libjpeg_turbo_version_of(tj["library_path"]) == tj["libjpeg_turbo"]
+
+
+def test_pillow_simd_version_tag_and_overwritten_install_are_detected():
+    simd = describe_pil("9.5.0.post1", ["Pillow-SIMD"])
+    assert simd["simd"] is True
+    assert pil_mismatches(simd, "pillow-simd") == []
+    assert "stock Pillow was requested" in pil_mismatches(simd, "pillow")[0]
+    both = describe_pil("10.4.0", ["Pillow-SIMD", "pillow"])
+    msgs = pil_mismatches(both, "pillow-simd")
+    assert any("several distributions provide PIL" in m for m in msgs)
+    with pytest.raises(ConfigError, match="'simd'"):
+        pil_mismatches(simd, "simd")
+
+
+# --- baseline + CLI on real packed data -----------------------------------------------------
+
+def test_imagefolder_baseline_reads_only_the_split_as_uint8(sample_dir):
+    from shardkit.bench.baseline import imagefolder_loader
+
+    paths = sorted(p.relative_to(sample_dir).as_posix() for p in sample_dir.glob("roses/*.jpg"))[:5]
+    loader = imagefolder_loader(sample_dir, paths, 4, image_size=48)
+    batches = list(loader)
+    assert [len(b[1]) for b in batches] == [4, 1]
+    images = batches[0][0]
+    assert images.dtype == torch.uint8 and tuple(images.shape) == (4, 3, 48, 48)
+    assert loader.dataset.classes[int(batches[0][1][0])] == "roses"
+
+
+def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample, tmp_path):
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    data = packed_sample("wds")
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, [
+        "bench", "--data", str(data), "--out", str(out), "--num-workers", "0,1",
+        "--prefetch-factor", "2,4", "--pin-memory", "both", "--batch-size", "8",
+        "--image-size", "64", "--warmup", "1", "--batches", "3", "--repeats", "2",
+        "--step-ms", "5", "--baseline", "imagefolder", "--expect-pil", "pillow-simd"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "loader ms" in result.output and "Recommended:" in result.output
+    assert "pillow-simd was requested but stock Pillow" in result.output
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["schema_version"] == 1
+    assert set(doc) >= {"created_by", "created_at", "config", "step", "environment", "rows",
+                        "recommendation", "plots"}
+    assert doc["step"] == {"kind": "sleep", "device": "cpu", "step_ms": 5.0}
+    assert doc["environment"]["pil"]["version"] == PIL.__version__
+    rows = doc["rows"]
+    shard_rows = [r for r in rows if r["kind"] == "shardkit"]
+    assert len(shard_rows) == 2 * 2 * 2  # workers x prefetch x pin, all recorded
+    ok = [r for r in shard_rows if r["status"] == "ok"]
+    # num_workers=0 once without prefetch; num_workers=1 with prefetch 2 and 4; pin is N/A on CPU
+    assert sorted((r["setting"]["num_workers"], r["setting"]["prefetch_factor"]) for r in ok) == \
+        [(0, None), (1, 2), (1, 4)]
+    for r in ok:
+        assert r["batches_timed"] == [3, 3]
+        m = r["metrics"]
+        assert set(m) >= {"loader_ms_per_batch", "step_ms_per_batch", "throughput_img_s",
+                          "data_wait_fraction", "cpu_util_cores", "memory_mb"}
+        assert 4.5 < m["step_ms_per_batch"]["median"] < 15.0
+        assert 0.0 <= m["data_wait_fraction"]["median"] <= 1.0
+        assert m["throughput_img_s"]["min"] <= m["throughput_img_s"]["median"] \
+            <= m["throughput_img_s"]["max"]
+        assert r["memory_kind"] == "pss" and m["memory_mb"]["median"] > 50
+        assert r["ratio_to_baseline"] > 0
+    base = [r for r in rows if r["kind"] == "baseline"]
+    assert len(base) == 3 and all(r["status"] == "ok" for r in base)
+    rec = doc["recommendation"]
+    assert rec["recommended_row"] in {r["id"] for r in ok}
+    assert isinstance(rec["data_bound"], bool)
+    assert sorted(doc["plots"]) == ["data_wait_vs_workers.png", "loader_vs_step.png",
+                                    "throughput_vs_workers.png"]
+    for name in doc["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
