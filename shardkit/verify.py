@@ -1,0 +1,192 @@
+"""``shardkit verify``: re-hash every shard and re-read every sample of a packed dataset.
+
+Checks, in order, for every split listed in ``manifest.json`` (layout: ``docs/DESIGN.md``):
+
+1. the split files agree with the manifest: ``splits/<split>.jsonl`` and the ``.index.npz`` list
+   ``num_samples`` samples, and each shard holds as many samples as the records that point to it;
+2. every shard file exists, has the recorded size in bytes and the recorded sha256;
+3. every sample is read back through :func:`shardkit.formats.open_reader` and has the recorded size;
+   a sample stored as the original file (``rule == "original"``) must hash to the recorded source
+   sha256; a normalised one (any other rule) must decode fully with Pillow.
+
+A shard whose size or hash is wrong is reported, and its samples are still read (to name the
+damaged keys) for the ``wds`` and ``hdf5`` formats, whose readers bound-check every access. For
+``lmdb`` they are not: a corrupt LMDB B-tree page can crash the process that maps it, so only the
+shard is named. Every problem names the split, the shard path and, where known, the sample key.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from shardkit.errors import ShardkitError
+
+__all__ = ["verify", "VerifyReport", "verify_command"]
+
+
+@dataclass
+class VerifyReport:
+    """Result of :func:`verify`.
+
+    Attributes:
+        root: the dataset folder. ``ok``: True when no problem was found.
+        problems: one line per problem, each naming the split, shard and (when known) key.
+        num_shards: shards checked. ``num_samples``: samples read back and checked.
+        bad_shards: shard paths (relative to root) with at least one problem.
+        bad_keys: sample keys that failed.
+    """
+
+    root: Path
+    problems: list[str] = field(default_factory=list)
+    num_shards: int = 0
+    num_samples: int = 0
+    bad_shards: list[str] = field(default_factory=list)
+    bad_keys: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def _fail(self, message: str, shard: str | None = None, key: str | None = None) -> None:
+        self.problems.append(message)
+        if shard is not None and shard not in self.bad_shards:
+            self.bad_shards.append(shard)
+        if key is not None:
+            self.bad_keys.append(key)
+
+    def format_text(self) -> str:
+        """Human-readable report: one ``FAIL`` line per problem and a final verdict line."""
+        lines = [f"FAIL {p}" for p in self.problems]
+        verdict = "OK" if self.ok else f"{len(self.problems)} problem(s)"
+        lines.append(f"verify {self.root}: {verdict} ({self.num_shards} shards, "
+                     f"{self.num_samples} samples checked)")
+        return "\n".join(lines)
+
+
+def _decodes(data: bytes) -> str | None:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+    except Exception as e:  # noqa: BLE001 - any decoder failure is the finding
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def verify(root, *, decode: bool = True) -> VerifyReport:
+    """Verifies a packed dataset against its manifest (see the module docstring for the checks).
+
+    Args:
+        root: dataset folder (``OUT`` of ``shardkit pack``).
+        decode: also decode the normalised (non-``original``) samples with Pillow.
+
+    Returns:
+        a :class:`VerifyReport`; ``report.ok`` is True when every check holds.
+
+    Raises:
+        ManifestError: ``manifest.json`` is missing or unreadable (nothing can be verified).
+    """
+    from shardkit import formats, manifest as manifest_mod
+
+    root = Path(root)
+    man = manifest_mod.load_manifest(root)
+    report = VerifyReport(root=root)
+    for split, info in man["splits"].items():
+        shards = info.get("shards", [])
+        try:
+            records = manifest_mod.read_split_records(root, split)
+            index = manifest_mod.load_index(root, split, man)
+        except ShardkitError as e:
+            report._fail(f"split {split!r}: {e}")
+            continue
+        if len(records) != info["num_samples"] or len(index) != info["num_samples"]:
+            report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} records, the "
+                         f"index {len(index)}, the manifest says {info['num_samples']}")
+        if sum(s["num_samples"] for s in shards) != info["num_samples"]:
+            report._fail(f"split {split!r}: shards hold {sum(s['num_samples'] for s in shards)} "
+                         f"samples, the manifest says {info['num_samples']}")
+        per_shard: dict[int, list[dict]] = {}
+        for rec in records:
+            per_shard.setdefault(int(rec["shard"]), []).append(rec)
+        for extra in sorted(set(per_shard) - set(range(len(shards)))):
+            report._fail(f"split {split!r}: {len(per_shard[extra])} records point to shard {extra}, "
+                         f"which the manifest does not list (it has {len(shards)})",
+                         key=per_shard[extra][0]["key"])
+        for idx, shard in enumerate(shards):
+            report.num_shards += 1
+            _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []), decode,
+                          formats)
+    return report
+
+
+def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -> None:
+    path = shard["path"]
+    where = f"split {split!r} shard {path}"
+    if len(recs) != shard["num_samples"]:
+        report._fail(f"{where}: {len(recs)} records point to it, the manifest says "
+                     f"{shard['num_samples']} samples", shard=path)
+    full = root / path
+    if not full.is_file():
+        report._fail(f"{where}: missing (no file at {full})", shard=path)
+        return
+    size = full.stat().st_size
+    intact = True
+    if size != shard["bytes"]:
+        report._fail(f"{where}: {size} bytes, the manifest says {shard['bytes']} (truncated or "
+                     "appended to)", shard=path)
+        intact = False
+    else:
+        digest = formats.sha256_file(full)
+        if digest != shard["sha256"]:
+            report._fail(f"{where}: sha256 {digest[:16]}... differs from the manifest's "
+                         f"{shard['sha256'][:16]}... (bytes changed)", shard=path)
+            intact = False
+    if not intact and man["format"] == "lmdb":
+        return  # never map a damaged LMDB file: a corrupt page can crash the process
+    reader = formats.open_reader(root, man, split, idx)
+    try:
+        for rec in recs:
+            key = rec["key"]
+            try:
+                data = bytes(reader.read(key, int(rec["offset"]), int(rec["size"])))
+            except ShardkitError as e:
+                report._fail(f"{where}: sample {key!r}: {e}", shard=path, key=key)
+                continue
+            except Exception as e:  # noqa: BLE001 - a damaged shard may fail in the library
+                report._fail(f"{where}: sample {key!r} unreadable: {type(e).__name__}: {e}",
+                             shard=path, key=key)
+                continue
+            report.num_samples += 1
+            if len(data) != int(rec["size"]):
+                report._fail(f"{where}: sample {key!r} has {len(data)} bytes, the index says "
+                             f"{rec['size']}", shard=path, key=key)
+            elif rec.get("rule", "original") == "original":
+                digest = hashlib.sha256(data).hexdigest()
+                if digest != rec["sha256"]:
+                    report._fail(f"{where}: sample {key!r} ({rec.get('path')}) sha256 "
+                                 f"{digest[:16]}... differs from the source's {rec['sha256'][:16]}...",
+                                 shard=path, key=key)
+            elif decode and (err := _decodes(data)) is not None:
+                report._fail(f"{where}: sample {key!r} ({rec.get('path')}, rule {rec['rule']}) "
+                             f"does not decode: {err}", shard=path, key=key)
+    finally:
+        reader.close()
+
+
+@click.command("verify")
+@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
+def verify_command(root: Path, no_decode: bool) -> None:
+    """Re-hash the shards of ROOT and check every sample against the manifest (exit 1 on failure)."""
+    try:
+        report = verify(root, decode=not no_decode)
+    except ShardkitError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(report.format_text())
+    if not report.ok:
+        raise SystemExit(1)

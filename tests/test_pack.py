@@ -1,0 +1,334 @@
+"""shardkit.pack on real data: formats, splits, quarantine, crash safety, field cases 5/7/9/11/14/15/24."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import stat
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from shardkit import formats
+from shardkit.errors import LabelError, OutputExistsError, SourceError
+from shardkit.manifest import load_index, load_manifest, read_split_records
+from shardkit.pack import pack, parse_size
+from shardkit.verify import verify
+
+FORMATS = sorted(formats.FORMATS)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def link_folder(dst: Path, files: dict[str, Path]) -> Path:
+    """ImageFolder at ``dst`` whose files are symlinks: {"class/name.jpg": source path}."""
+    for rel, src in files.items():
+        p = dst / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.symlink_to(src)
+    return dst
+
+
+def sample_files(sample_dir: Path, n_per_class: int | None = None) -> list[Path]:
+    out = []
+    for cls in sorted(p for p in sample_dir.iterdir() if p.is_dir()):
+        out += sorted(cls.glob("*.jpg"))[:n_per_class]
+    return out
+
+
+def quarantine(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "quarantine.jsonl").read_text().splitlines()]
+
+
+def all_records(out: Path) -> dict[str, list[dict]]:
+    man = load_manifest(out)
+    return {s: read_split_records(out, s) for s in man["splits"]}
+
+
+def check_packed(out: Path, src: Path, num_files: int) -> dict:
+    """The invariants every packed dataset must satisfy; returns the manifest."""
+    man = load_manifest(out)
+    recs = all_records(out)
+    where_group, where_sha = defaultdict(set), defaultdict(set)
+    for split, rs in recs.items():
+        for r in rs:
+            where_group[r["group"]].add(split)
+            where_sha[r["sha256"]].add(split)
+    assert max(len(v) for v in where_group.values()) == 1, "a group is in two splits"
+    assert max(len(v) for v in where_sha.values()) == 1, "identical bytes are in two splits"
+    packed = sum(len(rs) for rs in recs.values())
+    q = quarantine(out)
+    assert man["source"]["num_files"] == num_files == packed + len(q)
+    assert man["source"]["num_packed"] == packed and man["source"]["num_quarantined"] == len(q)
+    for split, rs in recs.items():
+        info = man["splits"][split]
+        assert sum(info["class_counts"]) == info["num_samples"] == len(rs)
+        assert info["class_counts"] == [sum(r["label"] == c for r in rs)
+                                        for c in range(len(man["classes"]))]
+        assert [r["key"] for r in rs] == [f"{split}_{i:08d}" for i in range(len(rs))]
+        assert len(load_index(out, split)) == len(rs)
+        assert all(0 < s["num_samples"] for s in info["shards"])  # no empty shard (case 5)
+        readers = {}
+        for r in rs:  # every stored original is byte-identical to its source file
+            reader = readers.setdefault(r["shard"], formats.open_reader(out, man, split, r["shard"]))
+            data = bytes(reader.read(r["key"], r["offset"], r["size"]))
+            if r["rule"] == "original":
+                assert sha(data) == r["sha256"] == sha((src / r["path"]).read_bytes())
+        for reader in readers.values():
+            reader.close()
+    assert verify(out).ok
+    return man
+
+
+# ------------------------------------------------------------------ the embedded sample, fast
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sample_packed_in_every_format(packed_sample, sample_dir, fmt):
+    out = packed_sample(fmt)
+    man = check_packed(out, sample_dir, 200)
+    assert man["format"] == fmt
+    assert man["classes"] == ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+    assert man["split"]["group_rule"]["column"] == "group_flickr_user"
+    assert sorted(man["splits"]) == ["test", "train", "val"]
+    assert man["source"]["num_quarantined"] == 0
+    assert sum(man["splits"][s]["num_groups"] for s in man["splits"]) == 120
+    with open(sample_dir / "metadata.csv", newline="") as f:
+        expected = {r["group_flickr_user"] for r in csv.DictReader(f)}
+    assert set(man["split"]["group_to_split"]) == expected
+    for s, r in man["split"]["ratios"].items():
+        assert abs(man["splits"][s]["num_samples"] / 200 - r) <= man["split"]["tolerance"]
+    if fmt == "hdf5":  # case 11: real JPEG bytes hold 0x00 and still round-trip (checked above)
+        rec = read_split_records(out, "train")[0]
+        data = formats.open_reader(out, man, "train", rec["shard"]).read(rec["key"], rec["offset"],
+                                                                         rec["size"])
+        assert b"\x00" in bytes(data)
+
+
+def test_same_seed_same_bytes_any_workers(packed_sample, sample_dir, tmp_path):
+    a = load_manifest(packed_sample("wds"))
+    pack(sample_dir, tmp_path / "o", format="wds", split={"train": 0.7, "val": 0.15, "test": 0.15},
+         metadata=sample_dir / "metadata.csv", group_column="group_flickr_user", shard_samples=32,
+         workers=2, progress=False)
+    b = load_manifest(tmp_path / "o")
+    assert [s["sha256"] for s in a["splits"]["train"]["shards"]] == \
+        [s["sha256"] for s in b["splits"]["train"]["shards"]]
+
+
+# ------------------------------------------------------------------ the full flowers set (slow)
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_flowers_packed_in_every_format(packed_flowers, flowers_dir, fmt):
+    out = packed_flowers(fmt)
+    man = check_packed(out, flowers_dir, 1839)
+    totals = [sum(man["splits"][s]["class_counts"][c] for s in man["splits"]) for c in range(5)]
+    assert totals == [361, 409, 276, 365, 428]
+    assert len(man["split"]["group_to_split"]) == 791
+    assert man["split"]["warnings"] == []
+
+
+# ------------------------------------------------------------------ case 5: shard sizes, kill + resume
+def test_case5_shards_10_10_5_and_resume_after_kill(sample_dir, tmp_path, monkeypatch):
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
+                                         for p in sample_files(sample_dir, 5)})
+    opts = dict(format="wds", split={"train": 1.0}, shard_samples=10, progress=False)
+    clean = pack(src, tmp_path / "clean", **opts)
+    man = load_manifest(tmp_path / "clean")
+    assert clean.num_files == 25
+    assert [s["num_samples"] for s in man["splits"]["train"]["shards"]] == [10, 10, 5]
+    assert sorted(os.listdir(tmp_path / "clean" / "shards")) == [
+        "train-000000.tar", "train-000001.tar", "train-000002.tar"]
+
+    out = tmp_path / "killed"
+    real_add, calls = formats.ShardSink.add, []
+
+    def dying_add(self, *a, **k):
+        if len(calls) == 12:
+            raise KeyboardInterrupt("killed after 12 samples")
+        calls.append(1)
+        return real_add(self, *a, **k)
+
+    monkeypatch.setattr(formats.ShardSink, "add", dying_add)
+    with pytest.raises(KeyboardInterrupt):
+        pack(src, out, **opts)
+    monkeypatch.undo()
+    assert not (out / "manifest.json").exists()          # nothing looks finished
+    assert (out / "shards" / "train-000000.tar").exists()  # the first shard was finished
+    (out / "shards" / ".train-000001.tar.tmp").write_bytes(b"half")  # as a real kill leaves it
+    resumed = pack(src, out, **opts)
+    assert "shards/" in resumed.cleaned
+    assert sorted(os.listdir(out / "shards")) == sorted(os.listdir(tmp_path / "clean" / "shards"))
+    assert load_manifest(out)["splits"] == man["splits"]  # same shards, same sha256
+    check_packed(out, src, 25)
+
+
+# ------------------------------------------------------------------ case 7: no single-class shards
+def test_case7_class_sorted_input_gives_mixed_shards(flowers_dir, tmp_path):
+    files = {}
+    for new, cls in zip("abcd", ["daisy", "dandelion", "sunflowers", "tulips"]):
+        for p in sorted((flowers_dir / cls).glob("*.jpg"))[:250]:
+            files[f"{new}/{p.name}"] = p
+    src = link_folder(tmp_path / "src", files)
+    pack(src, tmp_path / "o", format="wds", split={"train": 1.0}, shard_samples=100, workers=2,
+         seed=7, progress=False)
+    man = load_manifest(tmp_path / "o")
+    assert [s["num_samples"] for s in man["splits"]["train"]["shards"]] == [100] * 10
+    hist = defaultdict(Counter)
+    for r in read_split_records(tmp_path / "o", "train"):
+        hist[r["shard"]][r["label"]] += 1
+    for shard, h in hist.items():  # global histogram is 25/25/25/25 per 100
+        assert sorted(h) == [0, 1, 2, 3], shard
+        assert max(abs(n - 25) for n in h.values()) <= 12, (shard, h)
+
+
+# ------------------------------------------------------------------ case 9: LMDB map growth, read-only copy
+def test_case9_lmdb_tiny_map_grows_and_reads_from_readonly_copy(sample_dir, tmp_path):
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
+                                         for p in sample_files(sample_dir)})
+    out = tmp_path / "o"
+    pack(src, out, format="lmdb", split={"train": 1.0}, shard_samples=150, progress=False,
+         writer_options={"initial_map_size": 1 << 20})
+    man = load_manifest(out)
+    stored = sum(r["size"] for r in read_split_records(out, "train"))
+    assert stored > 10 << 20  # 200 photos: ten times the initial 1 MiB map
+    assert [s["num_samples"] for s in man["splits"]["train"]["shards"]] == [150, 50]
+    for s in man["splits"]["train"]["shards"]:  # compacted: no room left from the doubling
+        assert s["bytes"] < 1.25 * stored * s["num_samples"] / 200 + (1 << 20)
+    ro = tmp_path / "ro"
+    shutil.copytree(out, ro)
+    for dirpath, _, names in os.walk(ro):
+        for n in names:
+            os.chmod(Path(dirpath) / n, 0o444)
+    for dirpath, _, _ in sorted(os.walk(ro), reverse=True):
+        os.chmod(dirpath, 0o555)
+    try:
+        assert not list(ro.rglob("lock.mdb")) and not list(ro.rglob("*-lock"))
+        report = verify(ro)
+        assert report.ok and report.num_samples == 200, report.problems
+    finally:
+        for dirpath, _, _ in os.walk(ro):
+            os.chmod(dirpath, stat.S_IRWXU)
+
+
+# ------------------------------------------------------------------ cases 11 and 14: bad files quarantined
+def test_case11_14_empty_tiny_truncated_files_quarantined(sample_dir, awkward_dir, tmp_path):
+    photos = sample_files(sample_dir, 2)[:6]
+    src = link_folder(tmp_path / "src", {f"a/{p.name}": p for p in photos})
+    (src / "a" / "zero.jpg").write_bytes(b"")
+    (src / "a" / "one.jpg").write_bytes(b"\xff")
+    (src / "a" / "trunc60.jpg").write_bytes(photos[0].read_bytes()[: len(photos[0].read_bytes()) * 6 // 10])
+    png = (awkward_dir / "png_rgba.png").read_bytes()
+    (src / "a" / "trunc.png").write_bytes(png[: len(png) // 2])
+    summary = pack(src, tmp_path / "o", format="hdf5", split={"train": 1.0}, progress=False)
+    q = {e["path"]: e for e in quarantine(tmp_path / "o")}
+    assert sorted(q) == ["a/one.jpg", "a/trunc.png", "a/trunc60.jpg", "a/zero.jpg"]
+    assert q["a/zero.jpg"]["reason"] == "empty file (0 bytes)" and q["a/zero.jpg"]["size"] == 0
+    assert q["a/one.jpg"]["reason"] == "not an image (sniffed: unknown)"
+    assert q["a/one.jpg"]["sha256"] == sha(b"\xff")
+    assert "truncated" in q["a/trunc60.jpg"]["reason"].lower()
+    assert "png" in q["a/trunc.png"]["reason"].lower()
+    assert summary.num_packed == 6 and summary.num_quarantined == 4
+    assert summary.quarantine_reasons["empty file"] == 1
+    check_packed(tmp_path / "o", src, 10)
+    with pytest.raises(SourceError, match="fail_fast"):
+        pack(src, tmp_path / "ff", format="hdf5", split={"train": 1.0}, fail_fast=True, progress=False)
+    assert not (tmp_path / "ff" / "manifest.json").exists()
+
+
+# ------------------------------------------------------------------ case 15 + awkward folder
+def test_awkward_folder_accepts_packed_rejects_quarantined(awkward_dir, tmp_path):
+    with open(awkward_dir / "EXPECTED.csv", newline="") as f:
+        expected = {r["file"]: r for r in csv.DictReader(f)}
+    src = link_folder(tmp_path / "src", {f"misc/{name}": awkward_dir / name for name in expected})
+    summary = pack(src, tmp_path / "o", format="wds", split={"train": 1.0}, progress=False)
+    packed = {r["path"].split("/", 1)[1]: r for r in read_split_records(tmp_path / "o", "train")}
+    q = {e["path"].split("/", 1)[1]: e for e in quarantine(tmp_path / "o")}
+    assert len(packed) + len(q) == len(expected) == summary.num_files == 27
+    for name, row in expected.items():
+        if row["expect"] == "accept":
+            assert name in packed, (name, q.get(name))
+            w, h = map(int, row["upright_size"].split("x"))
+            assert (packed[name]["width"], packed[name]["height"]) == (w, h), name
+        elif row["expect"] == "reject":
+            assert name in q and q[name]["reason"], name
+    assert packed["exif_orientation_6.jpg"]["rule"].startswith("exif-transpose")
+    assert packed["png_disguised_as.jpg"]["ext"] == "png"
+    assert q["huge_10000x10000_gray.png"]["reason"].startswith("over --max-pixels")
+    assert q["zero_bytes.jpg"]["reason"] == "empty file (0 bytes)"
+    man = load_manifest(tmp_path / "o")
+    assert "exif-transpose" in man["normalization"]["rules"]
+    assert verify(tmp_path / "o").ok
+
+
+# ------------------------------------------------------------------ case 24: group prefix + duplicates
+def _case24_folder(sample_dir: Path, root: Path) -> tuple[Path, Path]:
+    photos = sample_files(sample_dir)
+    files, k = {}, 0
+    for g, size in zip("ABCDE", [50, 30, 10, 5, 5]):
+        for i in range(size):
+            files[f"{'ab'[i % 2]}/subj{g}_{i:04d}.jpg"] = photos[k]
+            k += 1
+    dup = photos[50 + 30]  # subjC_0000.jpg, class "a"
+    files["a/subjD_0100.jpg"] = dup
+    files["a/subjE_0100.jpg"] = dup
+    files["b/subjA_0100.jpg"] = dup  # same bytes, other class
+    return link_folder(root, files), dup
+
+
+def test_case24_label_conflict_is_an_error_by_default(sample_dir, tmp_path):
+    src, _ = _case24_folder(sample_dir, tmp_path / "src")
+    with pytest.raises(LabelError) as err:
+        pack(src, tmp_path / "o", split="train=0.7,val=0.15,test=0.15", group_by=r"subj(\w)_",
+             progress=False)
+    msg = str(err.value)
+    assert "b/subjA_0100.jpg" in msg and "a/subjC_0000.jpg" in msg and "['a', 'b']" in msg
+    assert not (tmp_path / "o" / "shards").exists()
+
+
+@pytest.mark.parametrize("policy", ["keep", "quarantine"])
+def test_case24_group_split_dedup_and_infeasibility(sample_dir, tmp_path, policy):
+    src, dup = _case24_folder(sample_dir, tmp_path / "src")
+    out = tmp_path / "o"
+    summary = pack(src, out, split="train=0.7,val=0.15,test=0.15", group_by=r"subj(\w)_", seed=0,
+                   on_label_conflict=policy, progress=False)
+    man = check_packed(out, src, 103)
+    assert len(summary.label_conflicts) == 1
+    assert summary.label_conflicts[0]["sha256"] == sha(dup.read_bytes())
+    assert summary.num_duplicates == (3 if policy == "keep" else 0)
+    counts = {s: man["splits"][s]["num_samples"] for s in man["splits"]}
+    if policy == "keep":  # A, C, D, E joined by the copies: sets of 73 and 30 samples
+        assert man["split"]["merged_groups"] == [["A", "C", "D", "E"]]
+        assert counts == {"train": 73, "val": 30, "test": 0}
+    else:  # the 4 copies quarantined; sets 50/30/9/5/5 (99 samples)
+        assert [e["path"] for e in quarantine(out)] == [
+            "a/subjC_0000.jpg", "a/subjD_0100.jpg", "a/subjE_0100.jpg", "b/subjA_0100.jpg"]
+        assert all(e["reason"].startswith("label_conflict") for e in quarantine(out))
+        assert counts == {"train": 80, "val": 9, "test": 10}
+    assert any("infeasible" in w or "empty" in w for w in summary.warnings)
+    assert man["split"]["warnings"] and man["split"]["seed"] == 0
+    assert set(man["split"]["group_to_split"]) == set("ABCDE")
+
+
+# ------------------------------------------------------------------ output folder rules
+def test_output_exists_and_overwrite(sample_dir, tmp_path):
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
+                                         for p in sample_files(sample_dir, 2)})
+    pack(src, tmp_path / "o", format="wds", split={"train": 1.0}, progress=False)
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        pack(src, tmp_path / "o", format="lmdb", split={"train": 1.0}, progress=False)
+    assert load_manifest(tmp_path / "o")["format"] == "wds"
+    (tmp_path / "o" / "notes.txt").write_text("mine")
+    pack(src, tmp_path / "o", format="lmdb", split={"train": 1.0}, overwrite=True, progress=False)
+    assert load_manifest(tmp_path / "o")["format"] == "lmdb"
+    assert sorted(os.listdir(tmp_path / "o" / "shards")) == ["train-000000.lmdb"]
+    assert (tmp_path / "o" / "notes.txt").read_text() == "mine"  # not ours: left alone
+
+
+def test_parse_size():
+    assert parse_size("64MB") == 64_000_000 and parse_size("64MiB") == 64 << 20
+    assert parse_size("1.5k") == 1500 and parse_size(77) == 77 and parse_size(None) is None
+    with pytest.raises(Exception, match="'lots'"):
+        parse_size("lots")
