@@ -1,0 +1,222 @@
+"""shardkit.scan: ImageFolder and CSV discovery, system entries, Unicode, symlinks, group rules."""
+from __future__ import annotations
+
+import collections
+import os
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from shardkit.errors import ConfigError, SourceError
+from shardkit.scan import (SourceItem, apply_group_metadata, apply_group_regex, scan_csv,
+                           scan_folder)
+
+CAFE_NFC = unicodedata.normalize("NFC", "Café")
+CAFE_NFD = unicodedata.normalize("NFD", "Café")
+
+
+def _touch(root: Path, rel: str, data: bytes = b"x") -> Path:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return p
+
+
+@pytest.fixture()
+def messy(tmp_path) -> Path:
+    root = tmp_path / "src"
+    for rel in ["cat/a.jpg", "cat/sub/deeper/b.JPG", "cat/.hidden.jpg", "cat/._a.jpg",
+                "cat/.ipynb_checkpoints/a-checkpoint.jpg", "__MACOSX/cat/._a.jpg", ".DS_Store",
+                "LICENSE.txt", "metadata.csv", "dog/Thumbs.db", "dog/DESKTOP.INI",
+                "dog/my photo.v2.final.JPEG", "dog/notes.txt", ".git/HEAD", "dog/.DS_Store"]:
+        _touch(root, rel)
+    (root / "empty").mkdir()
+    return root
+
+
+def test_messy_tree_items_and_ignored(messy):
+    result = scan_folder(messy)
+    assert [(i.relpath, i.label) for i in result.items] == [
+        ("cat/a.jpg", "cat"), ("cat/sub/deeper/b.JPG", "cat"),
+        ("dog/my photo.v2.final.JPEG", "dog"), ("dog/notes.txt", "dog")]
+    assert all(Path(i.path).is_absolute() and Path(i.path).is_file() for i in result.items)
+    assert all(i.group is None for i in result.items)
+    assert result.ignored == [
+        (".DS_Store", "hidden entry (dot-name)"),
+        (".git", "hidden entry (dot-name)"),
+        ("LICENSE.txt", "file beside the class folders (not a sample)"),
+        ("__MACOSX", "macOS archive metadata (__MACOSX)"),
+        ("cat/._a.jpg", "macOS resource fork (._*)"),
+        ("cat/.hidden.jpg", "hidden entry (dot-name)"),
+        ("cat/.ipynb_checkpoints", "Jupyter checkpoint folder"),
+        ("dog/.DS_Store", "hidden entry (dot-name)"),
+        ("dog/DESKTOP.INI", "Windows folder settings (desktop.ini)"),
+        ("dog/Thumbs.db", "Windows thumbnail cache (Thumbs.db)"),
+        ("empty", "empty class folder (no files)"),
+        ("metadata.csv", "file beside the class folders (not a sample)"),
+    ]
+    assert result.missing == [] and result.kind == "folder" and result.root == str(messy)
+
+
+def test_scan_is_deterministic(messy):
+    assert scan_folder(messy) == scan_folder(str(messy) + "/")
+
+
+def test_nfd_and_nfc_class_folders_are_one_class(tmp_path):
+    root = tmp_path / "src"
+    _touch(root, f"{CAFE_NFD}/x.jpg")
+    _touch(root, f"{CAFE_NFC}/y.jpg")
+    _touch(root, f"{CAFE_NFD}/{CAFE_NFD} 1.jpg")
+    _touch(root, " roses /r.jpg")
+    result = scan_folder(root)
+    assert sorted({i.label for i in result.items}) == ["Café", "roses"]
+    assert {i.label for i in result.items} == {CAFE_NFC, "roses"}
+    assert all(unicodedata.is_normalized("NFC", i.relpath) for i in result.items)
+    assert f"{CAFE_NFC}/{CAFE_NFC} 1.jpg" in [i.relpath for i in result.items]
+    on_disk = [i.path for i in result.items if i.relpath.endswith(" 1.jpg")][0]
+    assert CAFE_NFD in on_disk and os.path.exists(on_disk)  # real path kept
+    assert [i.relpath for i in result.items if i.label == "roses"] == [" roses /r.jpg"]
+
+
+def test_nfc_collision_is_an_error(tmp_path):
+    root = tmp_path / "src"
+    _touch(root, f"{CAFE_NFD}/same.jpg")
+    _touch(root, f"{CAFE_NFC}/same.jpg")
+    with pytest.raises(SourceError, match="Café/same.jpg"):
+        scan_folder(root)
+
+
+def test_symlinks(tmp_path):
+    root = tmp_path / "src"
+    target = _touch(tmp_path, "elsewhere/photo.jpg", b"abc")
+    _touch(root, "cat/a.jpg")
+    os.symlink(target, root / "cat" / "link.jpg")
+    os.symlink(tmp_path / "nowhere.jpg", root / "cat" / "broken.jpg")
+    os.symlink(root / "cat", root / "cat" / "loop")
+    os.symlink(tmp_path / "elsewhere", root / "linked_class")
+    result = scan_folder(root)
+    assert [(i.relpath, i.label) for i in result.items] == [
+        ("cat/a.jpg", "cat"), ("cat/link.jpg", "cat"), ("linked_class/photo.jpg", "linked_class")]
+    link = result.items[1]
+    assert link.path == str(root / "cat" / "link.jpg") and Path(link.path).read_bytes() == b"abc"
+    assert [i.relpath for i in result.missing] == ["cat/broken.jpg"]
+    assert ("cat/loop", "symlink loop (points to a folder being walked)") in result.ignored
+
+
+def test_empty_or_classless_root_raises(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SourceError, match=str(empty)):
+        scan_folder(empty)
+    flat = tmp_path / "flat"
+    _touch(flat, "a.jpg")
+    _touch(flat, "b.jpg")
+    with pytest.raises(SourceError, match="no class folder.*'a.jpg', 'b.jpg'"):
+        scan_folder(flat)
+    with pytest.raises(SourceError, match="does not exist"):
+        scan_folder(tmp_path / "absent")
+
+
+def test_flowers_folder(flowers_dir):
+    result = scan_folder(flowers_dir)
+    assert len(result.items) == 1839
+    assert result.ignored == [("LICENSE.txt", "file beside the class folders (not a sample)"),
+                              ("metadata.csv", "file beside the class folders (not a sample)")]
+    counts = collections.Counter(i.label for i in result.items)
+    assert counts == {"daisy": 361, "dandelion": 409, "roses": 276, "sunflowers": 365,
+                      "tulips": 428}
+    assert [i.relpath for i in result.items] == sorted(i.relpath for i in result.items)
+    grouped = apply_group_metadata(result.items, flowers_dir / "metadata.csv",
+                                   "group_flickr_user")
+    assert len({i.group for i in grouped}) == 791
+    assert max(collections.Counter(i.group for i in grouped).values()) == 54
+    assert [i.relpath for i in grouped] == [i.relpath for i in result.items]
+
+
+def test_flowers_metadata_as_csv_source(flowers_dir):
+    from_csv = scan_csv(flowers_dir / "metadata.csv")
+    from_folder = scan_folder(flowers_dir)
+    assert from_csv.kind == "csv" and from_csv.missing == []
+    assert [(i.path, i.relpath, i.label) for i in from_csv.items] == [
+        (i.path, i.relpath, i.label) for i in from_folder.items]
+
+
+def test_csv_paths_labels_groups_and_missing(tmp_path):
+    root = tmp_path / "imgs"
+    _touch(root, "a/1.jpg")
+    _touch(root, f"b/{CAFE_NFC}.jpg")
+    listing = tmp_path / "lists" / "list.csv"
+    listing.parent.mkdir()
+    listing.write_text("\ufeffpath,label,group,extra\n"
+                       "a/1.jpg, Sunflower ,g1,zz\n"
+                       f"b/{CAFE_NFD}.jpg,café,,zz\n"
+                       "a/gone.jpg,daisy,g2,zz\n", encoding="utf-8")
+    result = scan_csv(listing, root=root)
+    assert [(i.relpath, i.label, i.group) for i in result.items] == [
+        ("a/1.jpg", "Sunflower", "g1"), (f"b/{CAFE_NFC}.jpg", "café", None)]
+    assert Path(result.items[1].path).exists()  # NFD spelling in the CSV found the NFC file
+    assert [(i.relpath, i.label) for i in result.missing] == [("a/gone.jpg", "daisy")]
+    assert result.root == str(root)
+    # without root, paths resolve against the CSV's own folder
+    beside = tmp_path / "imgs" / "list.csv"
+    beside.write_text("path,label\na/1.jpg,x\n", encoding="utf-8")
+    assert scan_csv(beside).items == [SourceItem(str(root / "a" / "1.jpg"), "a/1.jpg", "x")]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("file,label\na.jpg,x\n", r"lacks column\(s\) \['path'\].*found columns \['file', 'label'\]"),
+    ("path,label\n", "no rows"),
+    ("path,label\na.jpg,\n", "empty path or label.*line 2"),
+    ("path,label\na.jpg,x\n./a.jpg,y\n", "share one relative path.*'a.jpg'"),
+    ("path,label\nsub,x\n", "folders, not files.*'sub'"),
+])
+def test_csv_errors(tmp_path, text, match):
+    _touch(tmp_path, "a.jpg")
+    (tmp_path / "sub").mkdir()
+    listing = tmp_path / "list.csv"
+    listing.write_text(text, encoding="utf-8")
+    with pytest.raises(SourceError, match=match):
+        scan_csv(listing)
+
+
+def _items(*relpaths: str) -> list[SourceItem]:
+    return [SourceItem(f"/data/{r}", r, r.split("/")[0]) for r in relpaths]
+
+
+def test_group_regex_named_and_first_group():
+    items = _items("a/subjA_0001.jpg", "a/subjA_0002.jpg", "b/subjB_0001.jpg")
+    named = apply_group_regex(items, r"(?P<cls>\w)/(?P<group>subj[A-Z])_\d+")
+    assert [i.group for i in named] == ["subjA", "subjA", "subjB"]
+    first = apply_group_regex(items, r"/(\w+?)_")
+    assert [i.group for i in first] == ["subjA", "subjA", "subjB"]
+    assert [i.relpath for i in first] == [i.relpath for i in items]
+    assert all(i.group is None for i in items)  # inputs untouched
+
+
+def test_group_regex_errors():
+    items = _items(*[f"a/x{i:02d}.jpg" for i in range(25)], "a/subjA_1.jpg")
+    with pytest.raises(SourceError, match=r"gives no group for 25: 'a/x00.jpg'.*and 5 more"):
+        apply_group_regex(items, r"(subj\w)_")
+    with pytest.raises(ConfigError, match="does not compile"):
+        apply_group_regex(items, r"(unclosed")
+    with pytest.raises(ConfigError, match="no capture group"):
+        apply_group_regex(items, r"subj")
+
+
+def test_group_metadata_join_and_errors(tmp_path):
+    meta = tmp_path / "meta.csv"
+    meta.write_text(f"file,who\na/1.jpg,ann\n{CAFE_NFD}/2.jpg,bob\nz/unused.jpg,cy\n",
+                    encoding="utf-8")
+    items = _items("a/1.jpg", f"{CAFE_NFC}/2.jpg")
+    joined = apply_group_metadata(items, meta, "who", path_column="file")
+    assert [i.group for i in joined] == ["ann", "bob"]
+    with pytest.raises(ConfigError, match=r"no column 'photographer'; columns: \['file', 'who'\]"):
+        apply_group_metadata(items, meta, "photographer", path_column="file")
+    with pytest.raises(ConfigError, match="no column 'path'"):
+        apply_group_metadata(items, meta, "who")
+    with pytest.raises(SourceError, match=r"no row or an empty 'who' for 1: 'b/3.jpg'"):
+        apply_group_metadata(items + _items("b/3.jpg"), meta, "who", path_column="file")
+    meta.write_text("path,who\na/1.jpg,ann\na/1.jpg,bob\n", encoding="utf-8")
+    with pytest.raises(SourceError, match="several 'who' values to 1: 'a/1.jpg'"):
+        apply_group_metadata(items[:1], meta, "who")
