@@ -184,11 +184,12 @@ class LabelMap:
 
     def closest(self, name: str) -> list[str]:
         """Up to 3 class names closest to ``name`` (via their names and aliases, caseless)."""
-        spelled = {c.casefold(): c for c in self.classes}
-        spelled.update({a.casefold(): t for a, t in self.aliases.items()})
+        spelled: dict[str, list[str]] = {}
+        for spelling, target in [(c, c) for c in self.classes] + list(self.aliases.items()):
+            spelled.setdefault(spelling.casefold(), []).append(target)
         hits = difflib.get_close_matches(normalize_label(name).casefold(), list(spelled),
                                          n=len(spelled), cutoff=_CLOSE_CUTOFF)
-        return list(dict.fromkeys(spelled[h] for h in hits))[:_CLOSE_COUNT]
+        return list(dict.fromkeys(c for h in hits for c in spelled[h]))[:_CLOSE_COUNT]
 
     def resolve(self, name: str) -> int:
         """Label index (0 .. num_classes - 1) of ``name``.
