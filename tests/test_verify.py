@@ -1,0 +1,176 @@
+"""shardkit.verify and the `shardkit pack` / `shardkit verify` command lines."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from shardkit import formats
+from shardkit.cli import main
+from shardkit.errors import ManifestError
+from shardkit.manifest import load_manifest, read_split_records
+from shardkit.verify import verify
+
+FORMATS = sorted(formats.FORMATS)
+
+
+def copy_of(packed: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(packed, dst)
+    return dst
+
+
+def middle_of_a_sample(root: Path, split: str = "val") -> tuple[str, int, str]:
+    """(shard path, byte position inside a stored image, key) for the format at hand."""
+    man = load_manifest(root)
+    rec = read_split_records(root, split)[3]
+    shard = man["splits"][split]["shards"][rec["shard"]]["path"]
+    if man["format"] == "wds":
+        return shard, rec["offset"] + rec["size"] // 2, rec["key"]
+    data = formats.open_reader(root, man, split, rec["shard"]).read(rec["key"], rec["offset"],
+                                                                    rec["size"])
+    blob, mid = (root / shard).read_bytes(), rec["size"] // 2
+    chunk = bytes(data)[mid:mid + 64]  # 64 bytes of JPEG scan data, unique in the shard
+    pos = blob.find(chunk)
+    assert pos > 0 and blob.count(chunk) == 1
+    return shard, pos + 10, rec["key"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_passes_on_packed_sample(packed_sample, fmt):
+    report = verify(packed_sample(fmt))
+    assert report.ok, report.problems
+    assert report.num_samples == 200
+    assert report.num_shards == sum(len(s["shards"]) for s in
+                                    load_manifest(packed_sample(fmt))["splits"].values())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_names_shard_and_key_after_one_flipped_byte(packed_sample, tmp_path, fmt):
+    root = copy_of(packed_sample(fmt), tmp_path)
+    shard, pos, key = middle_of_a_sample(root)
+    with open(root / shard, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x01]))
+    report = verify(root)
+    assert not report.ok
+    assert report.bad_shards == [shard]
+    assert "sha256" in report.problems[0] and shard in report.problems[0]
+    if fmt == "lmdb":  # a damaged LMDB file is never mapped: only the shard is named
+        assert report.bad_keys == []
+    else:
+        assert report.bad_keys == [key]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_names_truncated_and_missing_shards(packed_sample, tmp_path, fmt):
+    root = copy_of(packed_sample(fmt), tmp_path)
+    man = load_manifest(root)
+    first, last = man["splits"]["train"]["shards"][0], man["splits"]["train"]["shards"][-1]
+    os.truncate(root / first["path"], first["bytes"] // 2)
+    (root / last["path"]).unlink()
+    report = verify(root)
+    assert sorted(report.bad_shards) == sorted([first["path"], last["path"]])
+    text = "\n".join(report.problems)
+    assert f"{first['path']}: {first['bytes'] // 2} bytes, the manifest says {first['bytes']}" in text
+    assert f"{last['path']}: missing" in text
+
+
+def test_verify_counts_against_split_files(packed_sample, tmp_path):
+    root = copy_of(packed_sample("wds"), tmp_path)
+    lines = (root / "splits" / "test.jsonl").read_text().splitlines()
+    (root / "splits" / "test.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    report = verify(root)
+    assert any(f"test.jsonl has {len(lines) - 1} records" in p for p in report.problems)
+
+
+def test_verify_without_manifest_raises(tmp_path):
+    with pytest.raises(ManifestError, match="not a finished shardkit dataset"):
+        verify(tmp_path)
+
+
+# ------------------------------------------------------------------ command lines
+def test_verify_cli_exit_codes(packed_sample, tmp_path):
+    runner = CliRunner()
+    good = runner.invoke(main, ["verify", str(packed_sample("hdf5"))])
+    assert good.exit_code == 0 and "OK (" in good.output
+    root = copy_of(packed_sample("hdf5"), tmp_path)
+    shard = load_manifest(root)["splits"]["val"]["shards"][0]["path"]
+    (root / shard).unlink()
+    bad = runner.invoke(main, ["verify", str(root)])
+    assert bad.exit_code == 1
+    assert f"FAIL split 'val' shard {shard}: missing" in bad.output
+    missing = runner.invoke(main, ["verify", str(tmp_path)])
+    assert missing.exit_code == 1 and "Traceback" not in missing.output
+    assert "manifest.json not found" in missing.output
+
+
+@pytest.fixture()
+def small_src(sample_dir, tmp_path) -> Path:
+    src = tmp_path / "src"
+    for cls in ("daisy", "roses"):
+        (src / cls).mkdir(parents=True)
+        for p in sorted((sample_dir / cls).glob("*.jpg"))[:10]:
+            (src / cls / p.name).symlink_to(p)
+    return src
+
+
+def test_pack_cli_summary_overwrite_and_errors(small_src, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "out"
+    args = ["pack", str(small_src), str(out), "--split", "train=0.5,val=0.5", "--shard-samples", "4",
+            "--no-progress"]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "scanned 20 = packed 20 + quarantined 0" in res.output
+    assert "train: 10 samples, 10 groups, 3 shards [daisy=5, roses=5]" in res.output
+    assert "no group rule" in res.output
+    again = runner.invoke(main, args + ["--format", "lmdb"])
+    assert again.exit_code == 1 and "Traceback" not in again.output
+    assert "already holds a packed dataset" in again.output and "--overwrite" in again.output
+    over = runner.invoke(main, args + ["--format", "lmdb", "--overwrite"])
+    assert over.exit_code == 0 and load_manifest(out)["format"] == "lmdb"
+    bad_split = runner.invoke(main, ["pack", str(small_src), str(tmp_path / "o2"), "--split",
+                                     "train=0.5,val=0.4", "--no-progress"])
+    assert bad_split.exit_code == 1
+    assert "split spec 'train=0.5,val=0.4'" in bad_split.output and "sum to 0.9" in bad_split.output
+    bad_fmt = runner.invoke(main, ["pack", str(small_src), str(tmp_path / "o3"), "--format", "zip"])
+    assert bad_fmt.exit_code == 2 and "'zip' is not one of" in bad_fmt.output
+
+
+def test_pack_cli_unknown_labels_listed_with_closest(small_src, tmp_path):
+    (small_src / "daisy").rename(small_src / "dasiy")
+    (small_src / "Tulip").mkdir()
+    (small_src / "Tulip" / "x.jpg").symlink_to(next((small_src / "roses").iterdir()).resolve())
+    labels = tmp_path / "labels.yaml"
+    labels.write_text("classes: [daisy, roses, tulips]\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["pack", str(small_src), str(out), "--labels", str(labels),
+                                    "--no-progress"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "2 label(s) match no class" in res.output
+    assert "'dasiy' (closest: 'daisy')" in res.output and "'Tulip' (closest: 'tulips')" in res.output
+    assert not out.exists()  # nothing written before the labels are known
+
+
+def test_pack_cli_group_by_and_wds_cls(small_src, tmp_path):
+    import tarfile
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["pack", str(small_src), str(out), "--split", "train=1.0",
+                                    "--group-by", r"^(\w+)/", "--wds-cls", "--shard-bytes", "1MB",
+                                    "--no-progress"])
+    assert res.exit_code == 0, res.output
+    man = load_manifest(out)
+    assert man["split"]["group_rule"] == {"kind": "regex", "regex": r"^(\w+)/"}
+    assert man["split"]["group_to_split"] == {"daisy": "train", "roses": "train"}
+    shards = man["splits"]["train"]["shards"]
+    assert len(shards) > 1 and all(s["bytes"] <= 1_000_000 + 20 * 1536 for s in shards)
+    with tarfile.open(out / shards[0]["path"]) as tar:
+        names = tar.getnames()
+    assert names[0] == "train_00000000.jpg" and names[1] == "train_00000000.cls"
