@@ -275,14 +275,14 @@ def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> Ima
     icc = bool(im.info.get("icc_profile"))
     cmyk = _check_jpeg(data, im, messages) if media == "jpeg" else False
     frames = getattr(im, "n_frames", 1)
-    sixteen = _sixteen_bit(im)
-    orientation = _orientation(im)
+    sixteen = _sixteen_bit(im)  # from the tile's raw mode, which load() clears
     try:
         if frames > 1:
             im.seek(0)
         im.load()
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for broken streams
         raise _decode_failure(media, "Pillow", e) from e
+    orientation = _orientation(im)  # after load: PNG keeps eXIf after the image data
     if media == "jpeg" and not cmyk and im.mode in ("RGB", "L") and orientation == 1:
         return ImageResult(True, None, media, "jpg", data, "original", width, height, (), icc)
     steps = ["first-frame"] if frames > 1 else []

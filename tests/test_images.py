@@ -394,3 +394,49 @@ def test_no_warning_escapes(awkward_dir, recwarn):
             check_image(path.read_bytes())
             check_image(path.read_bytes(), strict=True)
     assert [str(w.message) for w in recwarn] == []
+
+
+@pytest.mark.parametrize("name", ["webp_lossy.webp", "tiff_rgb.tif", "png_disguised_as.jpg",
+                                  "avif.avif"])
+def test_reencoded_png_is_lossless(awkward_dir, name):
+    if name == "avif.avif" and not features.check("avif"):
+        pytest.skip("this Pillow has no AVIF codec (the rejection is tested above)")
+    path = awkward_dir / name
+    result = _check_quietly(path.read_bytes())
+    assert result.rule == "png"
+    with Image.open(path) as im:
+        np.testing.assert_array_equal(decode_reference(result.data), np.asarray(im.convert("RGB")))
+
+
+def test_animated_gif_with_transparency_first_frame(flower_rgb):
+    frames = [Image.fromarray(flower_rgb).quantize(8),
+              Image.fromarray(np.ascontiguousarray(flower_rgb[::-1])).quantize(8)]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:], transparency=0,
+                   duration=100, disposal=2)
+    result = _check_quietly(buf.getvalue())
+    assert result.rule == "first-frame+alpha-over-white+png"
+    out = decode_reference(result.data)
+    idx = np.asarray(frames[0])
+    palette = np.array(frames[0].getpalette()[:24], dtype=np.uint8).reshape(8, 3)
+    np.testing.assert_array_equal(out[idx == 0], 255)
+    np.testing.assert_array_equal(out[idx != 0], palette[idx[idx != 0]])
+
+
+def test_header_over_twice_pillows_limit_gets_our_reason():
+    """Image.open would raise DecompressionBombError here; check_image reports its own limit."""
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    width, height = 20000, 10000  # 200 MP, 1-bit gray, all black: 25 KB on disk
+    raw = bytes((width // 8 + 1) * height)
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+    with pytest.raises(Image.DecompressionBombError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Image.open(io.BytesIO(png))
+    result = _check_quietly(png)
+    assert result.reason == "over --max-pixels: 20000x10000 = 200000000 > 89478485"
+    assert Image.MAX_IMAGE_PIXELS == DEFAULT_MAX_PIXELS
