@@ -47,6 +47,17 @@ def normalize_label(s: str) -> str:
     return unicodedata.normalize("NFC", s).strip()
 
 
+def _name(value: object, where: str) -> str:
+    """A class or alias name from YAML: a string, or an int (folder names like ``0``..``9``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise LabelError(f"label map {where!r}: name {value!r} ({type(value).__name__}) is not a "
+                     f"string; quote it in the YAML (yes/no/on/off/null and decimals are not "
+                     f"read as text)")
+
+
 class LabelMap:
     """Ordered classes plus aliases.
 
@@ -133,17 +144,17 @@ class LabelMap:
         if not isinstance(raw_aliases, dict):
             raise LabelError(f"label map {where!r}: 'aliases' must be a mapping alias -> class, "
                              f"got {raw_aliases!r:.200}")
-        aliases = [(str(a), str(t)) for a, t in raw_aliases.items()]
+        aliases = [(_name(a, where), _name(t, where)) for a, t in raw_aliases.items()]
         if isinstance(raw_classes, dict):
-            classes = [str(c) for c in raw_classes]
+            classes = [_name(c, where) for c in raw_classes]
             for c, al in raw_classes.items():
                 al = [] if al is None else [al] if isinstance(al, str) else al
                 if not isinstance(al, list):
                     raise LabelError(f"label map {where!r}: aliases of class {c!r} must be a "
                                      f"list of names, got {al!r:.200}")
-                aliases += [(str(a), str(c)) for a in al]
+                aliases += [(_name(a, where), _name(c, where)) for a in al]
         elif isinstance(raw_classes, list):
-            classes = [str(c) for c in raw_classes]
+            classes = [_name(c, where) for c in raw_classes]
         else:
             raise LabelError(f"label map {where!r}: 'classes' must be a list or a mapping, got "
                              f"{raw_classes!r:.200}")

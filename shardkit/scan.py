@@ -189,8 +189,10 @@ def scan_folder(root: str | os.PathLike) -> ScanResult:
         if reason is not None:
             out.ignored.append((relname, reason))
         elif kind == "dir":
+            if not relname.strip():
+                raise SourceError(f"class folder {entry.path!r} has a blank name; rename it")
             before = len(out.items) + len(out.missing)
-            _walk_class(entry.path, relname, _nfc(entry.name).strip(), {root_s}, out)
+            _walk_class(entry.path, relname, relname.strip(), {root_s}, out)
             if len(out.items) + len(out.missing) == before:
                 out.ignored.append((relname, "empty class folder (no files)"))
             else:
@@ -225,15 +227,14 @@ def _read_csv(csv_path: str) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def _disk_path(base: str, raw: str) -> str:
-    """Join and, if the file is absent as written, try its NFC/NFD spelling on disk."""
+    """Join; if absent as written, try Windows separators as "/" and the NFC/NFD spellings."""
     joined = os.path.abspath(os.path.join(base, raw))
-    if os.path.lexists(joined):
-        return joined
-    for form in ("NFC", "NFD"):
-        alt = unicodedata.normalize(form, joined)
-        if os.path.lexists(alt):
-            return alt
-    return joined
+    primary = joined
+    if "\\" in raw and os.sep == "/":
+        primary = os.path.abspath(os.path.join(base, raw.replace("\\", "/")))
+    candidates = [joined, primary] + [unicodedata.normalize(form, p) for p in (joined, primary)
+                                      for form in ("NFC", "NFD")]
+    return next((p for p in candidates if os.path.lexists(p)), primary)
 
 
 def _rel(base: str, path: str) -> str:
@@ -247,7 +248,8 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None)
     """Read a CSV list with a header and columns ``path,label[,group]`` (extra columns ignored).
 
     Relative paths resolve against ``root``, or the CSV's folder when ``root`` is None; absolute
-    paths are used as they are. A row whose file does not exist is not dropped: it goes to
+    paths are used as they are. A path absent as written is also tried with Windows "\\"
+    separators read as "/" and in its NFC and NFD spellings. A row whose file does not exist is not dropped: it goes to
     ``ScanResult.missing`` (the packer quarantines it with "file not found"). An empty ``group``
     cell gives ``group=None``.
 

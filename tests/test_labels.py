@@ -126,3 +126,15 @@ def test_folder_labels_resolve_against_yaml(flowers_dir, tmp_path):
     names = {i.label for i in scan_folder(flowers_dir).items}
     assert LabelMap.from_yaml(path).resolve_all(sorted(names)) == {
         "daisy": 4, "dandelion": 3, "roses": 2, "sunflowers": 1, "tulips": 0}
+
+
+def test_yaml_non_string_names(tmp_path):
+    path = tmp_path / "labels.yaml"
+    path.write_text("classes: [0, 1, 2]\n", encoding="utf-8")
+    assert LabelMap.from_yaml(path).classes == ["0", "1", "2"]
+    path.write_text("classes: [yes, no]\n", encoding="utf-8")
+    with pytest.raises(LabelError, match=r"name True \(bool\) is not a string; quote it"):
+        LabelMap.from_yaml(path)
+    path.write_text("classes: [a]\naliases: {1.5: a}\n", encoding="utf-8")
+    with pytest.raises(LabelError, match=r"name 1.5 \(float\)"):
+        LabelMap.from_yaml(path)

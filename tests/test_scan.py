@@ -220,3 +220,19 @@ def test_group_metadata_join_and_errors(tmp_path):
     meta.write_text("path,who\na/1.jpg,ann\na/1.jpg,bob\n", encoding="utf-8")
     with pytest.raises(SourceError, match="several 'who' values to 1: 'a/1.jpg'"):
         apply_group_metadata(items[:1], meta, "who")
+
+
+def test_blank_class_folder_name_is_an_error(tmp_path):
+    _touch(tmp_path / "src", "  /a.jpg")
+    with pytest.raises(SourceError, match="blank name"):
+        scan_folder(tmp_path / "src")
+
+
+def test_csv_windows_separators(tmp_path):
+    _touch(tmp_path, "a/sub/1.jpg")
+    listing = tmp_path / "list.csv"
+    listing.write_text("path,label\na\\sub\\1.jpg,x\na\\sub\\2.jpg,x\n", encoding="utf-8")
+    result = scan_csv(listing)
+    assert [(i.path, i.relpath) for i in result.items] == [(str(tmp_path / "a/sub/1.jpg"),
+                                                            "a/sub/1.jpg")]
+    assert [i.relpath for i in result.missing] == ["a/sub/2.jpg"]
