@@ -1,0 +1,328 @@
+"""Tests of the data doctor (``shardkit inspect``, ``check``, ``stats``) on real packed photos.
+
+Field case 24 (split leakage): a clean pack passes; a group or identical bytes planted in two
+splits fail with exit code 1 and name the sample; a resized copy of a flower photo in another
+split is found as a pHash near-duplicate.
+"""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image, ImageOps
+
+from shardkit import doctor_leaks as leaks
+from shardkit.doctor import (check_command, check_dataset, compute_stats, inspect_command,
+                             inspect_dataset, stats_command)
+from shardkit.doctor_stats import ChannelMoments
+from shardkit.errors import ConfigError
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+def _copy(packed: Path, tmp_path: Path) -> Path:
+    """A private copy of a (session-cached) packed dataset, safe to modify."""
+    dst = tmp_path / "ds"
+    shutil.copytree(packed, dst)
+    return dst
+
+
+def _rows(root: Path, split: str) -> list[dict]:
+    return [json.loads(line) for line in (root / "splits" / f"{split}.jsonl").read_text().splitlines()
+            if line.strip()]
+
+
+def _write_rows(root: Path, split: str, rows: list[dict]) -> None:
+    (root / "splits" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _pil_rgb(path: Path) -> np.ndarray:
+    with Image.open(path) as im:
+        return np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+
+
+def _numpy_stats(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """Reference: per-channel mean/std (0-1) over all pixels, float64, two passes."""
+    pixels = np.concatenate([_pil_rgb(p).reshape(-1, 3) for p in paths]).astype(np.float64) / 255
+    return pixels.mean(axis=0), pixels.std(axis=0)
+
+
+@pytest.fixture
+def clean(packed_sample, tmp_path) -> Path:
+    return _copy(packed_sample("wds"), tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ stats
+
+def test_channel_moments_match_numpy_and_are_order_free():
+    rng = np.random.default_rng(3)
+    imgs = [rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8) for h, w in [(7, 5), (64, 33), (1, 1)]]
+    imgs.append(np.full((50, 40, 3), 255, np.uint8))          # extreme values
+    m1, m2 = ChannelMoments(), ChannelMoments()
+    for im in imgs:
+        m1.update(im)
+    for im in reversed(imgs):
+        m2.update(im)
+    flat = np.concatenate([im.reshape(-1, 3) for im in imgs]).astype(np.float64) / 255
+    np.testing.assert_allclose(m1.mean(), flat.mean(0), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(m1.std(), flat.std(0), rtol=0, atol=1e-12)
+    assert m1.mean() == m2.mean() and m1.std() == m2.std()      # exact integer accumulation
+    assert m1.num_images == 4 and m1.num_pixels == 35 + 64 * 33 + 1 + 2000
+    const = ChannelMoments()
+    const.update(np.full((3, 3, 3), 17, np.uint8))
+    assert const.std() == (0.0, 0.0, 0.0) and const.mean()[0] == 17 / 255
+
+
+def test_channel_moments_reject_bad_input():
+    m = ChannelMoments()
+    with pytest.raises(ConfigError, match="no pixels"):
+        m.mean()
+    with pytest.raises(ConfigError, match=r"float32 \(4, 4, 3\)"):
+        m.update(np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(ConfigError, match=r"uint8 \(4, 4\)"):
+        m.update(np.zeros((4, 4), np.uint8))
+
+
+def test_stats_equal_numpy_over_pil_decoded_sources(clean, sample_dir):
+    before = json.loads((clean / "manifest.json").read_text())
+    result = compute_stats(clean, "train", progress=False)
+    rows = _rows(clean, "train")
+    mean, std = _numpy_stats([sample_dir / r["path"] for r in rows])
+    np.testing.assert_allclose(result["mean"], mean, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(result["std"], std, rtol=0, atol=1e-6)
+    assert result["num_samples"] == len(rows) == before["splits"]["train"]["num_samples"]
+    # sanity of the real values: flower photos, green/blue below red on average
+    assert 0.3 < result["mean"][0] < 0.6 and result["mean"][2] < result["mean"][0]
+    after = json.loads((clean / "manifest.json").read_text())
+    assert after["stats"] == {"train": result}
+    assert {k: v for k, v in after.items() if k != "stats"} == \
+        {k: v for k, v in before.items() if k != "stats"}
+    assert not list(clean.glob(".manifest.json*"))              # atomic rewrite left no temp file
+
+
+def test_stats_max_samples_uses_first_rows_and_keeps_other_splits(clean, sample_dir):
+    val = compute_stats(clean, "val", progress=False)
+    part = compute_stats(clean, "train", max_samples=10, progress=False)
+    rows = _rows(clean, "train")[:10]
+    mean, std = _numpy_stats([sample_dir / r["path"] for r in rows])
+    np.testing.assert_allclose(part["mean"], mean, atol=1e-6)
+    np.testing.assert_allclose(part["std"], std, atol=1e-6)
+    assert part["num_samples"] == 10
+    stats = json.loads((clean / "manifest.json").read_text())["stats"]
+    assert stats == {"val": val, "train": part}
+    with pytest.raises(ConfigError, match="max_samples"):
+        compute_stats(clean, "train", max_samples=0)
+    with pytest.raises(ConfigError, match="'nope'"):
+        compute_stats(clean, "nope")
+
+
+def test_stats_cli_prints_and_saves(clean):
+    res = CliRunner().invoke(stats_command, [str(clean), "--split", "train", "--max-samples", "5",
+                                             "--no-progress"])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((clean / "manifest.json").read_text())["stats"]["train"]
+    assert saved["num_samples"] == 5
+    assert f"{saved['mean'][0]:.6f}" in res.output
+    no_save = CliRunner().invoke(stats_command, [str(clean), "--split", "val", "--no-save",
+                                                 "--no-progress"])
+    assert no_save.exit_code == 0, no_save.output
+    assert "val" not in json.loads((clean / "manifest.json").read_text())["stats"]
+    bad = CliRunner().invoke(stats_command, [str(clean), "--split", "nope"])
+    assert bad.exit_code == 2 and "'nope'" in bad.output
+
+
+# ------------------------------------------------------------------------------------------ check
+
+def test_check_passes_on_clean_pack(clean, tmp_path):
+    report = check_dataset(clean)
+    assert report["ok"], report["errors"]
+    assert report["group_overlap"] == [] and report["sha_overlap"] == []
+    assert report["near_duplicates"] == []
+    assert report["transform"]["problems"] == []
+    res = CliRunner().invoke(check_command, [str(clean), "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    assert "OK: no leak found" in res.output
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["ok"] is True and saved["thresholds"] == {"phash_hamming": 4, "imbalance_ratio": 10.0}
+
+
+@pytest.mark.parametrize("plant", ["group+sha", "group", "sha"])
+def test_check_fails_on_planted_leak(clean, tmp_path, plant):
+    train, val = _rows(clean, "train"), _rows(clean, "val")
+    donor = train[3]
+    if "group" in plant:
+        val[0]["group"] = donor["group"]
+    if "sha" in plant:
+        val[0]["sha256"] = donor["sha256"]
+    _write_rows(clean, "val", val)
+    report = check_dataset(clean, near_duplicates=False, transforms=False)
+    assert not report["ok"]
+    if "group" in plant:
+        assert report["group_overlap"] == [{"group": donor["group"], "splits": {
+            "train": sum(r["group"] == donor["group"] for r in train), "val": 1}}]
+    else:
+        assert report["group_overlap"] == []
+    if "sha" in plant:
+        (shared,) = report["sha_overlap"]
+        assert shared["sha256"] == donor["sha256"]
+        assert {(s["split"], s["key"], s["path"]) for s in shared["samples"]} == {
+            ("train", donor["key"], donor["path"]), ("val", val[0]["key"], val[0]["path"])}
+    else:
+        assert report["sha_overlap"] == []
+    res = CliRunner().invoke(check_command, [str(clean), "--no-near-duplicates", "--no-transforms",
+                                             "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 1, res.output
+    assert "FAILED" in res.output
+    assert (donor["group"] if "group" in plant else val[0]["key"]) in res.output
+    assert json.loads((tmp_path / "r.json").read_text())["ok"] is False
+
+
+def test_check_reports_missing_class_and_imbalance(clean):
+    manifest = json.loads((clean / "manifest.json").read_text())
+    classes = manifest["classes"]
+    val = _rows(clean, "val")
+    for r in val:  # relabel class 0 as class 1 in val: class 0 disappears from val
+        if r["label"] == 0:
+            r["label"] = 1
+    _write_rows(clean, "val", val)
+    report = check_dataset(clean, near_duplicates=False, transforms=False, imbalance_threshold=1.0)
+    assert report["missing_classes"] == {"val": [classes[0]]}
+    assert report["ok"]                                          # warnings only
+    counts = np.array(manifest["splits"]["train"]["class_counts"])
+    imb = report["imbalance"]["train"]
+    assert imb["ratio"] == pytest.approx(counts.max() / counts.min())
+    assert imb["max_count"] == counts.max() and imb["min_count"] == counts.min()
+    assert report["imbalance"]["val"]["ratio"] == float("inf")
+    flagged = {w["message"].split("'")[1] for w in report["warnings"] if w["check"] == "imbalance"}
+    assert "train" in flagged and "val" not in flagged            # val is reported as missing
+    strict = check_dataset(clean, near_duplicates=False, transforms=False, strict=True)
+    assert not strict["ok"] and [e["check"] for e in strict["errors"]] == ["missing_classes"]
+
+
+def test_check_rejects_bad_thresholds(clean):
+    with pytest.raises(ConfigError, match="0-64"):
+        check_dataset(clean, phash_threshold=65, transforms=False)
+    with pytest.raises(ConfigError, match=">= 1"):
+        check_dataset(clean, imbalance_threshold=0.5, near_duplicates=False, transforms=False)
+
+
+# ------------------------------------------------------------------------------- near-duplicates
+
+def _resized_jpeg(src: Path, scale: float) -> bytes:
+    with Image.open(src) as im:
+        im = im.convert("RGB")
+        small = im.resize((round(im.width * scale), round(im.height * scale)), Image.LANCZOS)
+    buf = io.BytesIO()
+    small.save(buf, format="JPEG", quality=85)
+    return buf.getvalue()
+
+
+def test_phash_distance_resized_copy_vs_other_photo(sample_dir):
+    daisy = sorted((sample_dir / "daisy").glob("*.jpg"))
+    a = leaks.phash64(_pil_rgb(daisy[0]))
+    copy = leaks.phash64(np.asarray(Image.open(io.BytesIO(_resized_jpeg(daisy[0], 0.6)))))
+    other = leaks.phash64(_pil_rgb(daisy[1]))
+    assert bin(a ^ copy).count("1") <= 2
+    assert bin(a ^ other).count("1") > leaks.PHASH_THRESHOLD
+
+
+def test_near_duplicate_pairs_on_known_hashes():
+    rows = {"train": [{"key": "t0", "sha256": "x", "group": "g0", "path": "a"},
+                      {"key": "t1", "sha256": "y", "group": "g1", "path": "b"}],
+            "val": [{"key": "v0", "sha256": "z", "group": "g2", "path": "c"},
+                    {"key": "v1", "sha256": "x", "group": "g3", "path": "d"}]}
+    hashes = {"train": np.array([0, 0xFFFF], np.uint64), "val": np.array([0b1111, 0], np.uint64)}
+    pairs = leaks.near_duplicate_pairs(hashes, rows, threshold=4)
+    # t0~v0 at distance 4; t0~v1 is byte-identical (sha_overlap's job); t1 is 12+ bits away
+    assert [(p["a"]["key"], p["b"]["key"], p["distance"]) for p in pairs] == [("t0", "v0", 4)]
+    assert leaks.near_duplicate_pairs(hashes, rows, threshold=3) == []
+    with pytest.raises(ConfigError, match="0-64"):
+        leaks.near_duplicate_pairs(hashes, rows, threshold=-1)
+
+
+def test_check_finds_resized_copy_in_other_split(sample_dir, tmp_path):
+    from shardkit.pack import pack
+
+    src = tmp_path / "src"
+    originals = {}
+    for cls in ("daisy", "roses", "tulips"):
+        (src / cls).mkdir(parents=True)
+        for i, p in enumerate(sorted((sample_dir / cls).glob("*.jpg"))[:4]):
+            shutil.copyfile(p, src / cls / f"g{cls}{i}_{p.name}")
+            originals[f"{cls}/g{cls}{i}_{p.name}"] = p
+    orig_rel = "daisy/gdaisy0_" + sorted((sample_dir / "daisy").glob("*.jpg"))[0].name
+    (src / "daisy" / "gcopy_small.jpg").write_bytes(_resized_jpeg(src / orig_rel, 0.6))
+    copy_rel = "daisy/gcopy_small.jpg"
+    for seed in range(20):  # each file is its own group; find a seed that splits the pair
+        out = tmp_path / f"out{seed}"
+        pack(src, out, format="wds", split={"train": 0.5, "val": 0.5}, seed=seed,
+             group_by=r"^[^/]+/(g[a-z]+\d*)", shard_samples=8, progress=False)
+        where = {r["path"]: s for s in ("train", "val") for r in _rows(out, s)}
+        if where[orig_rel] != where[copy_rel]:
+            break
+    else:
+        pytest.fail("no seed in 0..19 put the photo and its copy in different splits")
+    report = check_dataset(out, transforms=False)
+    assert report["group_overlap"] == [] and report["sha_overlap"] == []
+    assert len(report["near_duplicates"]) == 1                  # and no unrelated photo pair
+    (pair,) = report["near_duplicates"]
+    assert {pair["a"]["path"], pair["b"]["path"]} == {orig_rel, copy_rel}
+    assert {pair["a"]["split"], pair["b"]["split"]} == {"train", "val"}
+    assert pair["distance"] <= 2
+    assert report["ok"]                                          # a warning by default
+    assert [w["check"] for w in report["warnings"]].count("near_duplicates") == 1
+    res = CliRunner().invoke(check_command, [str(out), "--strict", "--no-transforms"])
+    assert res.exit_code == 1 and copy_rel in res.output and orig_rel in res.output
+
+
+# ---------------------------------------------------------------------------------------- inspect
+
+def test_inspect_counts_match_manifest_and_writes_pngs(clean, tmp_path):
+    manifest = json.loads((clean / "manifest.json").read_text())
+    report = inspect_dataset(clean, out_dir=tmp_path / "viz", n=10)
+    assert list(report["splits"]) == list(manifest["splits"])
+    for split, entry in manifest["splits"].items():
+        got = report["splits"][split]
+        assert list(got["class_counts"].values()) == entry["class_counts"]
+        assert list(got["class_counts"]) == manifest["classes"]
+        assert got["num_samples"] == entry["num_samples"]
+        assert got["num_groups"] == entry["num_groups"] == len({r["group"] for r in _rows(clean, split)})
+        assert got["shards"]["count"] == len(entry["shards"])
+        sizes = sorted(s["bytes"] for s in entry["shards"])
+        assert (got["shards"]["bytes_min"], got["shards"]["bytes_max"]) == (sizes[0], sizes[-1])
+        assert got["manifest_mismatch"] == []
+        counts = np.array(entry["class_counts"])
+        assert got["imbalance"]["ratio"] == pytest.approx(counts.max() / counts.min())
+        images = report["images"][split]
+        for kind in ("samples", "train_transform"):
+            png = tmp_path / "viz" / f"inspect_{split}_{kind}.png"
+            assert images[kind] == str(png)
+            with Image.open(png) as im:
+                assert im.format == "PNG" and im.width > 300 and im.height > 200
+        labels = {r["key"]: r["label"] for r in _rows(clean, split)}
+        shown = {labels[k] for k in images["keys"]}
+        assert len(images["keys"]) == min(10, entry["num_samples"])
+        assert len(shown) == min(len(manifest["classes"]), len(images["keys"]),
+                                 int((counts > 0).sum()))           # every class shown in turn
+
+
+def test_inspect_cli_one_split_and_mismatch(clean, tmp_path):
+    res = CliRunner().invoke(inspect_command, [str(clean), "--split", "val", "--n", "4",
+                                               "--out", str(tmp_path / "v")])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == [
+        "inspect_val_samples.png", "inspect_val_train_transform.png"]
+    manifest = json.loads((clean / "manifest.json").read_text())
+    for c, n in zip(manifest["classes"], manifest["splits"]["val"]["class_counts"]):
+        assert any(line.split() == [c, str(n), str(n)] for line in res.output.splitlines()), c
+    val = _rows(clean, "val")
+    _write_rows(clean, "val", val[:-1])                           # jsonl no longer matches
+    report = inspect_dataset(clean, "val", out_dir=tmp_path / "w", n=2)
+    assert any("num_samples" in m for m in report["splits"]["val"]["manifest_mismatch"])
+    bad = CliRunner().invoke(inspect_command, [str(clean), "--split", "nope"])
+    assert bad.exit_code == 2 and "'nope'" in bad.output
