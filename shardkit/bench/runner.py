@@ -112,6 +112,14 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
         if n is not None and n - cfg.warmup < cfg.batches:
             rec["note"] = _join(rec["note"], f"loader has {n} batches: {n - cfg.warmup} timed "
                                              f"after {cfg.warmup} warm-up (asked {cfg.batches})")
+        s = row.setting
+        buffered = s.num_workers * (s.prefetch_factor or 2)
+        if buffered and min(res["batches_timed"]) < 4 * buffered:
+            # Workers fill num_workers x prefetch_factor batches ahead during warm-up; a short
+            # window drains that buffer and overstates the steady-state rate.
+            rec["note"] = _join(rec["note"], f"only {min(res['batches_timed'])} timed batches "
+                                             f"for {buffered} prefetched: throughput may overstate "
+                                             f"the steady state (use more --batches)")
     return out
 
 

@@ -1,0 +1,174 @@
+"""Loader throughput: shardkit ``make_loader`` per format vs torchvision ImageFolder + PIL.
+
+Runs the ``shardkit bench`` grid (num_workers x prefetch x pin) over every packed dataset given,
+with the ImageFolder+PIL uint8 baseline over the original files in the same run and the same
+settings, and measures the bare-decode limit in the same run: one process decoding the split's
+JPEG bytes in full with PyTurboJPEG (RGB), so
+
+    fraction_of_decode_limit = loader img/s / (usable cores x bare decode img/s per core)
+
+says how close the loader comes to what the CPU could decode if it did nothing else (the train
+path decodes DCT-scaled crops, so it can exceed 1.0).
+
+Usage:
+    python benchmarks/bench_loader.py --data PACKED_OR_RAW_DIR [--data ...] --out FILE [--quick]
+
+A ``--data`` folder without ``manifest.json`` is packed first into a temp dir in every format.
+Writes FILE (JSON: the bench payload, ``bare_decode``, ``summary``) and, in ``FILE``'s stem
+folder, ``bench.json`` and the PNG plots.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from shardkit.bench.cli import run_bench  # noqa: E402
+from shardkit.bench.prepare import ensure_packed  # noqa: E402
+from shardkit.bench.runner import RunConfig  # noqa: E402
+
+
+def split_bytes(root: Path, split: str, limit: int | None = None) -> list[bytes]:
+    """The stored image bytes of ``split`` (index order, at most ``limit``), via shardkit's
+    format readers."""
+    from shardkit.formats import open_reader
+    from shardkit.manifest import load_index, load_manifest
+
+    manifest = load_manifest(root)
+    index = load_index(root, split, manifest)
+    readers: dict[int, object] = {}
+    out = []
+    n = len(index) if limit is None else min(limit, len(index))
+    for i in range(n):
+        s = int(index.shard[i])
+        if s not in readers:
+            readers[s] = open_reader(root, manifest, split, s)
+        out.append(bytes(readers[s].read(index.key_at(i), int(index.offset[i]),
+                                         int(index.size[i]))))
+    for r in readers.values():
+        r.close()
+    return out
+
+
+def bare_decode_rate(blobs: list[bytes], repeats: int = 3) -> dict:
+    """Single-process full-image PyTurboJPEG decode rate (RGB) over the JPEGs in ``blobs``.
+
+    Returns ``{"img_s": median, "min", "max", "images", "skipped_non_jpeg", "method"}``.
+    """
+    from turbojpeg import TJPF_RGB, TurboJPEG
+
+    tj = TurboJPEG()
+    jpegs = [b for b in blobs if b[:2] == b"\xff\xd8"]
+    for b in jpegs[: max(1, len(jpegs) // 10)]:
+        tj.decode(b, pixel_format=TJPF_RGB)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for b in jpegs:
+            tj.decode(b, pixel_format=TJPF_RGB)
+        rates.append(len(jpegs) / (time.perf_counter() - t0))
+    return {"img_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+            "images": len(jpegs), "skipped_non_jpeg": len(blobs) - len(jpegs),
+            "method": "PyTurboJPEG TurboJPEG.decode(pixel_format=TJPF_RGB), full size, 1 process"}
+
+
+def summarize(payload: dict, limit_img_s: float) -> list[dict]:
+    """Per (format, decoder): the best shardkit row, its ratio to the baseline with the same
+    workers/prefetch/pin, its ratio to the best baseline row, and its fraction of the limit."""
+    rows = payload["rows"]
+    base_ok = [r for r in rows if r["kind"] == "baseline" and r["status"] == "ok"]
+    best_base = max((r["metrics"]["throughput_img_s"]["median"] for r in base_ok), default=None)
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["kind"] == "shardkit" and r["status"] == "ok":
+            groups.setdefault((r["setting"]["format"], r["setting"]["decoder"]), []).append(r)
+    out = []
+    for (fmt, dec), rs in groups.items():
+        best = max(rs, key=lambda r: r["metrics"]["throughput_img_s"]["median"])
+        thr = best["metrics"]["throughput_img_s"]["median"]
+        s = best["setting"]
+        out.append({"format": fmt, "decoder": dec, "row": best["id"],
+                    "num_workers": s["num_workers"], "prefetch_factor": s["prefetch_factor"],
+                    "img_s": thr, "img_s_min": best["metrics"]["throughput_img_s"]["min"],
+                    "img_s_max": best["metrics"]["throughput_img_s"]["max"],
+                    "ratio_to_baseline_same_setting": best.get("ratio_to_baseline"),
+                    "ratio_to_best_baseline": thr / best_base if best_base else None,
+                    "fraction_of_decode_limit": thr / limit_img_s})
+    return out
+
+
+@click.command()
+@click.option("--data", multiple=True, required=True, type=click.Path(exists=True, file_okay=False),
+              help="Packed dataset, or a raw ImageFolder (packed into every format first).")
+@click.option("--out", default="bench-results/loader.json", show_default=True,
+              type=click.Path(dir_okay=False))
+@click.option("--quick", is_flag=True, help="Small grid, few batches (make bench).")
+@click.option("--split", default="train", show_default=True)
+@click.option("--batch-size", default=32, show_default=True, type=int)
+@click.option("--image-size", default=224, show_default=True, type=int)
+@click.option("--num-workers", default=None, help="Default 0,1,2 (quick: 0,2).")
+@click.option("--prefetch-factor", default=None, help="Default 2,4 (quick: 2).")
+@click.option("--pin-memory", default="both", show_default=True,
+              type=click.Choice(["on", "off", "both"]))
+@click.option("--decoder", "decoders", multiple=True, default=("auto",), show_default=True)
+@click.option("--warmup", default=None, type=int, help="Default 3 (quick: 1).")
+@click.option("--batches", default=None, type=int, help="Default 30 (quick: 4).")
+@click.option("--repeats", default=None, type=int, help="Default 3 (quick: 2).")
+@click.option("--step-ms", default=None, type=float, help="Simulated step (default: none).")
+def main(data, out, quick, split, batch_size, image_size, num_workers, prefetch_factor,
+         pin_memory, decoders, warmup, batches, repeats, step_ms):
+    """Loader throughput per format vs ImageFolder+PIL, and vs the bare-decode limit."""
+    out = Path(out)
+    if quick:
+        batch_size = min(batch_size, 16)
+    cfg = RunConfig(split=split, batch_size=batch_size, image_size=image_size,
+                    warmup=warmup if warmup is not None else (1 if quick else 3),
+                    batches=batches or (4 if quick else 30),
+                    repeats=repeats or (2 if quick else 3))
+    with tempfile.TemporaryDirectory(prefix="shardkit-bench-loader-") as tmp:
+        packed = ensure_packed(list(data), tmp)
+        payload = run_bench([str(p) for p in packed], out.with_suffix(""), decoders=decoders,
+                            num_workers=num_workers or ("0,2" if quick else "0,1,2"),
+                            prefetch_factor=prefetch_factor or ("2" if quick else "2,4"),
+                            pin_memory=pin_memory, cfg=cfg, step_ms=step_ms,
+                            baseline="imagefolder")
+        blobs = split_bytes(packed[0], split, limit=200 if quick else None)
+    bare = bare_decode_rate(blobs, repeats=cfg.repeats)
+    cores = payload["environment"]["cpu"]["usable_cores"] or os.cpu_count() or 1
+    limit = cores * bare["img_s"]
+    for r in payload["rows"]:
+        if r["status"] == "ok":
+            r["fraction_of_decode_limit"] = r["metrics"]["throughput_img_s"]["median"] / limit
+    payload["bare_decode"] = {**bare, "cores": cores, "limit_img_s": limit}
+    payload["summary"] = summarize(payload, limit)
+    payload["suite"] = "bench_loader"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    click.echo(f"bare turbojpeg full decode: {bare['img_s']:.0f} img/s per core x {cores} cores "
+               f"= limit {limit:.0f} img/s ({bare['images']} images)")
+    for s in payload["summary"]:
+        parts = [f"{s['format']:>5}/{s['decoder']}: best {s['img_s']:.0f} img/s "
+                 f"(workers={s['num_workers']}, prefetch={s['prefetch_factor']})"]
+        if s["ratio_to_baseline_same_setting"]:
+            parts.append(f"x{s['ratio_to_baseline_same_setting']:.2f} ImageFolder+PIL at the "
+                         f"same setting")
+        if s["ratio_to_best_baseline"]:
+            parts.append(f"x{s['ratio_to_best_baseline']:.2f} the best ImageFolder+PIL row")
+        parts.append(f"{s['fraction_of_decode_limit']:.0%} of the bare-decode limit")
+        click.echo(", ".join(parts))
+    click.echo(f"wrote {out}")
+    if any(r["status"] == "error" for r in payload["rows"]):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
