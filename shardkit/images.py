@@ -35,7 +35,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageOps, features
+from PIL import Image, ImageFile, ImageOps, features
 
 from shardkit.errors import ConfigError, DecodeError
 
@@ -162,7 +162,11 @@ def sniff(data: bytes) -> str:
 def _turbo():
     from turbojpeg import TurboJPEG
 
-    return TurboJPEG()
+    try:
+        return TurboJPEG()
+    except (OSError, RuntimeError) as e:
+        raise DecodeError(f"PyTurboJPEG cannot load libjpeg-turbo ({e}); install libturbojpeg "
+                          f"(Debian: apt-get install libturbojpeg0)") from e
 
 
 def _open(data: bytes, media: str) -> Image.Image:
@@ -237,7 +241,12 @@ def _to_rgb(im: Image.Image, steps: list[str], sixteen: bool) -> Image.Image:
     if im.mode.startswith("I;16") or im.mode == "I":
         arr = np.asarray(im)
         arr = np.clip(arr.astype(np.int64), 0, 65535) if im.mode == "I" else arr.astype(np.uint16)
-        im = Image.fromarray((arr >> 8).astype(np.uint8), "L")
+        key = im.info.get("transparency")  # 16-bit colour key (PNG tRNS): keep it as alpha
+        gray = Image.fromarray((arr >> 8).astype(np.uint8), "L")
+        if isinstance(key, int):
+            alpha = np.where(arr == key, 0, 255).astype(np.uint8)
+            gray = Image.merge("LA", (gray, Image.fromarray(alpha, "L")))
+        im = gray
     if sixteen:
         steps.append("16bit-to-8bit")
     if im.mode == "CMYK":
@@ -320,10 +329,16 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         (``data``, encoding ``ext``), the ``rule`` applied and the upright ``width``/``height``.
 
     Raises:
-        ConfigError: ``max_pixels`` is not a positive int, or ``data`` is not bytes-like.
+        ConfigError: ``max_pixels`` is not a positive int, ``data`` is not bytes-like, or
+            ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` was set to True by other code.
+        DecodeError: PyTurboJPEG cannot find the libjpeg-turbo library.
     """
     if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels <= 0:
         raise ConfigError(f"max_pixels must be a positive int, got {max_pixels!r}")
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise ConfigError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True (set by other code in this "
+                          "process); it makes Pillow pad truncated images silently, so shardkit "
+                          "refuses to check images until it is False again")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ConfigError(f"check_image needs the file's bytes, got {type(data).__name__}")
     data = bytes(data)

@@ -440,3 +440,21 @@ def test_header_over_twice_pillows_limit_gets_our_reason():
     result = _check_quietly(png)
     assert result.reason == "over --max-pixels: 20000x10000 = 200000000 > 89478485"
     assert Image.MAX_IMAGE_PIXELS == DEFAULT_MAX_PIXELS
+
+
+def test_sixteen_bit_colour_key_becomes_white(tmp_path, flower_rgb):
+    gray = np.asarray(Image.fromarray(flower_rgb).convert("L")).astype(np.uint16) * 257
+    gray[:10] = 4242  # the transparent colour key
+    buf = io.BytesIO()
+    Image.fromarray(gray).save(buf, "PNG", transparency=4242)
+    result = _check_quietly(buf.getvalue())
+    assert result.rule == "16bit-to-8bit+alpha-over-white+png"
+    out = decode_reference(result.data)
+    np.testing.assert_array_equal(out[:10], 255)
+    np.testing.assert_array_equal(out[10:, :, 1], (gray[10:] >> 8).astype(np.uint8))
+
+
+def test_global_load_truncated_flag_is_refused(monkeypatch, flower_jpeg):
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    with pytest.raises(ConfigError, match="LOAD_TRUNCATED_IMAGES is True"):
+        check_image(flower_jpeg)
