@@ -215,7 +215,7 @@ def _check_jpeg(data: bytes, im: Image.Image, messages: list[str]) -> bool:
             _w, _h, _sub, colorspace = turbo.decode_header(data)
             cmyk = colorspace in (_TJCS_CMYK, _TJCS_YCCK)
             turbo.decode(data, pixel_format=TJPF_CMYK if cmyk else TJPF_RGB)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise _Reject(f"corrupt JPEG: libjpeg-turbo cannot decode it: {e}", im.size) from e
     turbo_msgs = [str(w.message) for w in caught]
     messages.extend(f"libjpeg-turbo: {m}" for m in turbo_msgs)
@@ -283,9 +283,9 @@ def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> Ima
                       im.size)
     icc = bool(im.info.get("icc_profile"))
     cmyk = _check_jpeg(data, im, messages) if media == "jpeg" else False
-    frames = getattr(im, "n_frames", 1)
     sixteen = _sixteen_bit(im)  # from the tile's raw mode, which load() clears
     try:
+        frames = getattr(im, "n_frames", 1)  # GIF: walks every frame header
         if frames > 1:
             im.seek(0)
         im.load()

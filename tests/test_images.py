@@ -458,3 +458,26 @@ def test_global_load_truncated_flag_is_refused(monkeypatch, flower_jpeg):
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
     with pytest.raises(ConfigError, match="LOAD_TRUNCATED_IMAGES is True"):
         check_image(flower_jpeg)
+
+
+@pytest.mark.parametrize("name", ["progressive_photo.jpg", "png_palette_trns.png",
+                                  "gif_animated.gif", "tiff_multipage.tiff", "webp_alpha.webp",
+                                  "cmyk_adobe.jpg"])
+def test_damaged_files_never_raise(awkward_dir, name):
+    """Cut or bit-flipped files are accepted or rejected with a reason; nothing escapes."""
+    import random
+
+    rng = random.Random(name)
+    data = (awkward_dir / name).read_bytes()
+    outcomes = []
+    for k in range(24):
+        damaged = bytearray(data)
+        if k % 2:
+            damaged = damaged[: rng.randrange(1, len(damaged))]
+        else:
+            for _ in range(rng.randrange(1, 8)):
+                damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        result = _check_quietly(bytes(damaged))
+        assert result.ok == (result.reason is None) and result.ok == bool(result.data)
+        outcomes.append(result.ok)
+    assert not all(outcomes)  # cutting a file somewhere must get it rejected at least once
