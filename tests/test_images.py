@@ -226,10 +226,16 @@ def test_flower_jpeg_is_byte_identical(flower_jpeg):
 
 
 def test_flowers_sample_all_original(flowers_dir):
-    files = sorted((flowers_dir / "roses").glob("*.jpg"))[:40]
+    with open(flowers_dir / "metadata.csv", newline="") as f:
+        meta = {r["path"]: r for r in csv.DictReader(f)}
+    files = sorted((flowers_dir / "roses").glob("*.jpg"))[:60]
     results = [_check_quietly(p.read_bytes()) for p in files]
     assert [r.rule for r in results] == ["original"] * len(files)
-    assert all(r.data == p.read_bytes() for r, p in zip(results, files))
+    assert all(r.data == p.read_bytes() and r.warnings == () for r, p in zip(results, files))
+    rows = [meta[f"roses/{p.name}"] for p in files]
+    assert [(r.width, r.height) for r in results] == [(int(m["width"]), int(m["height"])) for m in rows]
+    assert [r.icc for r in results] == [m["has_icc"] == "1" for m in rows]
+    assert 0 < sum(r.icc for r in results) < len(files)  # both kinds are in the sample
 
 
 def test_case14_truncated_jpeg_at_60_percent(tmp_path, flower_jpeg):
