@@ -37,9 +37,10 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
+from tqdm import tqdm
 
 from shardkit import __version__
 from shardkit.errors import ConfigError, LabelError, OutputExistsError, ShardkitError, SourceError
@@ -59,8 +60,8 @@ class PackInvariantError(ShardkitError):
 
 @dataclass
 class PackSummary:
-    """What :func:`pack` did. ``splits`` maps split -> {"samples", "groups", "shards",
-    "class_counts" (list aligned with ``classes``)}; ``quarantine_reasons`` counts rejects by
+    """What :func:`pack` did. ``splits`` maps split -> {"samples", "fraction" (achieved, 0..1),
+    "groups", "shards", "class_counts" (list aligned with ``classes``)}; ``quarantine_reasons`` counts rejects by
     reason kind (text before the first ``':'`` or ``' ('``); ``ignored`` lists scanner-ignored
     entries."""
 
@@ -84,13 +85,16 @@ class PackSummary:
         lines = [f"packed {self.out} (format {self.format}, {len(self.classes)} classes)"]
         for name, s in self.splits.items():
             counts = ", ".join(f"{c}={n}" for c, n in zip(self.classes, s["class_counts"]))
-            lines.append(f"  {name}: {s['samples']} samples, {s['groups']} groups, "
-                         f"{s['shards']} shards [{counts}]")
+            lines.append(f"  {name}: {s['samples']} samples ({s['fraction']:.3f}), {s['groups']} "
+                         f"groups, {s['shards']} shards [{counts}]")
         reasons = ", ".join(f"{r}={n}" for r, n in sorted(self.quarantine_reasons.items()))
         lines.append(f"  scanned {self.num_files} = packed {self.num_packed} + quarantined "
                      f"{self.num_quarantined}" + (f" ({reasons})" if reasons else ""))
         lines.append(f"  duplicates (identical bytes): {self.num_duplicates}; label conflicts: "
                      f"{len(self.label_conflicts)}; ignored entries: {self.num_ignored}")
+        lines += [f"    ignored {path}: {why}" for path, why in self.ignored[:10]]
+        if len(self.ignored) > 10:
+            lines.append(f"    ... and {len(self.ignored) - 10} more ignored entries")
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -150,8 +154,6 @@ def _check_one(job: tuple[str, str, int, bool]) -> dict:
 
 
 def _check_all(jobs: list, workers: int, progress: bool) -> list[dict]:
-    from tqdm import tqdm
-
     bar = tqdm(total=len(jobs), desc="check", unit="file", disable=not progress)
     try:
         if workers <= 1 or len(jobs) < 2:
@@ -222,21 +224,25 @@ def _scan(src: Path, group_by, metadata, group_column):
     return items, list(result.ignored), list(result.missing), result.kind, result.root, rule
 
 
+def _write_one(sink, key: str, it, res: dict, label: int, bar) -> dict:
+    """Stores one checked sample through ``sink``; returns its split record (docs/DESIGN.md)."""
+    data = res.get("data")
+    if data is None:  # stored as the original bytes: re-read, and make sure they did not change
+        data = Path(it.path).read_bytes()
+        if hashlib.sha256(data).hexdigest() != res["sha256"]:
+            raise SourceError(f"{it.path} changed while packing (its sha256 differs from the "
+                              "checked file); rerun the pack")
+    shard_idx, offset = sink.add(key, data, res["ext"], int(label))
+    bar.update()
+    return {"key": key, "path": it.relpath, "label": int(label), "group": it.group,
+            "sha256": res["sha256"], "shard": shard_idx, "offset": int(offset), "size": len(data),
+            "ext": res["ext"], "rule": res["rule"], "width": res["width"], "height": res["height"],
+            "warnings": res["warnings"]}
+
+
 def _reason_kind(reason: str) -> str:
     """The kind of a quarantine reason: its text before the first ``':'`` or ``' ('``."""
     return reason.split(":", 1)[0].split(" (", 1)[0].strip()
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set)):
-        return [_jsonable(v) for v in x]
-    if hasattr(x, "__dict__"):
-        return {k: _jsonable(v) for k, v in vars(x).items() if not k.startswith("_")}
-    return str(x)
 
 
 # ----------------------------------------------------------------------------- pack
@@ -301,7 +307,6 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
                  labels_mod.LabelMap.from_names(sorted({it.label for it in items})))
     name_to_idx = label_map.resolve_all([it.label for it in items])  # all unknowns at once
     label_idx = [name_to_idx[it.label] for it in items]
-    cleaned = _prepare_out(out, overwrite)
 
     jobs = [(str(it.path), it.relpath, max_pixels, bool(strict)) for it in items]
     results = _check_all(jobs, int(workers), progress)
@@ -315,7 +320,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
         entry.update({k: res[k] for k in ("sha256", "size") if k in res})
         quarantine.append(entry)
         if fail_fast:
-            raise SourceError(f"{it.path}: rejected ({res['reason']}); fail_fast is on")
+            raise SourceError(f"{it.path}: rejected ({res['reason']}); fail_fast is on, nothing "
+                              "was written")
 
     warnings: list[str] = []
 
@@ -344,49 +350,35 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
     if group_rule["kind"] == "none":
         warnings.append("no group rule (--group-by or --metadata/--group-column): every file is its "
                         "own group, so near-duplicates (same subject, burst shots) can leak across splits")
+    cleaned = _prepare_out(out, overwrite)  # nothing in OUT is touched before this point
     manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, "".join(
         json.dumps(q, ensure_ascii=False, sort_keys=True) + "\n" for q in quarantine).encode())
 
     if writer_options is None:
         writer_options = {"wds_cls": True} if (format == "wds" and wds_cls) else {}
     split_manifest: dict[str, dict] = {}
-    summary_splits: dict[str, dict] = {}
-    groups_per_split = Counter()
+    bar = tqdm(total=len(keep), desc="write", unit="file", disable=not progress)
     for pos, name in enumerate(plan.names):
         members = [keep[j] for j in plan.indices(name)]
-        groups_per_split[name] = len({items[i].group for i in members})
-        order = np.random.default_rng([int(seed), pos, zlib.crc32(name.encode())]).permutation(len(members))
+        rng = np.random.default_rng([int(seed), pos, zlib.crc32(name.encode())])
+        members = [members[int(k)] for k in rng.permutation(len(members))]  # case 7
         sink = formats.ShardSink(out, name, format, max_samples=shard_samples, max_bytes=shard_bytes,
                                  writer_options=writer_options)
-        records = []
         try:
-            for n, k in enumerate(order):
-                i = members[int(k)]
-                it, res = items[i], results[i]
-                data = res.get("data")
-                if data is None:
-                    data = Path(it.path).read_bytes()
-                    if hashlib.sha256(data).hexdigest() != res["sha256"]:
-                        raise SourceError(f"{it.path} changed while packing (sha256 differs from "
-                                          "the checked file); rerun the pack")
-                key = f"{name}_{n:08d}"
-                shard_idx, offset = sink.add(key, data, res["ext"], int(label_idx[i]))
-                records.append({"key": key, "path": it.relpath, "label": int(label_idx[i]),
-                                "group": it.group, "sha256": res["sha256"], "shard": shard_idx,
-                                "offset": int(offset), "size": len(data), "ext": res["ext"],
-                                "rule": res["rule"], "width": res["width"], "height": res["height"],
-                                "warnings": res["warnings"]})
+            records = [_write_one(sink, f"{name}_{n:08d}", items[i], results[i], label_idx[i], bar)
+                       for n, i in enumerate(members)]
             shards = sink.close()
         except BaseException:
             sink.abort()
+            bar.close()
             raise
         manifest_mod.write_split_files(out, name, records)
-        class_counts = np.bincount([r["label"] for r in records],
-                                   minlength=len(label_map.classes)).tolist()
-        split_manifest[name] = {"num_samples": len(records), "class_counts": class_counts,
-                                "num_groups": groups_per_split[name], "shards": shards}
-        summary_splits[name] = {"samples": len(records), "groups": groups_per_split[name],
-                                "shards": len(shards), "class_counts": class_counts}
+        split_manifest[name] = {
+            "num_samples": len(records),
+            "class_counts": np.bincount([r["label"] for r in records],
+                                        minlength=len(label_map.classes)).tolist(),
+            "num_groups": len({items[i].group for i in members}), "shards": shards}
+    bar.close()
 
     num_packed = sum(s["num_samples"] for s in split_manifest.values())
     num_files = len(items) + len(missing)
@@ -409,7 +401,7 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
         "source": {"root": str(root), "kind": kind, "num_files": num_files, "num_packed": num_packed,
                    "num_quarantined": len(quarantine), "num_duplicates": plan.num_duplicates,
                    "num_ignored": len(ignored)},
-        "normalization": {"rules": _jsonable(images.RULES), "max_pixels": max_pixels,
+        "normalization": {"rules": dict(images.RULES), "max_pixels": max_pixels,
                           "strict": bool(strict)},
         "splits": split_manifest,
     }
@@ -417,9 +409,12 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
     summary = PackSummary(
         out=out, format=format, classes=list(label_map.classes), num_files=num_files,
         num_packed=num_packed, num_quarantined=len(quarantine), num_duplicates=plan.num_duplicates,
-        num_ignored=len(ignored), splits=summary_splits,
+        num_ignored=len(ignored), splits={
+            name: {"samples": sm["num_samples"], "fraction": plan.achieved[name],
+                   "groups": sm["num_groups"], "shards": len(sm["shards"]),
+                   "class_counts": sm["class_counts"]} for name, sm in split_manifest.items()},
         quarantine_reasons=dict(Counter(_reason_kind(q["reason"]) for q in quarantine)),
-        ignored=_jsonable(ignored), label_conflicts=conflicts, warnings=warnings, cleaned=cleaned)
+        ignored=[list(e) for e in ignored], label_conflicts=conflicts, warnings=warnings, cleaned=cleaned)
     if progress:
         print(summary.format_text())
     return summary

@@ -95,6 +95,7 @@ def test_sample_packed_in_every_format(packed_sample, sample_dir, fmt):
     assert man["split"]["group_rule"]["column"] == "group_flickr_user"
     assert sorted(man["splits"]) == ["test", "train", "val"]
     assert man["source"]["num_quarantined"] == 0
+    assert man["source"]["num_ignored"] == 2  # LICENSE.txt and metadata.csv beside the classes
     assert sum(man["splits"][s]["num_groups"] for s in man["splits"]) == 120
     with open(sample_dir / "metadata.csv", newline="") as f:
         expected = {r["group_flickr_user"] for r in csv.DictReader(f)}

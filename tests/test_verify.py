@@ -123,13 +123,15 @@ def small_src(sample_dir, tmp_path) -> Path:
 def test_pack_cli_summary_overwrite_and_errors(small_src, tmp_path):
     runner = CliRunner()
     out = tmp_path / "out"
+    (small_src / "notes.txt").write_text("not a sample")
     args = ["pack", str(small_src), str(out), "--split", "train=0.5,val=0.5", "--shard-samples", "4",
             "--no-progress"]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "scanned 20 = packed 20 + quarantined 0" in res.output
-    assert "train: 10 samples, 10 groups, 3 shards [daisy=5, roses=5]" in res.output
+    assert "train: 10 samples (0.500), 10 groups, 3 shards [daisy=5, roses=5]" in res.output
     assert "no group rule" in res.output
+    assert "ignored entries: 1" in res.output and "ignored notes.txt: " in res.output
     again = runner.invoke(main, args + ["--format", "lmdb"])
     assert again.exit_code == 1 and "Traceback" not in again.output
     assert "already holds a packed dataset" in again.output and "--overwrite" in again.output
