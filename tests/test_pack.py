@@ -333,3 +333,41 @@ def test_parse_size():
     assert parse_size("1.5k") == 1500 and parse_size(77) == 77 and parse_size(None) is None
     with pytest.raises(Exception, match="'lots'"):
         parse_size("lots")
+
+
+# ------------------------------------------------------------------ CSV source, strict, pixel limit
+def test_csv_source_with_groups_and_a_missing_row(sample_dir, tmp_path):
+    photos = sample_files(sample_dir, 4)
+    lines = ["path,label,group"] + [f"{p},{p.parent.name},g{i // 3}" for i, p in enumerate(photos)]
+    lines.append(f"{tmp_path / 'gone.jpg'},daisy,g99")
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    summary = pack(tmp_path / "list.csv", tmp_path / "o", split={"train": 0.5, "val": 0.5},
+                   progress=False)
+    man = load_manifest(tmp_path / "o")
+    assert man["source"]["kind"] == "csv" and man["split"]["group_rule"]["column"] == "group"
+    assert summary.num_files == len(photos) + 1 == summary.num_packed + 1
+    assert quarantine(tmp_path / "o") == [{"path": "gone.jpg", "reason": "file not found"}]
+    assert set(man["split"]["group_to_split"]) == {f"g{i}" for i in range((len(photos) + 2) // 3)}
+    assert verify(tmp_path / "o").ok
+
+
+def test_strict_rejects_what_decodes_only_with_warnings(awkward_dir, sample_dir, tmp_path):
+    files = {"x/corrupt_scan_data.jpg": awkward_dir / "corrupt_scan_data.jpg"}
+    files.update({f"x/{p.name}": p for p in sample_files(sample_dir, 1)})
+    src = link_folder(tmp_path / "src", files)
+    pack(src, tmp_path / "lax", split={"train": 1.0}, progress=False)
+    rec = {r["path"]: r for r in read_split_records(tmp_path / "lax", "train")}
+    assert rec["x/corrupt_scan_data.jpg"]["warnings"]  # packed, its warnings recorded
+    pack(src, tmp_path / "strict", split={"train": 1.0}, strict=True, progress=False)
+    q = quarantine(tmp_path / "strict")
+    assert [e["path"] for e in q] == ["x/corrupt_scan_data.jpg"]
+    assert "(strict)" in q[0]["reason"]
+
+
+def test_max_pixels_limit_quarantines_large_images(awkward_dir, sample_dir, tmp_path):
+    files = {"x/tiny.tiff": awkward_dir / "tiff_multipage.tiff"}
+    files.update({f"x/{p.name}": p for p in sample_files(sample_dir, 1)})
+    src = link_folder(tmp_path / "src", files)
+    summary = pack(src, tmp_path / "o", split={"train": 1.0}, max_pixels=10_000, progress=False)
+    assert summary.num_packed == 1 and summary.quarantine_reasons == {"over --max-pixels": 5}
+    assert [r["path"] for r in read_split_records(tmp_path / "o", "train")] == ["x/tiny.tiff"]

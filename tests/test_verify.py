@@ -176,3 +176,25 @@ def test_pack_cli_group_by_and_wds_cls(small_src, tmp_path):
     with tarfile.open(out / shards[0]["path"]) as tar:
         names = tar.getnames()
     assert names[0] == "train_00000000.jpg" and names[1] == "train_00000000.cls"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_flowers_verify_passes_then_names_damaged_shards(packed_flowers, tmp_path, fmt):
+    assert verify(packed_flowers(fmt)).ok
+    root = copy_of(packed_flowers(fmt), tmp_path)
+    shards = load_manifest(root)["splits"]["train"]["shards"]
+    flip, cut, gone = (shards[i]["path"] for i in range(3))
+    with open(root / flip, "r+b") as f:
+        f.seek(shards[0]["bytes"] // 2)
+        b = f.read(1)
+        f.seek(shards[0]["bytes"] // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.truncate(root / cut, shards[1]["bytes"] - 1)
+    (root / gone).unlink()
+    report = verify(root)
+    assert sorted(report.bad_shards) == sorted([flip, cut, gone])
+    text = "\n".join(report.problems)
+    assert f"{flip}: sha256" in text and f"{cut}: {shards[1]['bytes'] - 1} bytes" in text
+    assert f"{gone}: missing" in text
+    res = CliRunner().invoke(main, ["verify", str(root)])
+    assert res.exit_code == 1 and flip in res.output
