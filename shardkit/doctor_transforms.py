@@ -7,15 +7,21 @@ is the reference they must keep matching. On real samples of the dataset this mo
 1. train and eval transforms carry the *same* :class:`~shardkit.transforms.TransformConfig` (a
    val loader built from another config is silent drift), equal to the one asked for;
 2. the eval output equals the torchvision reference (``Resize(floor(S / crop_pct))`` +
-   ``CenterCrop(S)`` on the Pillow-decoded image) within :data:`EVAL_TOLERANCE`;
+   ``CenterCrop(S)`` on the Pillow-decoded image) within :data:`TOLERANCE`;
 3. the train output, for the crop the transform drew, equals torchvision's ``resized_crop`` (+
    flip) within the same tolerance;
 4. train and eval outputs have the same shape ``(S, S, 3)`` and dtype uint8.
 
-Tolerance (measured on the 200 embedded flower photos, default config, DCT scaling on): the mean
-absolute difference per image is 0.0 for most photos and at most 2.0 (of 255) where a DCT
-reduction is used; a change of ``interpolation`` gives ~4.2 (median) and of ``crop_pct``
-0.875 -> 0.95 ~25.
+Metric and tolerance. A DCT-reduced decode (``dct_scaling``, on by default) is a slightly
+different low-pass than decode-then-antialias, so raw pixels legitimately differ from torchvision
+by up to ~6 levels (mean abs, of 255) per image at S = 96 and ~3 at S = 224. Drift that matters
+(another crop, a flip, swapped channels) moves whole regions, so the check compares images after
+8x8 mean pooling: measured on the embedded flower photos (100 photos, S in {96, 224}, bilinear and
+bicubic) the pooled mean abs difference is at most 0.59 for the correct transforms, and at least
+2.9 for ``crop_pct`` 0.875 -> 0.95 (median 9.7-16) and 8.1 for a horizontal mirror (median
+34-41). :data:`TOLERANCE` sits between the two. The raw mean abs difference is reported too.
+A change of ``interpolation`` alone is a high-frequency change this metric does not separate
+from DCT scaling; it is caught by check 1 (config equality).
 """
 from __future__ import annotations
 
@@ -27,11 +33,11 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 
-__all__ = ["EVAL_TOLERANCE", "load_transform_config", "train_transform", "check_transform_drift"]
+__all__ = ["TOLERANCE", "load_transform_config", "train_transform", "check_transform_drift"]
 
-EVAL_TOLERANCE = {"per_image_mean_abs": 3.0, "mean_abs": 1.0}
-"""Max mean absolute difference (0-255 levels) from the torchvision reference: per image, and
-averaged over the checked images."""
+TOLERANCE = {"pool": 8, "pooled_mean_abs": 1.5}
+"""Max mean absolute difference (0-255 levels) per image from the torchvision reference, after
+``pool`` x ``pool`` mean pooling of both images."""
 
 
 def load_transform_config(path: str | Path):
@@ -85,10 +91,18 @@ def _pil_rgb(data: bytes):
         return im.convert("RGB")
 
 
-def _diff(a: np.ndarray, b: np.ndarray) -> float | None:
+def _pool(a: np.ndarray, k: int) -> np.ndarray:
+    h, w = a.shape[0] // k * k, a.shape[1] // k * k
+    return a[:h, :w].astype(np.float64).reshape(h // k, k, w // k, k, -1).mean(axis=(1, 3))
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> tuple[float, float] | None:
+    """(raw, pooled) mean abs difference in 0-255 levels; None when the shapes differ."""
     if a.shape != b.shape:
         return None
-    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+    k = TOLERANCE["pool"]
+    return (float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean()),
+            float(np.abs(_pool(a, k) - _pool(b, k)).mean()))
 
 
 def _eval_split(manifest: dict[str, Any]) -> str:
@@ -118,14 +132,16 @@ def check_transform_drift(root: str | Path, manifest: dict[str, Any], cfg=None, 
 
     Returns:
         ``{"config": cfg.to_dict(), "split", "keys", "same_config": bool, "eval_mean_abs": [per
-        image], "train_mean_abs": [...], "train_shape", "eval_shape", "train_dtype",
-        "eval_dtype", "tolerance": EVAL_TOLERANCE, "problems": [str, ...], "summary": str}``;
+        image {"raw", "pooled"} in 0-255 levels, or None when shapes differ], "train_mean_abs":
+        [...], "train_shape", "eval_shape", "train_dtype",
+        "eval_dtype", "tolerance": TOLERANCE, "problems": [str, ...], "summary": str}``;
         an empty ``problems`` list means no drift.
 
     Raises:
         ConfigError: ``num_samples < 1``, a config of the wrong type, or no sample to check.
     """
     from shardkit.doctor_io import iter_sample_bytes
+    from shardkit.manifest import load_index
     from shardkit.transforms import make_transform, torchvision_reference
 
     if isinstance(num_samples, bool) or int(num_samples) < 1:
@@ -141,17 +157,16 @@ def check_transform_drift(root: str | Path, manifest: dict[str, Any], cfg=None, 
             if got is None:
                 problems.append(f"the {name} transform records no TransformConfig (.cfg)")
             elif got != cfg:
-                changed = {k: (v, got.to_dict()[k]) for k, v in cfg.to_dict().items()
-                           if got.to_dict()[k] != v}
-                problems.append(f"the {name} transform uses another TransformConfig than expected:"
-                                f" {', '.join(f'{k}: expected {a}, got {b}' for k, (a, b) in changed.items())}")
-    ref_eval = torchvision_reference(eval_cfg or cfg, train=False)
-    ref_train = torchvision_reference(train_cfg or cfg, train=True)
+                want, have = cfg.to_dict(), got.to_dict()
+                changed = ", ".join(f"{k}: expected {v}, got {have[k]}" for k, v in want.items()
+                                    if have[k] != v)
+                problems.append(f"the {name} transform uses another TransformConfig than "
+                                f"expected: {changed}")
+    ref_eval = torchvision_reference(cfg, train=False)    # the reference is the *expected* config
+    ref_train = torchvision_reference(cfg, train=True)
     split = _eval_split(manifest)
     n = min(int(num_samples), int(manifest["splits"][split]["num_samples"]))
     rng = np.random.default_rng(seed)
-    from shardkit.manifest import load_index
-
     keys = [load_index(root, split, manifest).key_at(i) for i in range(n)]
     eval_diffs, train_diffs, shapes = [], [], {}
     for pos, data in sorted(iter_sample_bytes(root, manifest, split, range(n))):
@@ -162,26 +177,29 @@ def check_transform_drift(root: str | Path, manifest: dict[str, Any], cfg=None, 
         if tr.shape != ev.shape or tr.dtype != ev.dtype:
             problems.append(f"{keys[pos]}: train output {tr.dtype} {tr.shape} differs from eval "
                             f"output {ev.dtype} {ev.shape}")
-        for name, out, ref, diffs in (("eval", ev, ref_eval(img), eval_diffs),
-                                      ("train", tr, ref_train(img, getattr(train_t, "last_params",
-                                                                           None)), train_diffs)):
+        params = getattr(train_t, "last_params", None)
+        if params is None:
+            problems.append(f"{keys[pos]}: the train transform records no crop (.last_params); "
+                            "its output cannot be compared with torchvision")
+        refs = [("eval", ev, ref_eval(img), eval_diffs)]
+        if params is not None:
+            refs.append(("train", tr, ref_train(img, params), train_diffs))
+        for name, out, ref, diffs in refs:
             d = _diff(out, ref)
-            diffs.append(d)
+            diffs.append(None if d is None else {"raw": d[0], "pooled": d[1]})
             if d is None:
                 problems.append(f"{keys[pos]}: {name} output shape {out.shape} differs from "
                                 f"torchvision's {ref.shape}")
-            elif d > EVAL_TOLERANCE["per_image_mean_abs"]:
-                problems.append(f"{keys[pos]}: {name} output differs from torchvision by {d:.2f} "
-                                f"levels (mean abs), above {EVAL_TOLERANCE['per_image_mean_abs']}")
-    for name, diffs in (("eval", eval_diffs), ("train", train_diffs)):
-        valid = [d for d in diffs if d is not None]
-        if valid and np.mean(valid) > EVAL_TOLERANCE["mean_abs"]:
-            problems.append(f"{name} outputs differ from torchvision by {np.mean(valid):.2f} levels "
-                            f"on average over {len(valid)} samples, above {EVAL_TOLERANCE['mean_abs']}")
-    worst = max((d for d in eval_diffs if d is not None), default=float("nan"))
-    summary = (f"{n} {split} samples, S={cfg.image_size}: worst eval vs torchvision mean abs "
-               f"{worst:.3f} levels; train {'=' if same else '!='} eval config; "
+            elif d[1] > TOLERANCE["pooled_mean_abs"]:
+                problems.append(f"{keys[pos]}: {name} output differs from torchvision by {d[1]:.2f}"
+                                f" levels (mean abs after {TOLERANCE['pool']}x{TOLERANCE['pool']} "
+                                f"pooling), above {TOLERANCE['pooled_mean_abs']}")
+    worst = max((d["pooled"] for d in eval_diffs + train_diffs if d is not None),
+                default=float("nan"))
+    summary = (f"{n} {split} samples, S={cfg.image_size}: worst pooled mean abs difference from "
+               f"torchvision {worst:.3f} levels (tolerance {TOLERANCE['pooled_mean_abs']}); "
+               f"train {'=' if same else '!='} eval config; "
                + ("no drift" if not problems else f"{len(problems)} problem(s)"))
     return {"config": cfg.to_dict(), "split": split, "keys": keys, "same_config": same,
             "eval_mean_abs": eval_diffs, "train_mean_abs": train_diffs, **shapes,
-            "tolerance": dict(EVAL_TOLERANCE), "problems": problems, "summary": summary}
+            "tolerance": dict(TOLERANCE), "problems": problems, "summary": summary}

@@ -326,3 +326,78 @@ def test_inspect_cli_one_split_and_mismatch(clean, tmp_path):
     assert any("num_samples" in m for m in report["splits"]["val"]["manifest_mismatch"])
     bad = CliRunner().invoke(inspect_command, [str(clean), "--split", "nope"])
     assert bad.exit_code == 2 and "'nope'" in bad.output
+
+
+# ------------------------------------------------------------------------------ transform drift
+
+def test_transform_drift_clean_matches_torchvision(packed_sample):
+    from shardkit.doctor_io import load_manifest_dict
+    from shardkit.doctor_transforms import TOLERANCE, check_transform_drift
+
+    root = packed_sample("wds")
+    drift = check_transform_drift(root, load_manifest_dict(root), num_samples=3)
+    assert drift["problems"] == [] and drift["same_config"] is True
+    assert drift["split"] == "val" and drift["keys"] == [r["key"] for r in _rows(root, "val")[:3]]
+    assert drift["train_shape"] == drift["eval_shape"] == [224, 224, 3]
+    assert drift["train_dtype"] == drift["eval_dtype"] == "uint8"
+    assert len(drift["eval_mean_abs"]) == len(drift["train_mean_abs"]) == 3
+    for d in drift["eval_mean_abs"] + drift["train_mean_abs"]:
+        assert d["pooled"] <= min(d["raw"], TOLERANCE["pooled_mean_abs"])
+        assert d["raw"] < 6.0                                   # DCT scaling: small raw differences
+
+
+class _Flipped:
+    """An eval transform that records the right config but silently mirrors its output."""
+
+    def __init__(self, cfg):
+        from shardkit.transforms import make_transform
+
+        self.cfg, self._t = cfg, make_transform(cfg, train=False)
+
+    def __call__(self, data, rng=None):
+        return np.ascontiguousarray(self._t(data, rng)[:, ::-1])
+
+
+def test_transform_drift_detects_other_config_and_silent_change(packed_sample):
+    from shardkit.doctor_io import load_manifest_dict
+    from shardkit.doctor_transforms import check_transform_drift
+    from shardkit.transforms import TransformConfig, make_transform
+
+    root = packed_sample("wds")
+    manifest = load_manifest_dict(root)
+    cfg = TransformConfig()
+    other = make_transform(TransformConfig(crop_pct=0.95), train=False)
+    drift = check_transform_drift(root, manifest, cfg, num_samples=3, eval_t=other)
+    assert drift["same_config"] is False
+    assert any("eval transform uses another TransformConfig" in p and "crop_pct: expected 0.875, "
+               "got 0.95" in p for p in drift["problems"])
+    assert min(d["pooled"] for d in drift["eval_mean_abs"]) > 2.5   # the pixels drift too
+    small = make_transform(TransformConfig(image_size=160), train=False)
+    drift = check_transform_drift(root, manifest, cfg, num_samples=2, eval_t=small)
+    assert any("train output uint8 (224, 224, 3) differs from eval output uint8 (160, 160, 3)" in p
+               for p in drift["problems"])
+    drift = check_transform_drift(root, manifest, cfg, num_samples=3, eval_t=_Flipped(cfg))
+    assert drift["same_config"] is True                      # config alone would not tell
+    flagged = [p for p in drift["problems"] if "eval output differs from torchvision" in p]
+    assert len(flagged) == 3                                  # every checked sample
+    assert drift["train_mean_abs"] == check_transform_drift(root, manifest, cfg,
+                                                            num_samples=3)["train_mean_abs"]
+
+
+def test_check_cli_transform_config_file(clean, tmp_path):
+    good = tmp_path / "t.yaml"
+    good.write_text("transform:\n  image_size: 160\n  crop_pct: 0.9\n")
+    res = CliRunner().invoke(check_command, [str(clean), "--no-near-duplicates",
+                                             "--transform-config", str(good), "--json",
+                                             str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["transform"]["config"]["image_size"] == 160
+    assert report["transform"]["eval_shape"] == [160, 160, 3]
+    assert report["near_duplicates"] is None
+    assert any(w["check"] == "near_duplicates" and "not run" in w["message"]
+               for w in report["warnings"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("image_sise: 160\n")
+    res = CliRunner().invoke(check_command, [str(clean), "--transform-config", str(bad)])
+    assert res.exit_code == 2 and "image_sise" in res.output
