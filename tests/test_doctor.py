@@ -121,6 +121,17 @@ def test_stats_max_samples_uses_first_rows_and_keeps_other_splits(clean, sample_
         compute_stats(clean, "nope")
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_stats_and_leak_check_read_every_format(packed_sample, tmp_path, sample_dir, fmt):
+    root = _copy(packed_sample(fmt), tmp_path)
+    part = compute_stats(root, "train", max_samples=12, progress=False)
+    mean, std = _numpy_stats([sample_dir / r["path"] for r in _rows(root, "train")[:12]])
+    np.testing.assert_allclose(part["mean"], mean, atol=1e-6)
+    np.testing.assert_allclose(part["std"], std, atol=1e-6)
+    report = check_dataset(root, transforms=False)
+    assert report["ok"] and report["near_duplicates"] == [], report["errors"]
+
+
 def test_stats_cli_prints_and_saves(clean):
     res = CliRunner().invoke(stats_command, [str(clean), "--split", "train", "--max-samples", "5",
                                              "--no-progress"])
