@@ -60,6 +60,29 @@ def worker_id_count() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
+def _close_inherited_lmdb_envs() -> None:
+    """Adapter until ``shardkit.formats.lmdb_format`` does it itself: in a forked child, close the
+    LMDB environments inherited from the parent before any reopen. py-lmdb >= 3 refuses to open a
+    file whose environment is "already open in this process", and a forked child inherits that
+    registry, so reopening after fork fails unless the inherited handle is closed first (in the
+    child only; the parent's handle is untouched - field case 8). Lock-free read-only envs hold no
+    reader slot, so closing the child's copy releases nothing the parent uses."""
+    try:
+        from .formats import lmdb_format as lf
+    except ImportError:  # pragma: no cover - lmdb not installed
+        return
+    envs, pid = getattr(lf, "_ENVS", None), getattr(lf, "_ENVS_PID", None)
+    if envs is None or pid is None or pid == os.getpid():
+        return
+    for env in list(envs.values()):
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001 - best effort on the child's copy
+            pass
+    envs.clear()
+    lf._ENVS_PID = os.getpid()
+
+
 class _Source:
     """The picklable core: manifest subset, split index, lazy per-shard readers, read + decode."""
 
@@ -79,6 +102,7 @@ class _Source:
         self._readers: dict[int, Any] = {}
         self._decoder = None
         self._decoder_pid = None
+        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -89,6 +113,9 @@ class _Source:
     def read(self, pos: int):
         """Stored bytes of the sample at split position ``pos`` (bytes or memoryview/mmap slice)."""
         s = int(self.index.shard[pos])
+        if self._pid != os.getpid():
+            _close_inherited_lmdb_envs()
+            self._pid = os.getpid()
         reader = self._readers.get(s)
         if reader is None:
             reader = self._readers[s] = open_reader(self.root, self.manifest, self.split, s)
@@ -115,9 +142,10 @@ class _Source:
         """Policy for a failed sample: re-raise (naming shard and key) or return the skipped key."""
         key = self.index.key_at(pos)
         if self.on_error == "raise":
-            if isinstance(err, ShardkitError):
+            if isinstance(err, ShardkitError) and repr(key) in str(err):
                 raise err
-            raise DecodeError(f"shard {self.shard_name(pos)}: sample {key!r} failed: {err}") from err
+            raise DecodeError(f"shard {self.shard_name(pos)}: sample {key!r} failed: "
+                              f"{type(err).__name__}: {err}") from err
         warnings.warn(f"on_error='skip': skipped sample {key!r} of shard {self.shard_name(pos)}: "
                       f"{err}", RuntimeWarning, stacklevel=3)
         return key
@@ -131,6 +159,7 @@ class _Source:
         state = self.__dict__.copy()
         state["_decoder"] = None
         state["_decoder_pid"] = None
+        state["_pid"] = None
         return state
 
 

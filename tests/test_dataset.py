@@ -23,12 +23,13 @@ CLASSES = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
 
 
 def build_split(sample_dir: Path, out: Path, fmt: str, shard_sizes: list[int],
-                split: str = "train", start: int = 0) -> list[dict]:
-    """Packs real photos of the embedded sample into shards of exactly ``shard_sizes`` samples
+                split: str = "train", start: int = 0, stride: int = 1) -> list[dict]:
+    """Packs real photos of the embedded sample (reused cyclically beyond 200) into shards of exactly ``shard_sizes`` samples
     with the formats API (independent of shardkit.pack). Returns the per-sample records (with the
-    source sha256), in split order. Several splits can share ``out``."""
-    files = sorted(sample_dir.glob("*/*.jpg"))[start:start + sum(shard_sizes)]
-    assert len(files) == sum(shard_sizes)
+    source sha256), in split order. Photos are taken from sorted position ``start`` every
+    ``stride`` (the sorted list is class-sorted). Several splits can share ``out``."""
+    photos = sorted(sample_dir.glob("*/*.jpg"))  # 200 real photos, reused cyclically if needed
+    files = [photos[(start + i * stride) % len(photos)] for i in range(sum(shard_sizes))]
     mod = get_format(fmt)
     (out / "shards").mkdir(parents=True, exist_ok=True)
     records, shards, i = [], [], 0
