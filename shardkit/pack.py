@@ -2,29 +2,34 @@
 
 Steps of :func:`pack` (on-disk layout and manifest schema: ``docs/DESIGN.md``):
 
-1. **Output.** ``OUT/manifest.json`` present -> :class:`~shardkit.errors.OutputExistsError` unless
-   ``overwrite``. A folder without a manifest is the remains of a killed run: its temporary and
-   finished-but-unlisted shards, split files and quarantine report are deleted and the job is redone.
-   Only shardkit's own names (``manifest.json``, ``shards/``, ``splits/``, ``quarantine.jsonl``) are
-   ever removed.
-2. **Scan** (:mod:`shardkit.scan`) an ImageFolder tree or a ``.csv`` list, then apply the group rule
-   (``group_by`` regex on the relative path, or ``metadata`` CSV + ``group_column``). Without a rule
-   every file is its own group and the summary warns about leakage of near-duplicates.
-3. **Labels** are resolved through :class:`shardkit.labels.LabelMap`; all unknown names are reported
+1. **Scan** (:mod:`shardkit.scan`) an ImageFolder tree or a ``.csv`` list, then apply the group rule
+   (``group_by`` regex on the relative path, or ``metadata`` CSV + ``group_column``; a CSV list's own
+   ``group`` column counts as a rule). Without a rule every file is its own group and the summary
+   warns about leakage of near-duplicates.
+2. **Labels** are resolved through :class:`shardkit.labels.LabelMap`; all unknown names are reported
    at once (:class:`~shardkit.errors.UnknownLabelError`) before any file is read.
-4. **Check** every file: read, sha256, full decode (:func:`shardkit.images.check_image`), in a
+3. **Check** every file: read, sha256, full decode (:func:`shardkit.images.check_image`), in a
    ``multiprocessing`` pool of ``workers`` processes (ordered ``imap``, so the result does not depend
    on ``workers``). Rejects go to ``OUT/quarantine.jsonl`` (``path``, ``reason``, ``sha256``, ``size``).
-5. **Split** (:func:`shardkit.split.assign_splits`): group-atomic after dedup, stratified by class.
+4. **Split** (:func:`shardkit.split.assign_splits`): group-atomic after dedup, stratified by class.
    Identical bytes under different labels: ``on_label_conflict="error"`` (default) raises
    :class:`~shardkit.errors.LabelError` listing the files; ``"quarantine"`` moves every copy to the
    quarantine (reason ``label_conflict``); ``"keep"`` packs them all (one split) and reports them.
-6. **Write**: each split is shuffled with a generator seeded by ``(seed, split position)`` so shards
-   are not class-sorted (field case 7); keys are ``f"{split}_{i:08d}"``; shards go through
-   :class:`shardkit.formats.ShardSink` (temp name, fsync, atomic rename; field case 5). Stored bytes
-   are the source bytes unless ``check_image`` normalised them (``rule`` != ``"original"``).
+5. **Output folder** (touched only now, so a bad option or source changes nothing on disk).
+   ``OUT/manifest.json`` present -> :class:`~shardkit.errors.OutputExistsError` (checked first
+   thing, too) unless ``overwrite``. Otherwise shardkit's own names (``manifest.json`` first, then
+   ``shards/``, ``splits/``, ``quarantine.jsonl``) are deleted: a folder without a manifest holds the
+   remains of a killed run (temporary and finished-but-unlisted shards), and the job is redone.
+   Other files in OUT are left alone.
+6. **Write**: each split is shuffled with a generator seeded by ``(seed, split position, crc32 of
+   the name)`` so shards are not class-sorted (field case 7); keys are ``f"{split}_{i:08d}"``;
+   shards go through :class:`shardkit.formats.ShardSink` (temp name, fsync, atomic rename; field
+   case 5). Stored bytes are the source bytes (re-read and re-hashed) unless ``check_image``
+   normalised them (``rule`` != ``"original"``).
 7. ``splits/<split>.jsonl`` + ``.index.npz``, then ``manifest.json`` **last**. The invariant
    ``scanned == packed + quarantined`` is checked (raises :class:`PackInvariantError`).
+   ``split.group_to_split`` is null when there is no group rule (each file its own group; the
+   per-sample ``group`` in the split files says the same without a manifest entry per file).
 """
 from __future__ import annotations
 
@@ -60,10 +65,15 @@ class PackInvariantError(ShardkitError):
 
 @dataclass
 class PackSummary:
-    """What :func:`pack` did. ``splits`` maps split -> {"samples", "fraction" (achieved, 0..1),
-    "groups", "shards", "class_counts" (list aligned with ``classes``)}; ``quarantine_reasons`` counts rejects by
-    reason kind (text before the first ``':'`` or ``' ('``); ``ignored`` lists scanner-ignored
-    entries."""
+    """What :func:`pack` did.
+
+    ``splits`` maps split -> {"samples", "fraction" (achieved, 0..1), "groups", "shards",
+    "class_counts" (list aligned with ``classes``)}; ``quarantine_reasons`` counts rejects by reason
+    kind (text before the first ``':'`` or ``' ('``); ``ignored`` lists ``[relpath, reason]`` of
+    scanner-ignored entries; ``cleaned`` what was removed from OUT before writing;
+    ``num_with_warnings`` packed samples whose decode gave warnings (listed per sample in the
+    split files' ``warnings``).
+    """
 
     out: Path
     format: str
@@ -79,6 +89,7 @@ class PackSummary:
     label_conflicts: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     cleaned: list[str] = field(default_factory=list)
+    num_with_warnings: int = 0
 
     def format_text(self) -> str:
         """The human-readable summary printed at the end of a pack."""
@@ -91,7 +102,8 @@ class PackSummary:
         lines.append(f"  scanned {self.num_files} = packed {self.num_packed} + quarantined "
                      f"{self.num_quarantined}" + (f" ({reasons})" if reasons else ""))
         lines.append(f"  duplicates (identical bytes): {self.num_duplicates}; label conflicts: "
-                     f"{len(self.label_conflicts)}; ignored entries: {self.num_ignored}")
+                     f"{len(self.label_conflicts)}; packed with decoder warnings: "
+                     f"{self.num_with_warnings}; ignored entries: {self.num_ignored}")
         lines += [f"    ignored {path}: {why}" for path, why in self.ignored[:10]]
         if len(self.ignored) > 10:
             lines.append(f"    ... and {len(self.ignored) - 10} more ignored entries")
@@ -122,7 +134,7 @@ def parse_size(text: str | int | None) -> int | None:
         factor = 1
     try:
         value = int(float(s) * factor)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ConfigError(f"size {text!r} is not a size; expected e.g. 64MB, 512MiB or 1000000") from None
     if value < 1:
         raise ConfigError(f"size {text!r} must be >= 1 byte")
@@ -269,7 +281,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
         max_pixels: pixel limit of ``check_image`` (default ``images.DEFAULT_MAX_PIXELS``).
         overwrite: replace a finished dataset in ``out``. progress: tqdm bars + printed summary.
         wds_cls: also write ``<key>.cls`` tar members. on_label_conflict: one of
-            :data:`LABEL_CONFLICT_POLICIES`. fail_fast: raise on the first rejected file.
+            :data:`LABEL_CONFLICT_POLICIES`. fail_fast: after the check pass, raise on the first
+            rejected file (in scan order) instead of quarantining; nothing is written then.
         writer_options: extra keyword arguments of the format's Writer (e.g. lmdb ``initial_map_size``).
 
     Returns:
@@ -293,6 +306,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
         raise ConfigError(f"shard_samples={shard_samples}; expected an integer >= 1")
     if int(workers) < 1:
         raise ConfigError(f"workers={workers}; expected an integer >= 1")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed={seed!r}; expected an integer >= 0")
     shard_bytes = parse_size(shard_bytes)
     max_pixels = images.DEFAULT_MAX_PIXELS if max_pixels is None else int(max_pixels)
     if (out / "manifest.json").exists() and not overwrite:  # fail before the long scan
@@ -414,7 +429,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
                    "groups": sm["num_groups"], "shards": len(sm["shards"]),
                    "class_counts": sm["class_counts"]} for name, sm in split_manifest.items()},
         quarantine_reasons=dict(Counter(_reason_kind(q["reason"]) for q in quarantine)),
-        ignored=[list(e) for e in ignored], label_conflicts=conflicts, warnings=warnings, cleaned=cleaned)
+        ignored=[list(e) for e in ignored], label_conflicts=conflicts, warnings=warnings,
+        cleaned=cleaned, num_with_warnings=sum(bool(results[i]["warnings"]) for i in keep))
     if progress:
         print(summary.format_text())
     return summary

@@ -355,7 +355,8 @@ def test_strict_rejects_what_decodes_only_with_warnings(awkward_dir, sample_dir,
     files = {"x/corrupt_scan_data.jpg": awkward_dir / "corrupt_scan_data.jpg"}
     files.update({f"x/{p.name}": p for p in sample_files(sample_dir, 1)})
     src = link_folder(tmp_path / "src", files)
-    pack(src, tmp_path / "lax", split={"train": 1.0}, progress=False)
+    lax = pack(src, tmp_path / "lax", split={"train": 1.0}, progress=False)
+    assert lax.num_with_warnings == 1 and "packed with decoder warnings: 1" in lax.format_text()
     rec = {r["path"]: r for r in read_split_records(tmp_path / "lax", "train")}
     assert rec["x/corrupt_scan_data.jpg"]["warnings"]  # packed, its warnings recorded
     pack(src, tmp_path / "strict", split={"train": 1.0}, strict=True, progress=False)

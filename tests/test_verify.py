@@ -178,6 +178,7 @@ def test_pack_cli_group_by_and_wds_cls(small_src, tmp_path):
     assert names[0] == "train_00000000.jpg" and names[1] == "train_00000000.cls"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_flowers_verify_passes_then_names_damaged_shards(packed_flowers, tmp_path, fmt):
     assert verify(packed_flowers(fmt)).ok
