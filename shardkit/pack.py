@@ -40,6 +40,8 @@ import multiprocessing
 import shutil
 import zlib
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -166,21 +168,29 @@ def _check_one(job: tuple[str, str, int, bool]) -> dict:
 
 
 def _check_all(jobs: list, workers: int, progress: bool) -> list[dict]:
+    """Runs :func:`_check_one` over ``jobs`` in input order, in ``workers`` processes.
+
+    A process pool that loses a worker (a decoder crashing the process) raises instead of hanging:
+    ``ProcessPoolExecutor`` reports ``BrokenProcessPool``, turned into a SourceError here.
+    """
+    results: list[dict] = []
     bar = tqdm(total=len(jobs), desc="check", unit="file", disable=not progress)
     try:
         if workers <= 1 or len(jobs) < 2:
-            results = []
             for job in jobs:
                 results.append(_check_one(job))
                 bar.update()
             return results
         chunk = max(1, min(32, len(jobs) // (workers * 8)))
-        with multiprocessing.get_context().Pool(workers) as pool:
-            results = []
-            for res in pool.imap(_check_one, jobs, chunksize=chunk):
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context()) as pool:
+            for res in pool.map(_check_one, jobs, chunksize=chunk):
                 results.append(res)
                 bar.update()
-            return results
+        return results
+    except BrokenProcessPool:
+        raise SourceError(f"a check worker process died near file {len(results)} of {len(jobs)} "
+                          f"({jobs[min(len(results), len(jobs) - 1)][0]} or one of the next "
+                          "files crashed a decoder); rerun with workers=1 to pinpoint it") from None
     finally:
         bar.close()
 
@@ -479,5 +489,7 @@ def pack_command(src, out, fmt, split_spec, seed, group_by, metadata, group_colu
                        on_label_conflict=on_label_conflict, fail_fast=fail_fast)
     except ShardkitError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:  # unwritable OUT, full disk, unreadable CSV: no traceback either
+        raise click.ClickException(f"{type(e).__name__}: {e}") from None
     if no_progress:
         click.echo(summary.format_text())

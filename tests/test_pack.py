@@ -372,3 +372,18 @@ def test_max_pixels_limit_quarantines_large_images(awkward_dir, sample_dir, tmp_
     summary = pack(src, tmp_path / "o", split={"train": 1.0}, max_pixels=10_000, progress=False)
     assert summary.num_packed == 1 and summary.quarantine_reasons == {"over --max-pixels": 5}
     assert [r["path"] for r in read_split_records(tmp_path / "o", "train")] == ["x/tiny.tiff"]
+
+
+def test_a_crashing_check_worker_raises_instead_of_hanging(sample_dir, tmp_path, monkeypatch):
+    import shardkit.pack as pack_mod
+
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
+                                         for p in sample_files(sample_dir, 2)})
+    monkeypatch.setattr(pack_mod, "_check_one", _die_in_worker)
+    with pytest.raises(SourceError, match="check worker process died"):
+        pack(src, tmp_path / "o", split={"train": 1.0}, workers=2, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def _die_in_worker(job):
+    os._exit(3)  # what a segfaulting decoder looks like to the pool

@@ -141,6 +141,9 @@ def test_pack_cli_summary_overwrite_and_errors(small_src, tmp_path):
                                      "train=0.5,val=0.4", "--no-progress"])
     assert bad_split.exit_code == 1
     assert "split spec 'train=0.5,val=0.4'" in bad_split.output and "sum to 0.9" in bad_split.output
+    no_col = runner.invoke(main, ["pack", str(small_src), str(tmp_path / "o4"), "--metadata",
+                                  __file__])
+    assert no_col.exit_code == 1 and "needs --group-column" in no_col.output
     bad_fmt = runner.invoke(main, ["pack", str(small_src), str(tmp_path / "o3"), "--format", "zip"])
     assert bad_fmt.exit_code == 2 and "'zip' is not one of" in bad_fmt.output
 
