@@ -92,6 +92,9 @@ class _Source:
         self.root = str(root)
         self.split = split
         manifest = load_manifest(root)
+        if is_url(root) and manifest["format"] != "wds":
+            raise ConfigError(f"format {manifest['format']!r} needs a local path; only 'wds' tar "
+                              f"shards can be read from a URL ({root})")
         self.index = load_index(root, split, manifest)
         # keep only what readers need: a small dict, not the whole manifest (group maps etc.)
         self.manifest = {"format": manifest["format"], "classes": list(manifest["classes"]),
