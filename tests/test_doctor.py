@@ -256,6 +256,43 @@ def test_near_duplicate_pairs_on_known_hashes():
         leaks.near_duplicate_pairs(hashes, rows, threshold=-1)
 
 
+# Two real near-duplicate pairs in the flowers set: one photographer's re-edits of one shot
+# (found by `shardkit check` on a per-file split of the full set; see test below).
+RECOLOURED = [("dandelion/17161833794_e1d92259d2_m.jpg", "dandelion/18304194360_2a4a0be631_m.jpg"),
+              ("tulips/5700394524_dc6f8fa9cd_n.jpg", "tulips/5635347336_bc1400e939_n.jpg")]
+
+
+def test_phash_matches_real_recoloured_photos(flowers_dir):
+    h = {p: leaks.phash64(_pil_rgb(flowers_dir / p)) for pair in RECOLOURED for p in pair}
+    (a, b), (c, d) = RECOLOURED
+    assert bin(h[a] ^ h[b]).count("1") <= leaks.PHASH_THRESHOLD
+    assert bin(h[c] ^ h[d]).count("1") <= leaks.PHASH_THRESHOLD
+    for x, y in [(a, c), (a, d), (b, c), (b, d)]:
+        assert bin(h[x] ^ h[y]).count("1") > 16
+
+
+@pytest.mark.slow
+def test_full_flowers_group_split_has_no_near_duplicates_but_file_split_does(
+        packed_flowers, flowers_dir, tmp_path):
+    import csv
+
+    from shardkit.pack import pack
+
+    grouped = check_dataset(packed_flowers("wds"), transforms=False)
+    assert grouped["ok"] and grouped["near_duplicates"] == [] and grouped["group_overlap"] == []
+    out = tmp_path / "per-file"
+    pack(flowers_dir, out, format="wds", split={"train": 0.8, "val": 0.1, "test": 0.1}, seed=0,
+         group_by=r"([^/]+)$", shard_samples=256, workers=2, progress=False)
+    by_file = check_dataset(out, transforms=False)
+    photographer = {r["path"]: r["group_flickr_user"]
+                    for r in csv.DictReader(open(flowers_dir / "metadata.csv", encoding="utf-8"))}
+    pairs = {frozenset((p["a"]["path"], p["b"]["path"])) for p in by_file["near_duplicates"]}
+    split_of = {r["path"]: s for s in ("train", "val", "test") for r in _rows(out, s)}
+    apart = {frozenset(pair) for pair in RECOLOURED if split_of[pair[0]] != split_of[pair[1]]}
+    assert apart and apart <= pairs                              # a file-level split leaks them
+    assert all(len({photographer[x] for x in pair}) == 1 for pair in pairs)
+
+
 def test_check_finds_resized_copy_in_other_split(sample_dir, tmp_path):
     from shardkit.pack import pack
 
