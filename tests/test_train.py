@@ -17,7 +17,8 @@ import yaml
 
 from shardkit.errors import ConfigError, LabelError, OutputExistsError
 from shardkit.train import (TrainConfig, build_model, check_labels, classification_metrics,
-                            load_config, load_pretrained, topk_for)
+                            load_config, load_pretrained, topk_for, train)
+from shardkit.train.checkpoint import ResumeMismatchError
 from shardkit.train.dist import all_gather_varlen, resolve_amp
 from shardkit.train.metrics import better
 from shardkit.train.model import param_groups
@@ -171,3 +172,72 @@ def test_amp_resolution_on_cpu():
         resolve_amp("fp16", cpu)
     t = torch.arange(6).reshape(3, 2)
     assert torch.equal(all_gather_varlen(t), t)  # one process: identity
+
+
+# ----------------------------------------------------------------------------- end-to-end runs
+def _run_config(data, out, **overrides) -> TrainConfig:
+    """cpu-smoke (hrnet_w18_small, 64 px, batch 8, AdamW, no workers) with ``overrides``."""
+    return load_config("cpu-smoke", data=str(data), out=str(out), **overrides)
+
+
+def _support(result: dict) -> int:
+    return sum(c["support"] for c in result["per_class"].values())
+
+
+def test_cli_smoke_run_writes_checkpoints_metrics_png_tensorboard(packed_sample, tmp_path):
+    from click.testing import CliRunner
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from shardkit.cli import main
+    from shardkit.manifest import load_manifest
+
+    data, run = packed_sample("wds"), tmp_path / "run"
+    result = CliRunner().invoke(main, ["train", "--data", str(data), "--out", str(run),
+                                       "--config", "cpu-smoke", "--max-steps", "3",
+                                       "--warmup-steps", "1", "--label-smoothing", "0.05"])
+    assert result.exit_code == 0, result.output
+    manifest = load_manifest(data)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["data"] == str(data) and saved["max_steps"] == 3
+    assert saved["label_smoothing"] == 0.05 and saved["seed"] == 0
+
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["step"] == 3 and metrics["stopped"] == "max_steps"
+    assert metrics["run"]["num_classes"] == 5 and metrics["run"]["seed"] == 0
+    assert metrics["run"]["amp"] == "off" and metrics["run"]["world_size"] == 1
+    (entry,) = metrics["history"]
+    assert entry["epoch"] == 0 and entry["partial"] is True
+    train = entry["train"]
+    assert train["steps"] == 3 and train["images"] == 24
+    assert train["images_per_s"] > 0 and 0.0 <= train["data_wait_fraction"] <= 1.0
+    assert math.isfinite(train["loss"]) and 0 < train["lr"] <= 1e-3
+    val = entry["val"]
+    assert {"loss", "top1", "macro_f1", "per_class", "confusion_matrix"} <= set(val)
+    assert "top5" not in val                                   # 5 classes: no top-5
+    n_val = manifest["splits"]["val"]["num_samples"]
+    assert _support(val) == n_val == sum(map(sum, val["confusion_matrix"]))
+    assert sorted(val["per_class"]) == manifest["classes"]
+    assert [val["per_class"][c]["support"] for c in manifest["classes"]] == \
+        manifest["splits"]["val"]["class_counts"]
+    assert _support(metrics["test"]) == manifest["splits"]["test"]["num_samples"]
+    for name in ("val_epoch000", "test_best"):
+        assert (run / "eval" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert json.loads((run / "eval" / f"{name}.json").read_text())["num_samples"] > 0
+
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    assert {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "loader",
+            "config"} <= set(last)
+    assert last["step"] == 3 and last["loader"]["batches_consumed"] == 3
+    assert last["model"]["classifier.weight"].shape == (5, 2048)
+    assert (run / "checkpoints" / "best.pt").is_file()
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3]
+    assert events.Scalars("val/macro_f1")[0].value == pytest.approx(val["macro_f1"])
+
+    # the run folder is not silently reused, and a resume must keep the schedule
+    with pytest.raises(OutputExistsError, match="--resume"):
+        train(_run_config(data, run))
+    with pytest.raises(ResumeMismatchError, match="lr: checkpoint 0.001 vs now 0.5"):
+        train(_run_config(data, run, resume=str(run), lr=0.5, warmup_steps=1))

@@ -48,7 +48,7 @@ def transform_config(config: TrainConfig, mean, std):
 
 
 def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool, even,
-            balance=None, num_workers: int | None = None):
+            balance=None, num_workers: int | None = None, drop_last: bool = False):
     from ..loader import make_loader
 
     workers = config.num_workers if num_workers is None else num_workers
@@ -57,14 +57,17 @@ def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool,
         prefetch_factor=config.prefetch_factor if workers > 0 else None,
         pin_memory=torch.cuda.is_available() and config.device != "cpu", train=train,
         image_size=config.image_size, seed=config.seed, rank=info.rank,
-        world_size=info.world_size, even=even, balance=balance, transform_config=tc)
+        world_size=info.world_size, even=even, balance=balance, transform_config=tc,
+        persistent_workers=workers > 0, drop_last=drop_last)
 
 
 def train_loader(config: TrainConfig, info: DistInfo, tc):
     """Shuffled, augmented train loader; every rank yields the same number of batches
-    (``even="pad"``), class-balanced when ``config.balance == "class"``."""
+    (``even="pad"``), class-balanced when ``config.balance == "class"``; the last short batch is
+    dropped (a 1-image batch breaks BatchNorm in train mode)."""
     balance = "class" if config.balance == "class" else None
-    return _loader(config, info, tc, config.train_split, train=True, even="pad", balance=balance)
+    return _loader(config, info, tc, config.train_split, train=True, even="pad", balance=balance,
+                   drop_last=True)
 
 
 def eval_loader(config: TrainConfig, info: DistInfo, tc, split: str):
@@ -80,7 +83,7 @@ def fixed_batches(config: TrainConfig, info: DistInfo, tc) -> list[tuple[torch.T
     Raises:
         ConfigError: the train split has fewer batches than asked for.
     """
-    loader = _loader(config, info, tc, config.train_split, train=False, even="pad",
+    loader = _loader(config, info, tc, config.train_split, train=False, even=None,
                      num_workers=0)
     batches = []
     for images, labels in loader:
@@ -93,8 +96,12 @@ def fixed_batches(config: TrainConfig, info: DistInfo, tc) -> list[tuple[torch.T
 
 
 def make_normalizer(mean, std, device: torch.device, channels_last: bool):
-    """A callable uint8 ``(N, 3, H, W)`` (any device) -> float32 ``(N, 3, H, W)`` on ``device``,
-    ``(x / 255 - mean) / std`` (channels_last memory layout when asked), done on the device."""
+    """``wrap(batches)``: an iterable of uint8 ``(N, 3, S, S)`` images and int64 ``(N,)`` labels
+    -> :class:`shardkit.loader.DeviceNormalizer` yielding float32 ``(x / 255 - mean) / std`` images
+    and int64 labels on ``device`` (channels_last when asked; side-stream copies on CUDA)."""
     from ..loader import DeviceNormalizer
 
-    return DeviceNormalizer(mean, std, device=device, channels_last=channels_last)
+    def wrap(batches):
+        return DeviceNormalizer(batches, device, mean=mean, std=std, channels_last=channels_last)
+
+    return wrap

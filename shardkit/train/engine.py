@@ -219,13 +219,13 @@ class Trainer:
 
     def _batches(self, epoch: int, resume_state):
         if self.fixed is not None:
-            return iter(self.fixed), len(self.fixed)
+            return iter(self.normalize(self.fixed)), len(self.fixed)
         loader = self.train_loader
         if resume_state is not None:
             loader.load_state_dict(resume_state)
         else:
             loader.set_epoch(epoch)
-        return iter(loader), len(loader)
+        return iter(self.normalize(loader)), len(loader)
 
     def train_epoch(self, epoch: int, resume_state=None) -> dict:
         """One epoch (or what is left of it after a resume / before max_steps) of steps."""
@@ -254,8 +254,6 @@ class Trainer:
                 break
             t1 = time.perf_counter()
             check_labels(y, self.num_classes, f"split {config.train_split!r}, step {self.step}")
-            y = y.to(device, non_blocking=True)
-            x = self.normalize(x)
             with autocast:
                 logits = self.model(x)
             loss = self.criterion(logits.float(), y)
@@ -327,11 +325,11 @@ class Trainer:
         autocast = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
                     else nullcontext())
         all_logits, all_labels = [], []
-        for x, y in self.eval_loaders[split]:
+        for x, y in self.normalize(self.eval_loaders[split]):
             check_labels(y, self.num_classes, f"split {split!r}")
             with autocast:
-                all_logits.append(model(self.normalize(x)).float())
-            all_labels.append(y.to(device))
+                all_logits.append(model(x).float())
+            all_labels.append(y)
         logits = (torch.cat(all_logits) if all_logits
                   else torch.zeros((0, self.num_classes), device=device))
         labels = torch.cat(all_labels) if all_labels else torch.zeros(0, dtype=torch.long,
