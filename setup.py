@@ -12,7 +12,7 @@ setup(
             "shardkit.decode._jpegroi",
             sources=["shardkit/decode/_jpegroi.c"],
             libraries=["jpeg"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3"],
             optional=True,
         )
     ]

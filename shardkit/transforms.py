@@ -40,8 +40,6 @@ __all__ = [
     "TransformInputError",
 ]
 
-_PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
-                "nearest": Image.Resampling.NEAREST}
 _FILTER_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "nearest": 0.5}  # Pillow Resample.c
 
 
@@ -89,9 +87,9 @@ class TransformConfig:
             raise ConfigError(f"hflip must be a probability in [0, 1], got {self.hflip}")
         if not 0 < self.crop_pct <= 1:
             raise ConfigError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
-        if self.interpolation not in _PIL_FILTERS:
+        if self.interpolation not in _FILTER_SUPPORT:
             raise ConfigError(f"interpolation {self.interpolation!r} is not one of "
-                              f"{sorted(_PIL_FILTERS)}")
+                              f"{sorted(_FILTER_SUPPORT)}")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise ConfigError(f"mean/std must be 3 values each, std > 0; got {self.mean}, "
                               f"{self.std}")
@@ -185,7 +183,6 @@ class SampleTransform:
         self.cfg = cfg
         self.train = bool(train)
         self._decoder = None
-        self._filter = _PIL_FILTERS[cfg.interpolation]
         self.last_warnings = 0
         self.last_params: CropParams | None = None
 
@@ -231,16 +228,12 @@ class SampleTransform:
         m = math.ceil(margin_support * max(bw * f / s, bh * f / s, 1.0)) + 1 if margin_support else 0
         region = (max(0, math.floor(fb[0]) - m), max(0, math.floor(fb[1]) - m),
                   min(sw, math.ceil(fb[2]) + m), min(sh, math.ceil(fb[3]) + m))
-        arr = dec.decode_region(data, region, factor, probe)
-        self.last_warnings = dec.last_warnings
-        img = Image.frombuffer("RGB", (arr.shape[1], arr.shape[0]), arr, "raw", "RGB", 0, 1)
         rel = (fb[0] - region[0], fb[1] - region[1], fb[2] - region[0], fb[3] - region[1])
-        res = np.asarray(img.resize((s, s), self._filter, box=rel))
-        src = res[:, ::-1] if p.flip else res
-        if out is None:
-            return np.ascontiguousarray(src)
-        np.copyto(out, src)
-        return out
+        target = out if out is not None else np.empty((s, s, 3), np.uint8)
+        dec.decode_resize(data, region, factor, rel, target, p.flip, self.cfg.interpolation,
+                          probe)
+        self.last_warnings = dec.last_warnings
+        return target
 
 
 def make_transform(cfg: TransformConfig, train: bool) -> SampleTransform:

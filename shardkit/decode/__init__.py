@@ -17,14 +17,14 @@ from shardkit.decode.base import (
 )
 from shardkit.decode.nvjpeg import NvJPEGDecoder
 from shardkit.decode.pil import PILDecoder, pil_info
-from shardkit.decode.roi import ROIDecoder
+from shardkit.decode.roi import RESIZE_FILTERS, ROIDecoder, resize_into
 from shardkit.decode.turbo import TurboJPEGDecoder
 from shardkit.errors import ConfigError
 
 __all__ = [
     "DECODERS", "AUTO_ORDER", "get_decoder", "available_decoders", "decoder_environment",
     "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
-    "choose_scale", "scaled_size", "is_jpeg", "DCT_REDUCTIONS",
+    "choose_scale", "scaled_size", "is_jpeg", "DCT_REDUCTIONS", "resize_into", "RESIZE_FILTERS",
 ]
 
 #: name -> Decoder class. Every registered decoder is covered by tests/test_decode.py.

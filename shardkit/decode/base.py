@@ -23,12 +23,21 @@ from shardkit.errors import DecodeError
 __all__ = [
     "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
     "choose_scale", "scaled_size", "is_jpeg", "pil_decode_rgb", "pil_probe", "DCT_REDUCTIONS",
+    "FAST_DCT_REDUCTIONS",
 ]
 
 #: The DCT reductions libjpeg-turbo implements: M/8 for M = 1..8 (libjpeg-turbo ``jdmaster.c``,
 #: ``jpeg_core_output_dimensions``; the same set ``tjGetScalingFactors`` lists below 1). A factor
 #: such as 1/3 is not in it and is never used (field case 12).
 DCT_REDUCTIONS: tuple[Fraction, ...] = tuple(Fraction(m, 8) for m in range(1, 9))
+
+#: The reductions shardkit actually uses (``ImageProbe.factors``): 1/8, 1/4, 1/2 and 1.
+#: libjpeg-turbo has SIMD IDCTs only for 8x8 and the reduced 4x4 / 2x2 / 1x1 outputs; its
+#: 3/8, 5/8, 3/4 and 7/8 IDCTs are plain C and measured SLOWER than a full-size decode on the
+#: flowers photos (full 0.71 ms; 5/8: 0.79, 3/4: 0.92, 7/8: 1.14, 1/2: 0.62 ms per image, see
+#: benchmarks/bench_decode.py), so a choice among them would cost time and pixels for nothing.
+FAST_DCT_REDUCTIONS: tuple[Fraction, ...] = (Fraction(1, 8), Fraction(1, 4), Fraction(1, 2),
+                                             Fraction(1))
 
 #: Policies for decoder warnings: keep the image, skip the sample, or raise.
 WARNING_POLICIES = ("keep", "skip", "raise")
@@ -225,6 +234,19 @@ class Decoder:
         if (x0, y0, x1, y1) == (0, 0, full.shape[1], full.shape[0]):
             return full
         return np.ascontiguousarray(full[y0:y1, x0:x1])
+
+    def decode_resize(self, data: bytes | memoryview, region: tuple[int, int, int, int],
+                      factor: Fraction, box: tuple[float, float, float, float], out: np.ndarray,
+                      flip: bool = False, interpolation: str = "bilinear",
+                      probe: ImageProbe | None = None) -> np.ndarray:
+        """Decode ``region`` (scaled coordinates, see :meth:`decode_region`) and resize its
+        float ``box`` (coordinates relative to the region) into ``out`` (writable RGB uint8
+        ``(H, W, 3)``), mirrored left-right when ``flip``. Returns ``out``. Pixels equal Pillow's
+        ``resize(box=...)`` of the decoded region (see ``shardkit.decode.resize_into``).
+        Updates ``last_warnings``; raises DecodeError."""
+        from shardkit.decode.roi import resize_into
+        arr = self.decode_region(data, region, factor, probe)
+        return resize_into(arr, box, out, flip, interpolation)
 
     def _decode_scaled(self, data: bytes | memoryview, factor: Fraction) -> np.ndarray:
         raise NotImplementedError

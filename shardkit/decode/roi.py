@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 
 from shardkit.decode.base import (
-    DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe,
+    DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe,
 )
 from shardkit.errors import DecodeError
 
@@ -26,7 +26,7 @@ try:
 except ImportError:  # the optional extension was not built
     _jpegroi = None
 
-__all__ = ["ROIDecoder"]
+__all__ = ["ROIDecoder", "resize_into", "RESIZE_FILTERS"]
 
 _JCS_CMYK, _JCS_YCCK = 4, 5
 
@@ -54,6 +54,7 @@ class ROIDecoder(Decoder):
                 "libjpeg_turbo": _version(_jpegroi.LIBJPEG_TURBO_VERSION_NUMBER),
                 "library_path": _libjpeg_path(),
                 "scaling_factors": [str(f) for f in DCT_REDUCTIONS],
+                "scaling_factors_used": [str(f) for f in FAST_DCT_REDUCTIONS],
                 "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample}
 
     def probe(self, data: bytes | memoryview) -> ImageProbe:
@@ -66,7 +67,7 @@ class ROIDecoder(Decoder):
             raise DecodeError(f"cannot read JPEG header ({len(data)} bytes): {exc}") from exc
         if cs in (_JCS_CMYK, _JCS_YCCK):  # libjpeg has no CMYK -> RGB conversion
             return ImageProbe(w, h, False, (Fraction(1),))
-        return ImageProbe(w, h, True, DCT_REDUCTIONS)
+        return ImageProbe(w, h, True, FAST_DCT_REDUCTIONS)
 
     def _run(self, data, box, factor: Fraction) -> np.ndarray:
         if factor.denominator not in (1, 2, 4, 8) or factor not in DCT_REDUCTIONS:
@@ -75,17 +76,40 @@ class ROIDecoder(Decoder):
         m = factor.numerator * (8 // factor.denominator)
         x0, y0, x1, y1 = box
         try:
-            buf, n, msg, _sw, _sh = _jpegroi.decode(data, x0, y0, x1 - x0, y1 - y0, m,
-                                                   self._flags())
+            buf, (n, msg), sw, sh = _jpegroi.decode(data, x0, y0, x1 - x0, y1 - y0, m,
+                                                    self._flags())
         except (RuntimeError, ValueError) as exc:
             raise DecodeError(f"roi decode of {len(data)}-byte JPEG, region {box} at scale "
                               f"{factor}: {exc}") from exc
         self.last_warnings, self.last_warning = n, msg
-        h, w = (y1 - y0, x1 - x0) if x1 > x0 else (_sh, _sw)
+        h, w = (y1 - y0, x1 - x0) if x1 > x0 else (sh, sw)
         return np.frombuffer(buf, np.uint8).reshape(h, w, 3)
 
     def _decode_scaled(self, data: bytes | memoryview, factor: Fraction) -> np.ndarray:
         return self._run(data, (0, 0, 0, 0), factor)
+
+    def decode_resize(self, data, region, factor, box, out, flip=False,
+                      interpolation="bilinear", probe=None):
+        """Fused :meth:`decode_region` + :func:`resize_into` in one C call (no GIL, no
+        intermediate numpy array); falls back to the generic path for non-JPEG data, "nearest",
+        or a non-contiguous ``out``. Same arguments and result as the base method."""
+        probe = probe or self.probe(data)
+        code = RESIZE_FILTERS.get(interpolation, 0)
+        if (not probe.is_jpeg or code == 0 or not out.flags.c_contiguous
+                or not out.flags.writeable):
+            return super().decode_resize(data, region, factor, box, out, flip, interpolation,
+                                         probe)
+        m = factor.numerator * (8 // factor.denominator)
+        x0, y0, x1, y1 = region
+        try:
+            n, msg = _jpegroi.crop_resize(data, x0, y0, x1 - x0, y1 - y0, m, self._flags(),
+                                          tuple(float(v) for v in box), out, out.shape[1],
+                                          out.shape[0], int(bool(flip)), code)
+        except (RuntimeError, ValueError) as exc:
+            raise DecodeError(f"roi decode of {len(data)}-byte JPEG, region {region} at scale "
+                              f"{factor}: {exc}") from exc
+        self.last_warnings, self.last_warning = n, msg
+        return out
 
     def decode_region(self, data, box, factor, probe=None):
         probe = probe or self.probe(data)
@@ -93,6 +117,43 @@ class ROIDecoder(Decoder):
         if not probe.is_jpeg:
             return super().decode_region(data, box, factor, probe)
         return self._run(data, tuple(int(v) for v in box), factor)
+
+
+#: interpolation name -> Pillow filter code (``PIL.Image.Resampling``).
+RESIZE_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}
+
+
+def resize_into(src: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray,
+                flip: bool = False, interpolation: str = "bilinear") -> np.ndarray:
+    """Resize the float ``box`` of ``src`` into ``out`` (optionally mirrored left-right).
+
+    Args:
+        src: RGB uint8 ``(h, w, 3)``. box: ``(x0, y0, x1, y1)`` in src pixels (floats, inside src).
+        out: writable RGB uint8 ``(H, W, 3)``; receives the result. flip: mirror horizontally.
+        interpolation: "bilinear" | "bicubic" | "box" | "nearest".
+    Returns:
+        ``out``. The pixels equal Pillow's ``Image.resize((W, H), filter, box=box)`` (then
+        mirrored) bit for bit on stock Pillow 13 (the C path reimplements Pillow's
+        ``Resample.c``: same float box, 22-bit fixed point, pass order); "nearest", a missing
+        extension, or a non-contiguous ``out`` use Pillow itself.
+    Raises:
+        ValueError: box outside src, bad shapes, or unknown interpolation.
+    """
+    from PIL import Image
+
+    if interpolation not in RESIZE_FILTERS:
+        raise ValueError(f"interpolation {interpolation!r} not in {sorted(RESIZE_FILTERS)}")
+    code = RESIZE_FILTERS[interpolation]
+    h, w = src.shape[:2]
+    oh, ow = out.shape[:2]
+    if _jpegroi is not None and code != 0 and out.flags.c_contiguous and out.flags.writeable:
+        _jpegroi.resize(np.ascontiguousarray(src), w, h, tuple(float(v) for v in box), out,
+                        ow, oh, int(bool(flip)), code)
+        return out
+    img = Image.frombuffer("RGB", (w, h), np.ascontiguousarray(src), "raw", "RGB", 0, 1)
+    res = np.asarray(img.resize((ow, oh), code, box=tuple(box)))
+    np.copyto(out, res[:, ::-1] if flip else res)
+    return out
 
 
 def _libjpeg_path() -> str | None:

@@ -2,7 +2,7 @@
 
 RGB output is always requested explicitly (``TJPF_RGB``; PyTurboJPEG's default is BGR, field
 case 12). Grayscale JPEGs come out as 3 equal channels; CMYK/YCCK JPEGs go to Pillow. DCT
-scaling uses ``tjGetScalingFactors`` filtered to reductions (<= 1). PyTurboJPEG turns libjpeg
+scaling uses the reductions of ``tjGetScalingFactors`` that are in ``FAST_DCT_REDUCTIONS``. PyTurboJPEG turns libjpeg
 warnings into Python ``UserWarning``s; they are caught, counted into ``last_warnings`` and never
 reach stderr. ``fast_dct`` / ``fast_upsample`` map to ``TJFLAG_FASTDCT`` / ``TJFLAG_FASTUPSAMPLE``.
 """
@@ -13,7 +13,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from shardkit.decode.base import Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe
+from shardkit.decode.base import (
+    FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe,
+)
 from shardkit.errors import DecodeError
 
 __all__ = ["TurboJPEGDecoder"]
@@ -40,8 +42,9 @@ class TurboJPEGDecoder(Decoder):
         if tj is None:
             import turbojpeg
             tj = self._handle = turbojpeg.TurboJPEG()
-            self._factors = tuple(sorted(Fraction(n, d) for n, d in tj.scaling_factors
-                                         if Fraction(n, d) <= 1))
+            self._all_factors = tuple(sorted(Fraction(n, d) for n, d in tj.scaling_factors
+                                             if Fraction(n, d) <= 1))
+            self._factors = tuple(f for f in FAST_DCT_REDUCTIONS if f in self._all_factors)
         return tj
 
     def info(self) -> dict:
@@ -49,7 +52,8 @@ class TurboJPEGDecoder(Decoder):
         tj = self._tj()
         return {"name": self.name, "pyturbojpeg_version": turbojpeg.__version__,
                 "library_path": tj._TurboJPEG__find_turbojpeg(),
-                "scaling_factors": [str(f) for f in self._factors],
+                "scaling_factors": [str(f) for f in self._all_factors],
+                "scaling_factors_used": [str(f) for f in self._factors],
                 "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample}
 
     def probe(self, data: bytes | memoryview) -> ImageProbe:

@@ -1,0 +1,163 @@
+"""Decode + train-transform throughput, single process, images/s per core.
+
+Compares full decodes (Pillow, PyTurboJPEG, torchvision.io.decode_jpeg on CPU, shardkit's ROI
+extension) and the RandomResizedCrop(224) + flip train transform (torchvision v2 on PIL as the
+ImageFolder-style baseline; shardkit's fused transform per decoder, with and without DCT scaling
+/ ROI; libjpeg fast-DCT / fast-upsample variants with their pixel difference). All JPEG bytes
+are read into memory first; each case warms up, runs ``--repeat`` timed passes over all images,
+and reports the median rate and its ratio to Pillow full decode measured in the same run.
+
+Usage: python benchmarks/bench_decode.py [--data DIR] [--limit N] [--repeat R] [--out JSON]
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(data: Path, limit: int) -> list[bytes]:
+    files = sorted(p for p in data.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+    if not files:
+        raise click.UsageError(f"no JPEG files under {data}")
+    return [p.read_bytes() for p in files[:limit]]
+
+
+def _time(fn, blobs: list[bytes], repeat: int) -> dict:
+    for b in blobs[: max(1, len(blobs) // 10)]:  # warm-up
+        fn(b)
+    rates = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for b in blobs:
+            fn(b)
+        rates.append(len(blobs) / (time.perf_counter() - t0))
+    med = statistics.median(rates)
+    return {"images_per_s": med, "ms_per_image": 1000.0 / med, "rates": rates}
+
+
+def _cases(blobs: list[bytes]):
+    """Yield (name, group, callable(bytes)) for every benchmark case available here."""
+    import torch
+    from PIL import Image
+    from torchvision.io import decode_jpeg
+    from torchvision.transforms import v2
+
+    from shardkit.decode import DECODERS, available_decoders, get_decoder
+    from shardkit.transforms import TransformConfig, make_transform
+
+    def pil_full(b):
+        with Image.open(io.BytesIO(b)) as im:
+            return np.asarray(im.convert("RGB"))
+
+    yield "pil full decode", "full", pil_full
+    for name in available_decoders():
+        if name in ("pil", "nvjpeg"):
+            continue
+        dec = get_decoder(name)
+        yield f"{name} full decode", "full", dec.decode
+    torch.set_num_threads(1)
+    yield "torchvision.io.decode_jpeg (cpu) full decode", "full", \
+        lambda b: decode_jpeg(torch.frombuffer(b, dtype=torch.uint8))
+
+    ref = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
+
+    def pil_tv_train(b):  # ImageFolder + PIL + torchvision v2 transform, uint8 output
+        with Image.open(io.BytesIO(b)) as im:
+            return np.asarray(ref(im.convert("RGB")))
+
+    yield "torchvision v2 RRC224+flip on PIL (ImageFolder baseline)", "train", pil_tv_train
+    rng = np.random.default_rng(0)
+    out = np.empty((224, 224, 3), np.uint8)
+    for name in available_decoders():
+        if name == "nvjpeg":
+            continue
+        for dct in (False, True):
+            t = make_transform(TransformConfig(decoder=name, dct_scaling=dct), train=True)
+            roi = " ROI" if DECODERS[name].supports_roi else ""
+            yield (f"shardkit train {name}{roi} dct_scaling={dct}", "train",
+                   lambda b, t=t: t(b, rng, out))
+    if "roi" in available_decoders():
+        for fd, fu in ((True, False), (False, True), (True, True)):
+            t = make_transform(TransformConfig(decoder="roi", fast_dct=fd, fast_upsample=fu),
+                               train=True)
+            yield (f"shardkit train roi dct_scaling=True fast_dct={fd} fast_upsample={fu}",
+                   "train-fast", lambda b, t=t: t(b, rng, out))
+
+
+def _fast_flag_diff(blobs: list[bytes]) -> dict:
+    """Mean / max abs pixel difference of fast_dct / fast_upsample full decodes vs exact."""
+    from shardkit.decode import available_decoders, get_decoder
+    if "roi" not in available_decoders():
+        return {}
+    exact = get_decoder("roi")
+    res = {}
+    for fd, fu in ((True, False), (False, True), (True, True)):
+        fast = get_decoder("roi", fast_dct=fd, fast_upsample=fu)
+        diffs = [np.abs(exact.decode(b).astype(np.int16) - fast.decode(b)) for b in blobs]
+        res[f"fast_dct={fd},fast_upsample={fu}"] = {
+            "mean_abs_diff": float(np.mean([d.mean() for d in diffs])),
+            "max_abs_diff": int(max(d.max() for d in diffs))}
+    return res
+
+
+def _environment() -> dict:
+    import torch
+    import torchvision
+
+    from shardkit.decode import decoder_environment
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"python": sys.version.split()[0], "cpu": cpu, "cores": os.cpu_count(),
+            "torch": torch.__version__, "torchvision": torchvision.__version__,
+            "decoders": decoder_environment()}
+
+
+@click.command()
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=ROOT / "examples" / "flowers-sample", show_default=True)
+@click.option("--limit", type=int, default=400, show_default=True, help="max images")
+@click.option("--repeat", type=int, default=3, show_default=True, help="timed passes")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("bench-results/decode.json"), show_default=True)
+def main(data: Path, limit: int, repeat: int, out: Path) -> None:
+    """Benchmark decoders and the train transform; print a table, write JSON."""
+    blobs = _load(data, limit)
+    results = []
+    base = None
+    for name, group, fn in _cases(blobs):
+        r = _time(fn, blobs, repeat)
+        if base is None:
+            base = r["images_per_s"]
+        r.update(name=name, group=group, ratio_vs_pil_full=r["images_per_s"] / base)
+        results.append(r)
+        click.echo(f"{name:<72} {r['images_per_s']:8.0f} img/s  {r['ms_per_image']:6.3f} ms  "
+                   f"x{r['ratio_vs_pil_full']:.2f}")
+    report = {"data": str(data), "num_images": len(blobs), "repeat": repeat,
+              "mean_bytes": float(np.mean([len(b) for b in blobs])),
+              "baseline": "pil full decode", "results": results,
+              "fast_flags_pixel_diff": _fast_flag_diff(blobs[:50]),
+              "environment": _environment()}
+    click.echo(json.dumps({"fast_flags_pixel_diff": report["fast_flags_pixel_diff"]}, indent=1))
+    click.echo(json.dumps(report["environment"], indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    click.echo(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
