@@ -387,3 +387,18 @@ def test_a_crashing_check_worker_raises_instead_of_hanging(sample_dir, tmp_path,
 
 def _die_in_worker(job):
     os._exit(3)  # what a segfaulting decoder looks like to the pool
+
+
+def test_label_map_order_and_aliases(sample_dir, tmp_path):
+    files = {f"Rose/{p.name}": p for p in sorted((sample_dir / "roses").glob("*.jpg"))[:3]}
+    files.update({f"daisy/{p.name}": p for p in sorted((sample_dir / "daisy").glob("*.jpg"))[:2]})
+    src = link_folder(tmp_path / "src", files)
+    (tmp_path / "labels.yaml").write_text("classes: [tulips, roses, daisy]\naliases: {Rose: roses}\n")
+    summary = pack(src, tmp_path / "o", split={"train": 1.0}, labels=tmp_path / "labels.yaml",
+                   progress=False)
+    man = load_manifest(tmp_path / "o")
+    assert man["classes"] == ["tulips", "roses", "daisy"] and man["label_aliases"] == {"Rose": "roses"}
+    assert man["splits"]["train"]["class_counts"] == [0, 3, 2]
+    assert summary.splits["train"]["class_counts"] == [0, 3, 2]
+    labels = {r["path"].split("/")[0]: r["label"] for r in read_split_records(tmp_path / "o", "train")}
+    assert labels == {"Rose": 1, "daisy": 2}
