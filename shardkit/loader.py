@@ -128,6 +128,14 @@ class ShardLoader:
         ctx = self.dataloader.multiprocessing_context
         return ctx.get_start_method() if ctx is not None else multiprocessing.get_start_method()
 
+    def describe(self) -> str:
+        """The loader configuration in one line (used in hang/timeout reports)."""
+        ds, dl = self.dataset, self.dataloader
+        return (f"loader(split={ds._source.split!r}, rank={ds.rank}/{ds.world_size}, "
+                f"epoch={self._epoch}, batch_size={ds.batch_size}, num_workers={dl.num_workers}, "
+                f"start_method={self.start_method}, pin_memory={dl.pin_memory}, "
+                f"persistent_workers={dl.persistent_workers})")
+
     @property
     def epoch(self) -> int:
         return self._epoch
@@ -175,7 +183,18 @@ class ShardLoader:
         self.dataset.state[0] = self._epoch
         self.dataset.state[1] = start
         self.dataset.set_epoch(self._epoch)
-        for images, labels, meta, skipped in self.dataloader:
+        it = iter(self.dataloader)
+        while True:
+            try:
+                images, labels, meta, skipped = next(it)
+            except StopIteration:
+                return
+            except RuntimeError as e:
+                if "timed out" not in str(e):
+                    raise
+                raise LoaderError(f"{self.describe()}: no batch within timeout="
+                                  f"{self.dataloader.timeout} s ({e}); a worker hung or died "
+                                  "(field case 19)") from e
             self._position += 1
             if skipped:
                 self.skipped.extend(skipped)

@@ -128,14 +128,44 @@ def test_even_pad_and_drop_give_equal_counts(uneven):
     assert sum(not s["valid"] for s in pad) == 2  # 42 - 40 wrap-around repeats
 
 
+def _source_sha(root, split) -> dict[str, str]:
+    """key -> sha256 of the source file, for samples stored unchanged (rule "original")."""
+    from shardkit.manifest import read_split_records
+
+    recs = read_split_records(root, split)
+    assert recs and all(r["rule"] == "original" for r in recs)  # sample photos are plain JPEGs
+    return {r["key"]: r["sha256"] for r in recs}
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_packed_sample_every_split_exactly_once_byte_exact(fmt, packed_sample):
+    """The real packer's output (embedded 200-photo sample, 32 per shard): 2 ranks x 2 workers
+    read every split exactly once, bytes equal to the source files."""
+    root = packed_sample(fmt)
+    total = 0
+    for split in ("train", "val", "test"):
+        want = _source_sha(root, split)
+        got = {}
+        for rank in range(2):
+            ds = ShardDataset(root, split, rank=rank, world_size=2, decode=False, shuffle=True,
+                              batch_size=4)
+            for s in DataLoader(ds, batch_size=None, num_workers=2, timeout=60):
+                assert s["key"] not in got
+                got[s["key"]] = _sha(s["image"])
+        assert got == want
+        total += len(got)
+    assert total == 200
+
+
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_opened_in_parent_then_workers_read_byte_exact(fmt, method, uneven):
-    """Cases 8 and 10: the parent reads (opens the env/file) before workers start; workers under
-    fork and spawn return source bytes; the parent can still read afterwards."""
-    out, records = uneven(fmt)
-    want = {r["key"]: r["sha256"] for r in records}
-    ds = ShardDataset(out, "train", decode=False, batch_size=3)
+def test_opened_in_parent_then_workers_read_byte_exact(fmt, method, packed_sample):
+    """Cases 8 and 10 (200 packed photos; 2 workers, not 4, on 2 cores): the parent reads (opens
+    the env/file) before workers start; workers under fork (3 epochs) and spawn return source
+    bytes; the parent can still read afterwards; the dataset pickles without handles."""
+    out = packed_sample(fmt)
+    want = _source_sha(out, "train")
+    ds = ShardDataset(out, "train", decode=False, batch_size=3, shuffle=True)
     first = next(iter(ds))  # opens shard 0 in this process
     assert _sha(first["image"]) == want[first["key"]]
     epochs = 1 if method == "spawn" else 3  # spawn start-up is ~5 s per loader on 2 cores

@@ -280,3 +280,36 @@ def test_device_normalizer_cuda_streams_pinned(small):
     for (x, y), r in zip(got, raw):
         assert x.is_cuda and y.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(x.cpu(), (r.float() - mean) / std)
+
+
+class _SlowTransform:
+    """Stands in for a hung worker: sleeps longer than the loader timeout."""
+
+    def __call__(self, data, rng, out=None):
+        import time
+
+        time.sleep(3)
+        return out
+
+
+def test_hang_becomes_a_loader_error_naming_the_configuration(small):
+    loader = make_loader(small, "train", 4, num_workers=1, timeout=1, transform=_SlowTransform(),
+                         image_size=8)
+    with pytest.raises(LoaderError, match=r"split='train'.*num_workers=1, start_method=\w+.*"
+                                          r"timeout=1 s"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb", "hdf5"])
+def test_loader_on_packed_sample_every_format(fmt, packed_sample):
+    """The real packer's output: train 140 -> 18 batches of 8; val 30 -> 4; exactly-once."""
+    root = packed_sample(fmt)
+    for split, train, n, nb in (("train", True, 140, 18), ("val", False, 30, 4)):
+        loader = make_loader(root, split, 8, num_workers=2, image_size=S, train=train,
+                             return_meta=True)
+        batches = list(loader)
+        assert len(loader) == len(batches) == nb
+        idx = torch.cat([m["index"] for _, _, m in batches]).numpy()
+        assert np.array_equal(np.sort(idx), np.arange(n))
+        labels = torch.cat([y for _, y, _ in batches]).numpy()
+        assert np.array_equal(labels, load_index(root, split).label[idx])
