@@ -449,11 +449,13 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
 # ----------------------------------------------------------------------------- CLI
 import click  # noqa: E402
 
+from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --format choices)
+
 
 @click.command("pack")
 @click.argument("src", type=click.Path(exists=True, path_type=Path))
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["wds", "lmdb", "hdf5"]), default="wds",
+@click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default="wds",
               show_default=True, help="Shard format.")
 @click.option("--split", "split_spec", default="train=0.8,val=0.1,test=0.1", show_default=True,
               help="Split names and sample fractions.")
@@ -475,7 +477,7 @@ import click  # noqa: E402
 @click.option("--on-label-conflict", type=click.Choice(LABEL_CONFLICT_POLICIES), default="error",
               show_default=True, help="Identical bytes under different labels.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first rejected file.")
-@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--no-progress", is_flag=True, help="No progress bars (the summary is still printed).")
 def pack_command(src, out, fmt, split_spec, seed, group_by, metadata, group_column, labels,
                  shard_samples, shard_bytes, workers, strict, max_pixels, overwrite, wds_cls,
                  on_label_conflict, fail_fast, no_progress):
