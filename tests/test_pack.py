@@ -402,3 +402,36 @@ def test_label_map_order_and_aliases(sample_dir, tmp_path):
     assert summary.splits["train"]["class_counts"] == [0, 3, 2]
     labels = {r["path"].split("/")[0]: r["label"] for r in read_split_records(tmp_path / "o", "train")}
     assert labels == {"Rose": 1, "daisy": 2}
+
+
+def test_case5_real_sigkill_mid_shard_then_rerun(sample_dir, tmp_path):
+    import subprocess
+    import sys
+
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
+                                         for p in sample_files(sample_dir, 5)})
+    out = tmp_path / "o"
+    script = f"""
+import os, signal
+from shardkit import formats
+from shardkit.pack import pack
+real, n = formats.ShardSink.add, [0]
+def add(self, *a, **k):
+    if n[0] == 12:
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind runs
+    n[0] += 1
+    return real(self, *a, **k)
+formats.ShardSink.add = add
+pack({str(src)!r}, {str(out)!r}, format="wds", split={{"train": 1.0}}, shard_samples=10,
+     progress=False)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [
+        ".train-000001.tar.tmp", "train-000000.tar"]  # half-written shard under its temp name
+    assert not (out / "manifest.json").exists()
+    summary = pack(src, out, format="wds", split={"train": 1.0}, shard_samples=10, progress=False)
+    assert "shards/" in summary.cleaned
+    assert sorted(os.listdir(out / "shards")) == ["train-000000.tar", "train-000001.tar",
+                                                  "train-000002.tar"]
+    check_packed(out, src, 25)
