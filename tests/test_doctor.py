@@ -374,6 +374,10 @@ def test_inspect_cli_one_split_and_mismatch(clean, tmp_path):
     assert any("num_samples" in m for m in report["splits"]["val"]["manifest_mismatch"])
     bad = CliRunner().invoke(inspect_command, [str(clean), "--split", "nope"])
     assert bad.exit_code == 2 and "'nope'" in bad.output
+    res = CliRunner().invoke(inspect_command, [str(clean), "--split", "test", "--n", "2"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (clean / "inspect").iterdir()) == [
+        "inspect_test_samples.png", "inspect_test_train_transform.png"]   # default: OUT/inspect
 
 
 # ------------------------------------------------------------------------------ transform drift
