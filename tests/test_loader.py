@@ -43,10 +43,11 @@ def _epoch(loader, epoch=None):
     return out
 
 
-@pytest.mark.parametrize("num_workers,persistent", [(0, False), (3, False), (3, True)])
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
 def test_len_is_exact_and_epoch_reaches_persistent_workers(case18, num_workers, persistent):
     """Case 18: 970 samples, batch 16 -> len 61 == batches yielded; order changes every epoch
-    (also with persistent workers); each epoch is exactly-once."""
+    (also with persistent workers); each epoch is exactly-once. (The case uses 3 workers; 2 here
+    for the 2-core machine - 61 batches split unevenly over 2 workers too.)"""
     loader = make_loader(case18, "train", 16, num_workers=num_workers, image_size=S,
                          persistent_workers=persistent, return_meta=True, seed=5)
     assert len(loader) == 61
@@ -103,6 +104,30 @@ def test_determinism_and_augmentation_rng_independent_of_workers(small):
     assert not torch.equal(a0, run(0, 0, seed=1))
     # the same photo at two positions in one epoch gets two different crops
     assert all(not torch.equal(a0[i], a1[i]) for i in range(0, 36, 7))
+
+
+def test_same_photo_gets_different_crops_on_different_workers(case18):
+    """Case 17: samples i and i + 200 are the same photo; with batch 16 and 2 workers, positions
+    8..15 (batch 0, worker 0) and 208..215 (batch 13, worker 1) must get different crops."""
+    loader = make_loader(case18, "train", 16, num_workers=2, image_size=S, shuffle=False)
+    images = torch.cat([x for x, _ in loader])
+    assert all(not torch.equal(images[i], images[i + 200]) for i in range(8, 16))
+
+
+def test_resume_with_persistent_workers(small):
+    loader = make_loader(small, "train", 4, num_workers=2, image_size=S, seed=3,
+                         persistent_workers=True, return_meta=True)
+    ref = torch.cat([m["index"] for _, _, m in loader]).tolist()
+    loader.set_epoch(0)
+    head = []
+    for k, (_, _, m) in enumerate(loader):
+        head += m["index"].tolist()
+        if k == 2:
+            break
+    state = loader.state_dict()
+    loader.load_state_dict(state)
+    tail = torch.cat([m["index"] for _, _, m in loader]).tolist()
+    assert head + tail == ref and len(tail) == 36 - 12
 
 
 def test_resume_mid_epoch_with_other_num_workers(small):
