@@ -12,7 +12,7 @@ Backends (each a :class:`~shardkit.decode.base.Decoder`; contract in ``base.py``
 from __future__ import annotations
 
 from shardkit.decode.base import (
-    DCT_REDUCTIONS, WARNING_POLICIES, Decoder, DecodeWarningError, ImageProbe,
+    DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, WARNING_POLICIES, Decoder, DecodeWarningError, ImageProbe,
     apply_warning_policy, choose_scale, is_jpeg, scaled_size,
 )
 from shardkit.decode.nvjpeg import NvJPEGDecoder
@@ -24,7 +24,7 @@ from shardkit.errors import ConfigError
 __all__ = [
     "DECODERS", "AUTO_ORDER", "get_decoder", "available_decoders", "decoder_environment",
     "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
-    "choose_scale", "scaled_size", "is_jpeg", "DCT_REDUCTIONS", "resize_into", "RESIZE_FILTERS",
+    "choose_scale", "scaled_size", "is_jpeg", "DCT_REDUCTIONS", "FAST_DCT_REDUCTIONS", "resize_into", "RESIZE_FILTERS",
 ]
 
 #: name -> Decoder class. Every registered decoder is covered by tests/test_decode.py.

@@ -3,8 +3,8 @@
 RGB output is always requested explicitly (``TJPF_RGB``; PyTurboJPEG's default is BGR, field
 case 12). Grayscale JPEGs come out as 3 equal channels; CMYK/YCCK JPEGs go to Pillow. DCT
 scaling uses the reductions of ``tjGetScalingFactors`` that are in ``FAST_DCT_REDUCTIONS``. PyTurboJPEG turns libjpeg
-warnings into Python ``UserWarning``s; they are caught, counted into ``last_warnings`` and never
-reach stderr. ``fast_dct`` / ``fast_upsample`` map to ``TJFLAG_FASTDCT`` / ``TJFLAG_FASTUPSAMPLE``.
+warnings into Python ``UserWarning``s; they are caught, counted (distinct messages, since the
+wrapper reads the header twice) into ``last_warnings`` and never reach stderr. ``fast_dct`` / ``fast_upsample`` map to ``TJFLAG_FASTDCT`` / ``TJFLAG_FASTUPSAMPLE``.
 """
 from __future__ import annotations
 
@@ -62,10 +62,14 @@ class TurboJPEGDecoder(Decoder):
             return ImageProbe(w, h, False, (Fraction(1),))
         tj = self._tj()
         try:
-            w, h, _sub, cs = tj.decode_header(data)
+            with warnings.catch_warnings():  # header warnings are counted again by the decode
+                warnings.simplefilter("ignore")
+                w, h, _sub, cs = tj.decode_header(data)
         except OSError as exc:
             raise DecodeError(f"turbojpeg cannot read JPEG header ({len(data)} bytes): "
                               f"{exc}") from exc
+        if w <= 0 or h <= 0:  # libjpeg reports "no image" as a mere warning
+            raise DecodeError(f"turbojpeg found no image in {len(data)} bytes of JPEG data")
         if cs in (_TJCS_CMYK, _TJCS_YCCK):  # TurboJPEG cannot convert these to RGB
             return ImageProbe(w, h, False, (Fraction(1),))
         return ImageProbe(w, h, True, self._factors)
@@ -84,7 +88,10 @@ class TurboJPEGDecoder(Decoder):
             except OSError as exc:
                 raise DecodeError(f"turbojpeg cannot decode JPEG ({len(data)} bytes): "
                                   f"{exc}") from exc
-        self.last_warnings = len(caught)
-        self.last_warning = str(caught[-1].message) if caught else None
+        # PyTurboJPEG reads the header twice per decode, so a header warning arrives twice:
+        # count distinct messages
+        messages = [str(w.message) for w in caught]
+        self.last_warnings = len(set(messages))
+        self.last_warning = messages[-1] if messages else None
         return arr
 

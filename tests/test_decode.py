@@ -1,0 +1,348 @@
+"""Decoder contract (every registered decoder), field case 12, ROI exactness, Pillow-exact resize.
+
+Documented bounds: every decoder's full decode of a baseline flowers JPEG matches Pillow within a
+mean absolute difference of 1.0 (all backends use libjpeg-turbo's islow IDCT and fancy
+upsampling; measured 0.0 here); grayscale comes out as three equal channels.
+"""
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from shardkit.decode import (
+    DCT_REDUCTIONS, DECODERS, FAST_DCT_REDUCTIONS, DecodeWarningError, apply_warning_policy,
+    available_decoders, choose_scale, decoder_environment, get_decoder, resize_into, scaled_size,
+)
+from shardkit.decode import roi as roi_module
+from shardkit.errors import ConfigError, DecodeError
+
+PIL_MEAN_ABS_BOUND = 1.0
+STOCK_PILLOW = ".post" not in Image.__version__  # Pillow-SIMD rounds its resize differently
+
+CPU_DECODERS = [n for n in DECODERS if n != "nvjpeg"]
+
+
+def _decoder_or_skip(name: str):
+    if not DECODERS[name].available():
+        pytest.skip(f"decoder {name!r} is not available here")
+    return get_decoder(name)
+
+
+def _jpeg(img: Image.Image, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _flower_files(sample_dir: Path, n: int) -> list[Path]:
+    files = sorted(sample_dir.rglob("*.jpg"))
+    return files[:: max(1, len(files) // n)][:n]
+
+
+@pytest.fixture(scope="module")
+def case12(sample_dir):
+    """Field case 12 fixtures from a real flowers photo resized to 333x250 with Pillow."""
+    src = sorted(sample_dir.rglob("*.jpg"))[0]
+    photo = Image.open(src).convert("RGB").resize((333, 250), Image.Resampling.BICUBIC)
+    valid = _jpeg(photo)
+    sos = valid.index(b"\xff\xda")
+    return {
+        "photo": photo,
+        "valid": valid,
+        "junk": valid[:sos] + b"\x00\x11junk" + valid[sos:],   # 6 stray bytes before SOS
+        "cut": valid[: int(len(valid) * 0.7)],
+        "gray": _jpeg(photo.convert("L")),
+    }
+
+
+# ---------------------------------------------------------------- registry ------------------
+
+def test_registry_and_environment():
+    assert set(DECODERS) == {"roi", "turbojpeg", "pil", "nvjpeg"}
+    assert get_decoder("auto").name == available_decoders()[0]
+    env = decoder_environment()
+    assert env["auto"] in DECODERS and set(env["backends"]) == set(DECODERS)
+    assert env["pil"]["simd"] == (".post" in env["pil"]["pillow_version"])
+    for name, entry in env["backends"].items():
+        assert entry["available"] == DECODERS[name].available()
+    with pytest.raises(ConfigError, match="unknown decoder 'bmp'"):
+        get_decoder("bmp")
+
+
+def test_unavailable_decoder_says_why(monkeypatch):
+    monkeypatch.setattr(roi_module, "_jpegroi", None)
+    with pytest.raises(ConfigError, match="C extension"):
+        get_decoder("roi")
+    assert get_decoder("auto").name == "turbojpeg"
+
+
+# ---------------------------------------------------------------- contract ------------------
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_contract_real_flowers(name, sample_dir):
+    dec = _decoder_or_skip(name)
+    assert dec.info()["name"] == name
+    for path in _flower_files(sample_dir, 6):
+        data = path.read_bytes()
+        arr = dec.decode(data)
+        ref = np.asarray(Image.open(path).convert("RGB"))
+        assert arr.dtype == np.uint8 and arr.flags.c_contiguous
+        assert arr.shape == ref.shape
+        assert np.abs(arr.astype(np.int16) - ref).mean() <= PIL_MEAN_ABS_BOUND
+        assert dec.last_warnings == 0
+        assert dec.probe(data)[:2] == (ref.shape[1], ref.shape[0])
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_contract_gray_png_and_rgb_order(name, awkward_dir, sample_dir):
+    dec = _decoder_or_skip(name)
+    gray = dec.decode((awkward_dir / "grayscale.jpg").read_bytes())
+    assert gray.shape == (128, 128, 3) and gray.dtype == np.uint8
+    assert np.array_equal(gray[..., 0], gray[..., 1]) and np.array_equal(gray[..., 0], gray[..., 2])
+    assert gray.std() > 5  # a real picture, not a constant fill
+
+    photo = Image.open(_flower_files(sample_dir, 1)[0]).convert("RGB")
+    png = io.BytesIO()
+    photo.save(png, "PNG")
+    arr = dec.decode(png.getvalue())
+    assert np.array_equal(arr, np.asarray(photo))  # PNG is lossless: exact
+
+    red = dec.decode(_jpeg(Image.new("RGB", (64, 48), (255, 0, 0))))
+    assert red.shape == (48, 64, 3)
+    r, g, b = (red[..., c].astype(int).mean() for c in range(3))
+    assert r > 200 and b < 60 and g < 60, f"{name} is not RGB: mean R={r} G={g} B={b}"
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_cmyk_jpeg_decodes_to_rgb(name, awkward_dir):
+    dec = _decoder_or_skip(name)
+    data = (awkward_dir / "cmyk_adobe.jpg").read_bytes()
+    arr = dec.decode(data)
+    ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert arr.shape == (100, 100, 3) and np.array_equal(arr, ref)
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_garbage_raises_named_decode_error(name, awkward_dir):
+    dec = _decoder_or_skip(name)
+    with pytest.raises(DecodeError):
+        dec.decode(b"")
+    with pytest.raises(DecodeError):
+        dec.decode(b"\xff\xd8\xff\xe0 this is not a jpeg")
+    with pytest.raises(DecodeError):
+        dec.decode((awkward_dir / "corrupt_header.png").read_bytes())
+
+
+# ---------------------------------------------------------------- field case 12 -------------
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_case12_valid_and_gray(name, case12):
+    dec = _decoder_or_skip(name)
+    arr = dec.decode(case12["valid"])
+    assert arr.shape == (250, 333, 3) and dec.last_warnings == 0
+    ref = np.asarray(Image.open(io.BytesIO(case12["valid"])).convert("RGB"))
+    assert np.abs(arr.astype(np.int16) - ref).mean() <= PIL_MEAN_ABS_BOUND
+    gray = dec.decode(case12["gray"])
+    assert gray.shape == (250, 333, 3)
+    assert np.array_equal(gray[..., 0], gray[..., 2])
+
+
+@pytest.mark.parametrize("name", ["roi", "turbojpeg"])
+def test_case12_junk_counted_not_printed(name, case12, capfd):
+    dec = _decoder_or_skip(name)
+    arr = dec.decode(case12["junk"])
+    assert arr.shape == (250, 333, 3)
+    assert dec.last_warnings == 1
+    assert "6 extraneous bytes before marker 0xda" in dec.last_warning
+    # the image itself is intact: stray bytes before SOS do not touch the scan
+    assert np.array_equal(arr, dec.decode(case12["valid"]))
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == ""
+    assert apply_warning_policy(1, "keep") is True
+    assert apply_warning_policy(1, "skip") is False
+    with pytest.raises(DecodeWarningError, match="key-7: 1 decoder warning"):
+        apply_warning_policy(1, "raise", "key-7", dec.last_warning)
+    with pytest.raises(ConfigError, match="'ignore' is not one of"):
+        apply_warning_policy(1, "ignore")
+
+
+def test_case12_junk_pil_cannot_count(case12):
+    """Pillow drops libjpeg warnings: the image is returned with 0 counted (documented)."""
+    dec = get_decoder("pil")
+    assert dec.decode(case12["junk"]).shape == (250, 333, 3) and dec.last_warnings == 0
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_case12_cut_at_70_percent(name, case12, capfd):
+    """libjpeg-based decoders return the picture with a counted warning (grey fill below the
+    cut); Pillow raises a DecodeError that names the truncation."""
+    dec = _decoder_or_skip(name)
+    if name == "pil":
+        with pytest.raises(DecodeError, match="truncated"):
+            dec.decode(case12["cut"])
+    else:
+        arr = dec.decode(case12["cut"])
+        n, msg = dec.last_warnings, dec.last_warning
+        assert arr.shape == (250, 333, 3) and n >= 1
+        assert "end" in msg.lower()
+        ok = dec.decode(case12["valid"])
+        assert np.abs(arr[:100].astype(int) - ok[:100]).mean() < 1.0  # top part intact
+        assert np.abs(arr[-20:].astype(int) - ok[-20:]).mean() > 5.0  # bottom is filler
+        with pytest.raises(DecodeWarningError):
+            apply_warning_policy(n, "raise", "cut.jpg", msg)
+    assert capfd.readouterr().err == ""
+
+
+def test_case12_scale_choice():
+    assert Fraction(1, 3) not in DCT_REDUCTIONS
+    assert set(FAST_DCT_REDUCTIONS) <= set(DCT_REDUCTIONS)
+    # 333x250 crop to 100x100: 1/4 gives 83x62 (too small), so 1/2
+    assert choose_scale(333, 250, 100, 100) == Fraction(1, 2)
+    assert choose_scale(333, 250, 100, 100, FAST_DCT_REDUCTIONS) == Fraction(1, 2)
+    assert choose_scale(333, 250, 40, 30) == Fraction(1, 8)          # 41.6 x 31.25
+    assert choose_scale(333, 250, 120, 90) == Fraction(3, 8)         # 124.9 x 93.75
+    assert choose_scale(333, 250, 120, 90, FAST_DCT_REDUCTIONS) == Fraction(1, 2)
+    assert choose_scale(200, 150, 224, 224) == 1                     # never upscale by DCT
+    with pytest.raises(ValueError, match="> 0"):
+        choose_scale(0, 10, 5, 5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(cw=st.integers(1, 4000), ch=st.integers(1, 4000), tw=st.integers(1, 600),
+       th=st.integers(1, 600), fast=st.booleans())
+def test_choose_scale_is_largest_sufficient_reduction(cw, ch, tw, th, fast):
+    factors = FAST_DCT_REDUCTIONS if fast else DCT_REDUCTIONS
+    f = choose_scale(cw, ch, tw, th, factors)
+    assert f in factors
+    if f < 1:
+        assert cw * f >= tw and ch * f >= th
+    assert not any(g < f and cw * g >= tw and ch * g >= th for g in factors)
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_case12_scaled_sizes_are_ceil_and_checked(name, case12, monkeypatch):
+    dec = _decoder_or_skip(name)
+    probe = dec.probe(case12["valid"])
+    assert Fraction(1, 3) not in probe.factors
+    with pytest.raises(DecodeError, match="1/3 not supported"):
+        dec.decode_scaled(case12["valid"], Fraction(1, 3))
+    want = {Fraction(1, 2): (167, 125), Fraction(1, 4): (84, 63), Fraction(1, 8): (42, 32)}
+    for f, (w, h) in want.items():
+        assert scaled_size(333, 250, f) == (w, h)
+        assert dec.decode_scaled(case12["valid"], f).shape == (h, w, 3)
+    # the check is real: a backend returning the wrong size is caught
+    monkeypatch.setattr(type(dec), "_decode_scaled", lambda self, data, f: np.zeros((1, 1, 3),
+                                                                                   np.uint8))
+    with pytest.raises(DecodeError, match=r"expected \(125, 167, 3\)"):
+        dec.decode_scaled(case12["valid"], Fraction(1, 2))
+
+
+# ---------------------------------------------------------------- ROI exactness -------------
+
+def _windows(w: int, h: int, rng: np.random.Generator):
+    yield 0, 0, w, h                       # whole image
+    yield 0, 0, 1, h                       # 1 px wide, left edge
+    yield w - 1, 0, w, h                   # 1 px wide, right edge
+    yield 0, h - 1, w, h                   # 1 px high, bottom edge
+    yield w - 1, h - 1, w, h               # bottom-right pixel
+    for _ in range(12):
+        x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
+        yield x0, y0, int(rng.integers(x0 + 1, w + 1)), int(rng.integers(y0 + 1, h + 1))
+
+
+@pytest.mark.parametrize("factor", DCT_REDUCTIONS)
+def test_roi_equals_full_decode_then_crop(factor, sample_dir):
+    dec = _decoder_or_skip("roi")
+    rng = np.random.default_rng(int(factor * 8))
+    for path in _flower_files(sample_dir, 5):
+        data = path.read_bytes()
+        full = dec._run(data, (0, 0, 0, 0), factor)  # whole image at this scale
+        assert full.shape[:2] == scaled_size(*dec.probe(data)[:2], factor)[::-1]
+        h, w = full.shape[:2]
+        for x0, y0, x1, y1 in _windows(w, h, rng):
+            part = dec._run(data, (x0, y0, x1, y1), factor)
+            assert np.array_equal(part, full[y0:y1, x0:x1]), (path.name, factor, (x0, y0, x1, y1))
+
+
+def test_roi_window_outside_image_is_an_error(case12):
+    dec = _decoder_or_skip("roi")
+    with pytest.raises(DecodeError, match="outside the 333x250"):
+        dec.decode_region(case12["valid"], (300, 0, 334, 10), Fraction(1))
+
+
+def test_progressive_roi_matches_full(awkward_dir):
+    dec = _decoder_or_skip("roi")
+    data = (awkward_dir / "progressive_photo.jpg").read_bytes()
+    full = dec.decode(data)
+    assert full.shape == (533, 800, 3)
+    assert np.array_equal(dec.decode_region(data, (101, 57, 399, 301), Fraction(1)),
+                          full[57:301, 101:399])
+
+
+# ---------------------------------------------------------------- resize --------------------
+
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic", "box", "nearest"])
+def test_resize_into_matches_pillow(interp, sample_dir):
+    rng = np.random.default_rng(1)
+    code = {"bilinear": 2, "bicubic": 3, "box": 4, "nearest": 0}[interp]
+    for path in _flower_files(sample_dir, 8):
+        img = Image.open(path).convert("RGB")
+        src = np.asarray(img)
+        h, w = src.shape[:2]
+        for _ in range(6):
+            x0, y0 = rng.uniform(0, w / 2), rng.uniform(0, h / 2)
+            box = (x0, y0, rng.uniform(x0 + 1, w), rng.uniform(y0 + 1, h))
+            ow, oh = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+            flip = bool(rng.random() < 0.5)
+            out = resize_into(src, box, np.empty((oh, ow, 3), np.uint8), flip, interp)
+            ref = np.asarray(img.resize((ow, oh), code, box=box))
+            ref = ref[:, ::-1] if flip else ref
+            if STOCK_PILLOW:
+                assert np.array_equal(out, ref), (path.name, box, ow, oh, flip)
+            else:
+                assert np.abs(out.astype(int) - ref).mean() < 1.0
+
+
+def test_resize_rejects_bad_box():
+    src = np.zeros((10, 10, 3), np.uint8)
+    with pytest.raises(ValueError, match="box"):
+        resize_into(src, (0, 0, 11, 10), np.empty((4, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match="interpolation 'lanczos'"):
+        resize_into(src, (0, 0, 10, 10), np.empty((4, 4, 3), np.uint8), interpolation="lanczos")
+
+
+@pytest.mark.parametrize("name", CPU_DECODERS)
+def test_decode_resize_equals_region_then_resize(name, sample_dir):
+    dec = _decoder_or_skip(name)
+    path = _flower_files(sample_dir, 3)[1]
+    data = path.read_bytes()
+    region, box = (13, 21, 180, 150), (0.5, 1.25, 166.0, 128.5)
+    fused = dec.decode_resize(data, region, Fraction(1), box, np.empty((64, 80, 3), np.uint8),
+                              True)
+    arr = dec.decode_region(data, region, Fraction(1))
+    ref = resize_into(arr, box, np.empty((64, 80, 3), np.uint8), True)
+    assert np.array_equal(fused, ref)
+
+
+# ---------------------------------------------------------------- GPU -----------------------
+
+@pytest.mark.gpu
+def test_nvjpeg_batch_matches_cpu(sample_dir):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA not available")
+    dec = get_decoder("nvjpeg")
+    files = _flower_files(sample_dir, 4)
+    out = dec.decode_batch([p.read_bytes() for p in files])
+    for t, path in zip(out, files):
+        ref = np.asarray(Image.open(path).convert("RGB"))
+        assert t.is_cuda and t.dtype == torch.uint8 and t.shape == (3, *ref.shape[:2])
+        diff = np.abs(t.permute(1, 2, 0).cpu().numpy().astype(int) - ref).mean()
+        assert diff < 2.0
