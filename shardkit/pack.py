@@ -54,9 +54,13 @@ from shardkit.errors import ConfigError, LabelError, OutputExistsError, Shardkit
 from shardkit.split import SplitPlan, assign_splits, parse_split_spec, validate_ratios
 
 __all__ = ["pack", "PackSummary", "PackInvariantError", "pack_command", "parse_size",
-           "LABEL_CONFLICT_POLICIES"]
+           "LABEL_CONFLICT_POLICIES", "DEFAULT_SHARD_BYTES"]
 
 LABEL_CONFLICT_POLICIES = ("error", "quarantine", "keep")
+DEFAULT_SHARD_BYTES = 256 << 20
+"""Rollover size when neither ``shard_samples`` nor ``shard_bytes`` is given (256 MiB): big enough
+that per-shard overhead vanishes, small enough that a writer buffering a shard (HDF5) stays modest
+and a split has several shards to spread over loader workers."""
 QUARANTINE_NAME = "quarantine.jsonl"
 _OWNED = ("manifest.json", "shards", "splits", QUARANTINE_NAME)
 
@@ -286,7 +290,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
         group_by: regex on the relative path; group = first capture group (or the whole match).
         metadata, group_column: CSV with ``path`` and the group column.
         labels: LabelMap YAML (classes + aliases); default: the sorted folder names.
-        shard_samples, shard_bytes: rollover limits (bytes: int or ``"64MB"``, see :func:`parse_size`).
+        shard_samples, shard_bytes: rollover limits (bytes: int or ``"64MB"``, see :func:`parse_size`);
+            with neither given, shards roll over at :data:`DEFAULT_SHARD_BYTES`.
         workers: check processes (>= 1). strict: reject images with decoder warnings.
         max_pixels: pixel limit of ``check_image`` (default ``images.DEFAULT_MAX_PIXELS``).
         overwrite: replace a finished dataset in ``out``. progress: tqdm bars + printed summary.
@@ -319,6 +324,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed={seed!r}; expected an integer >= 0")
     shard_bytes = parse_size(shard_bytes)
+    if shard_samples is None and shard_bytes is None:
+        shard_bytes = DEFAULT_SHARD_BYTES
     max_pixels = images.DEFAULT_MAX_PIXELS if max_pixels is None else int(max_pixels)
     if (out / "manifest.json").exists() and not overwrite:  # fail before the long scan
         _prepare_out(out, overwrite)
@@ -467,7 +474,7 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="LABELS.yaml: classes and aliases.")
 @click.option("--shard-samples", type=click.IntRange(min=1), metavar="N", help="Samples per shard.")
-@click.option("--shard-bytes", metavar="SIZE", help="Bytes per shard, e.g. 64MB or 512MiB.")
+@click.option("--shard-bytes", metavar="SIZE", help="Bytes per shard, e.g. 64MB or 512MiB [default: 256MiB when neither limit is set].")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Check processes.")
 @click.option("--strict", is_flag=True, help="Reject images with decoder warnings.")

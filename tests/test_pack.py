@@ -435,3 +435,17 @@ pack({str(src)!r}, {str(out)!r}, format="wds", split={{"train": 1.0}}, shard_sam
     assert sorted(os.listdir(out / "shards")) == ["train-000000.tar", "train-000001.tar",
                                                   "train-000002.tar"]
     check_packed(out, src, 25)
+
+
+def test_default_rollover_by_bytes(sample_dir, tmp_path, monkeypatch):
+    import shardkit.pack as pack_mod
+
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
+                                         for p in sample_files(sample_dir, 4)})
+    monkeypatch.setattr(pack_mod, "DEFAULT_SHARD_BYTES", 300_000)
+    pack(src, tmp_path / "o", format="hdf5", split={"train": 1.0}, progress=False)
+    recs = read_split_records(tmp_path / "o", "train")
+    per_shard = Counter()
+    for r in recs:
+        per_shard[r["shard"]] += r["size"]
+    assert len(per_shard) > 1 and max(per_shard.values()) <= 300_000
