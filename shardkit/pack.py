@@ -327,6 +327,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
     if shard_samples is None and shard_bytes is None:
         shard_bytes = DEFAULT_SHARD_BYTES
     max_pixels = images.DEFAULT_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    if max_pixels < 1:
+        raise ConfigError(f"max_pixels={max_pixels}; expected a pixel count >= 1")
     if (out / "manifest.json").exists() and not overwrite:  # fail before the long scan
         _prepare_out(out, overwrite)
     if src.is_dir() and (out == src or src in out.parents):
