@@ -25,7 +25,8 @@ def _choice(name: str) -> click.Choice:
 @click.option("--pretrained", type=click.Path(dir_okay=False),
               help="Local checkpoint; tensors whose shapes differ are skipped and reported.")
 @click.option("--epochs", type=int, help="Planned epochs (defines the LR schedule).")
-@click.option("--max-steps", type=int, help="Stop after this many optimizer steps (cuts the run).")
+@click.option("--max-steps", type=int,
+              help="Stop after this many optimizer steps (cuts the run; 0: no limit).")
 @click.option("--batch-size", type=int, help="Images per step per process.")
 @click.option("--image-size", type=int, help="Square input side in pixels.")
 @click.option("--lr", type=float, help="Peak learning rate.")
@@ -40,7 +41,8 @@ def _choice(name: str) -> click.Choice:
 @click.option("--amp", type=_choice("amp"), help="auto: bf16 on capable GPUs, fp16 on older, off on CPU.")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--channels-last/--no-channels-last", default=None)
-@click.option("--patience", type=int, help="Early stop after N evaluations without improvement.")
+@click.option("--patience", type=int,
+              help="Early stop after N evaluations without improvement (0: off).")
 @click.option("--monitor", type=_choice("monitor"))
 @click.option("--mean-std", type=_choice("mean_std"),
               help="dataset: the train split's stats from `shardkit stats`.")

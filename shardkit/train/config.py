@@ -50,7 +50,7 @@ class TrainConfig:
     model: str = "hrnet_w18_small"        # any timm model name
     pretrained: str | None = None         # local checkpoint path; mismatched shapes are skipped
     epochs: int = 30                      # planned epochs; defines the LR schedule length
-    max_steps: int | None = None          # cut the run short after this many optimizer steps
+    max_steps: int | None = None          # cut the run short after this many steps (0/None: never)
     batch_size: int = 64                  # per rank
     image_size: int = 224                 # square side, pixels
     lr: float = 0.05                      # peak learning rate (after warmup)
@@ -68,7 +68,7 @@ class TrainConfig:
     amp: str = "auto"                     # auto | bf16 | fp16 | off
     compile: bool = False                 # torch.compile the model
     channels_last: bool = True            # NHWC memory format for model and inputs
-    patience: int | None = None           # early stop after this many evals without improvement
+    patience: int | None = None           # early stop after N evals without improvement (0/None: off)
     monitor: str = "macro_f1"             # macro_f1 | top1 | loss
     mean_std: str = "imagenet"            # imagenet | dataset (manifest stats of the train split)
     seed: int = 0
@@ -84,6 +84,9 @@ class TrainConfig:
     progress: bool = True                 # tqdm bar per epoch on rank 0
 
     def __post_init__(self) -> None:
+        for name in ("max_steps", "patience"):  # 0 means "no limit" (lets a flag undo a YAML value)
+            if getattr(self, name) == 0:
+                object.__setattr__(self, name, None)
         for name, allowed in CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
