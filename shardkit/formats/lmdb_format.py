@@ -88,7 +88,7 @@ class Writer(FormatWriter):
         self._work.unlink(missing_ok=True)
 
 
-_ENVS: dict[str, lmdb.Environment] = {}  # per process: py-lmdb allows one Environment per file
+_ENVS: dict[tuple, lmdb.Environment] = {}  # per process: py-lmdb allows one Environment per file
 _ENVS_PID = os.getpid()
 
 
@@ -99,14 +99,21 @@ class Reader(FormatReader):
             _ENVS.clear()
             _ENVS_PID = os.getpid()
         path = os.path.realpath(self.location)
-        env = _ENVS.get(path)
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise ShardCorruptError(f"shard {self.name}: cannot open LMDB: {e}") from e
+        cache_key = (path, st.st_ino, st.st_mtime_ns, st.st_size)  # a rewritten file is a new env
+        env = _ENVS.get(cache_key)
         if env is None:
             try:
                 env = lmdb.open(path, subdir=False, readonly=True, lock=False,
                                 readahead=False, meminit=False)
             except lmdb.Error as e:
                 raise ShardCorruptError(f"shard {self.name}: cannot open LMDB: {e}") from e
-            _ENVS[path] = env
+            for old in [k for k in _ENVS if k[0] == path]:
+                _ENVS.pop(old).close()
+            _ENVS[cache_key] = env
         return env
 
     def close(self) -> None:
