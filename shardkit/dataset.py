@@ -186,6 +186,9 @@ class _Planned:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.epoch = 0
+        # [epoch, start_batch] in shared memory: read by workers at the start of each iteration,
+        # so set_epoch reaches persistent workers too (field case 18)
+        self.state = torch.zeros(2, dtype=torch.int64).share_memory_()
         self.plan(0)  # validates every option now, in the constructor, not in a worker
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
@@ -203,6 +206,12 @@ class _Planned:
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
         self.epoch = int(epoch)
+        self.state[0] = self.epoch
+
+    def _sync_state(self) -> int:
+        """Takes the epoch from the shared state (in a worker); returns the start batch."""
+        self.epoch = int(self.state[0])
+        return int(self.state[1])
 
     @property
     def classes(self) -> list[str]:
@@ -271,9 +280,10 @@ class ShardDataset(_Planned, IterableDataset):
                 "image": image, "index": int(pos), "valid": bool(valid)}
 
     def __iter__(self) -> Iterator[dict]:
+        start = self._sync_state()
         plan = self.plan()
         wid, nw = worker_id_count()
-        for b in plan.worker_batches(wid, nw):
+        for b in plan.worker_batches(wid, nw, start):
             sl = plan.batch_slice(int(b))
             for j in range(sl.start, sl.stop):
                 pos = int(plan.positions[j])

@@ -51,8 +51,6 @@ class BatchDataset(_Planned, IterableDataset):
         self._source = source
         self.transform = transform
         self.image_size = int(image_size)
-        # [epoch, start_batch], shared with worker processes (persistent ones included)
-        self.state = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._init_plan(rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, mode=mode,
                         even=even, balance=balance, samples_per_epoch=samples_per_epoch,
                         block=block, batch_size=batch_size, drop_last=drop_last, train=train)
@@ -64,7 +62,7 @@ class BatchDataset(_Planned, IterableDataset):
                            self.batch_size, self.drop_last)
 
     def __iter__(self):
-        self.epoch, start = int(self.state[0]), int(self.state[1])
+        start = self._sync_state()
         plan = self.plan()
         wid, nw = worker_id_count()
         for b in plan.worker_batches(wid, nw, start):

@@ -116,6 +116,24 @@ def test_shuffle_is_deterministic_per_epoch_and_changes_across_epochs(uneven):
     assert [s["index"] for s in ShardDataset(out, "train", decode=False)] == list(range(40))
 
 
+def _keys_of(samples: list[dict]) -> list[str]:
+    return [s["key"] for s in samples]
+
+
+def test_set_epoch_reaches_persistent_workers(uneven):
+    out, _ = uneven("wds")
+    ds = ShardDataset(out, "train", shuffle=True, decode=False, batch_size=4)
+    # DataLoader batch size == the dataset's worker granularity -> batches arrive in plan order
+    dl = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, timeout=60,
+                    collate_fn=_keys_of)
+    orders = []
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        orders.append([k for batch in dl for k in batch])
+        assert orders[-1] == [s["key"] for s in ds]  # workers follow the main process's epoch
+    assert orders[0] != orders[1] != orders[2] and sorted(orders[0]) == sorted(orders[2])
+
+
 def test_even_pad_and_drop_give_equal_counts(uneven):
     out, _ = uneven("lmdb")
     for even, per in [("pad", 14), ("drop", 13)]:
