@@ -10,10 +10,11 @@ nvJPEG) sees the same upright RGB pixels (field case 15):
   ``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS`, Pillow's own limit) are rejected with a
   reason. Pillow's global ``Image.MAX_IMAGE_PIXELS`` and ``ImageFile.LOAD_TRUNCATED_IMAGES`` are
   never changed: the limit is passed per call.
-* The whole image is decoded (not just opened). JPEGs are decoded with libjpeg-turbo (PyTurboJPEG,
-  RGB output) and with Pillow; libjpeg-turbo's recoverable warnings are recorded in
-  ``ImageResult.warnings`` (and make the file fail under ``strict=True``); "Premature end of JPEG
-  file" and any Pillow decode error reject the file as truncated/corrupt.
+* The whole image is decoded (not just opened). JPEGs are fully decoded with libjpeg-turbo
+  (PyTurboJPEG, RGB output), the decoder every shardkit reader uses; Pillow decodes them a second
+  time only when their pixels must be normalised. libjpeg-turbo's recoverable warnings are
+  recorded in ``ImageResult.warnings`` (and make the file fail under ``strict=True``); "Premature
+  end of JPEG file" and any decode error reject the file as truncated/corrupt.
 * A standard 8-bit YCbCr or grayscale JPEG with no EXIF rotation is stored as the original bytes
   (rule ``"original"``). Grayscale stays grayscale on disk: every reader expands it to 3 channels.
   ICC profiles are ignored (pixels are taken as stored, as torchvision and timm do); ``icc`` says
@@ -283,6 +284,11 @@ def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> Ima
                       im.size)
     icc = bool(im.info.get("icc_profile"))
     cmyk = _check_jpeg(data, im, messages) if media == "jpeg" else False
+    if media == "jpeg" and not cmyk and im.mode in ("RGB", "L") and _orientation(im) == 1:
+        # libjpeg-turbo has just decoded every pixel (warnings recorded); a second full decode by
+        # Pillow would find nothing more. JPEG EXIF (APP1) precedes the scan, so the orientation
+        # is known before load().
+        return ImageResult(True, None, media, "jpg", data, "original", width, height, (), icc)
     sixteen = _sixteen_bit(im)  # from the tile's raw mode, which load() clears
     try:
         frames = getattr(im, "n_frames", 1)  # GIF: walks every frame header
@@ -292,8 +298,6 @@ def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> Ima
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for broken streams
         raise _decode_failure(media, "Pillow", e) from e
     orientation = _orientation(im)  # after load: PNG keeps eXIf after the image data
-    if media == "jpeg" and not cmyk and im.mode in ("RGB", "L") and orientation == 1:
-        return ImageResult(True, None, media, "jpg", data, "original", width, height, (), icc)
     steps = ["first-frame"] if frames > 1 else []
     try:
         if orientation != 1:
