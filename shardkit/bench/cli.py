@@ -104,11 +104,18 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     rows = expand_grid([(i["root"], i["format"]) for i in infos], list(decoders), workers,
                        prefetch, pins, pers, pin_available=torch.cuda.is_available(),
                        unavailable_decoders=unavailable)
+    ran = {d: env["shardkit_decode"].get("decoders", {}).get(d, {}).get("name") for d in decoders}
+    for d, name in ran.items():
+        if d != "auto" and name is not None and name != d:
+            env["mismatches"].append(f"decoder {d!r} was requested but {name!r} ran")
     t0 = time.perf_counter()
     progress = (lambda msg: echo(msg, err=True)) if echo else None
     results = run_rows(rows, cfg, step, progress=progress)
     if baseline == "imagefolder":
         results += add_baseline_rows(results, infos[0], cfg, step, progress=progress)
+    for r in results:
+        if r["kind"] == "shardkit":
+            r["decoder_ran"] = ran.get(r["setting"]["decoder"])
     rec = recommend(results, step.info(), tolerance=tolerance, threshold=threshold)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

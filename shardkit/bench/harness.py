@@ -26,7 +26,7 @@ __all__ = ["RunResult", "BenchError", "time_batches", "measure", "summarize", "M
 METRICS = {
     "loader_ms_per_batch": "ms", "step_ms_per_batch": "ms", "throughput_img_s": "img/s",
     "data_wait_fraction": "", "cpu_util_cores": "cores", "cpu_util_percent": "%",
-    "memory_mb": "MiB", "loader_ms_p90": "ms",
+    "memory_mb": "MiB", "loader_ms_p90": "ms", "system_cpu_percent": "%",
 }
 
 
@@ -56,7 +56,7 @@ class RunResult:
             "data_wait_fraction": min(1.0, loader_total / self.wall_s),
             "loader_ms_p90": loader_sorted[min(n - 1, int(0.9 * n))],
         }
-        for key in ("cpu_util_cores", "cpu_util_percent", "memory_mb"):
+        for key in ("cpu_util_cores", "cpu_util_percent", "memory_mb", "system_cpu_percent"):
             if key in self.resources:
                 out[key] = self.resources[key]
         return out

@@ -112,7 +112,7 @@ def _fmt(rec: dict, metric: str, spec: str, scale: float = 1.0) -> str:
 
 def format_table(results: list[dict]) -> str:
     """A fixed-width text table: one line per row, N/A and error rows with their note."""
-    head = (f"{'id':>3} {'kind':<8} {'format':<11} {'decoder':<9} {'nw':>2} {'pf':>2} {'pin':<3} "
+    head = (f"{'id':>3} {'kind':<8} {'format':<11} {'decoder':<14} {'nw':>2} {'pf':>2} {'pin':<3} "
             f"{'pers':<4} {'status':<5} {'loader ms':>9} {'step ms':>8} {'img/s':>8} "
             f"{'img/s min-max':>15} {'wait':>5} {'cpu':>5} {'MiB':>6} {'x base':>6}")
     lines = [head, "-" * len(head)]
@@ -122,8 +122,11 @@ def format_table(results: list[dict]) -> str:
         thr = r.get("metrics", {}).get("throughput_img_s")
         spread = f"{thr['min']:.0f}-{thr['max']:.0f}" if thr else "-"
         ratio = f"{r['ratio_to_baseline']:.2f}" if r.get("ratio_to_baseline") else "-"
+        dec = s["decoder"]
+        if r.get("decoder_ran") and r["decoder_ran"] != dec:
+            dec = f"{dec}>{r['decoder_ran']}"  # requested > what really ran
         lines.append(
-            f"{r['id']:>3} {r['kind']:<8} {str(s['format'])[:11]:<11} {s['decoder'][:9]:<9} "
+            f"{r['id']:>3} {r['kind']:<8} {str(s['format'])[:11]:<11} {dec[:14]:<14} "
             f"{s['num_workers']:>2} {pf:>2} {'on' if s['pin_memory'] else 'off':<3} "
             f"{'on' if s['persistent_workers'] else 'off':<4} {r['status']:<5} "
             f"{_fmt(r, 'loader_ms_per_batch', '9.1f'):>9} {_fmt(r, 'step_ms_per_batch', '8.1f'):>8} "
