@@ -280,3 +280,17 @@ def test_resume_continues_step_count_lr_schedule_and_weights(packed_sample, tmp_
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert full["history"][-1]["val"]["confusion_matrix"] == \
         resumed["history"][-1]["val"]["confusion_matrix"]
+
+
+def test_overfit_two_batches_drives_train_loss_near_zero(packed_sample, tmp_path):
+    """--overfit-batches 2: the same two un-augmented batches, repeatedly -> loss < 0.05."""
+    data = packed_sample("wds")
+    metrics = train(_run_config(data, tmp_path / "overfit", overfit_batches=2, epochs=6,
+                                max_steps=0, lr=2e-3, weight_decay=0.0, warmup_steps=2,
+                                eval_every=100))
+    losses = [h["train"]["loss"] for h in metrics["history"]]
+    assert metrics["step"] == 12 and [h["train"]["steps"] for h in metrics["history"]] == [2] * 6
+    assert losses[0] > 1.0                       # starts near ln(5) = 1.61
+    assert losses[-1] < 0.05, losses
+    assert yaml.safe_load((tmp_path / "overfit" / "config.yaml").read_text())[
+        "label_smoothing"] == 0.0                # overfit mode turns smoothing off
