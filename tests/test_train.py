@@ -294,3 +294,47 @@ def test_overfit_two_batches_drives_train_loss_near_zero(packed_sample, tmp_path
     assert losses[-1] < 0.05, losses
     assert yaml.safe_load((tmp_path / "overfit" / "config.yaml").read_text())[
         "label_smoothing"] == 0.0                # overfit mode turns smoothing off
+
+
+def test_case23_three_class_folder_head_topk_pretrained_labels_and_data_path(
+        sample_dir, tmp_path):
+    """Field case 23 (HRNet-Image-Classification): a 3-class ImageFolder packed by shardkit feeds
+    hrnet_w18_small: 3 logits (not 1000), no top-5, a 5-class checkpoint loads except its head
+    (skipped and reported), the data path is the one given (the packed folder was moved after
+    packing), and a label outside [0, 3) raises naming it."""
+    from shardkit.pack import pack
+
+    src = tmp_path / "three"
+    for name in ("daisy", "roses", "tulips"):
+        shutil.copytree(sample_dir / name, src / name)
+    pack(src, tmp_path / "packed", format="hdf5", split={"train": 0.75, "val": 0.25}, seed=0,
+         shard_samples=32, workers=1, progress=False)
+    data = tmp_path / "moved" / "data"
+    data.parent.mkdir()
+    shutil.move(tmp_path / "packed", data)           # the manifest's source.root is now stale
+    manifest = json.loads((data / "manifest.json").read_text())
+    assert manifest["classes"] == ["daisy", "roses", "tulips"]
+    torch.manual_seed(1)
+    weights = tmp_path / "hrnet5.pth"
+    torch.save(build_model("hrnet_w18_small", 5).state_dict(), weights)
+
+    run = tmp_path / "run"
+    metrics = train(_run_config(data, run, max_steps=1, pretrained=str(weights)))
+    assert metrics["run"]["num_classes"] == 3 and metrics["run"]["data"] == str(data)
+    assert yaml.safe_load((run / "config.yaml").read_text())["data"] == str(data)
+    val = metrics["history"][-1]["val"]
+    assert "top5" not in val and len(val["confusion_matrix"]) == 3
+    assert _support(val) == manifest["splits"]["val"]["num_samples"]
+    assert "test" not in metrics                                # no test split was packed
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=False)["model"]
+    assert best["classifier.weight"].shape == (3, 2048)
+    report = json.loads((run / "pretrained_report.json").read_text())
+    assert {s["key"]: s["checkpoint"] for s in report["skipped_shape"]} == {
+        "classifier.weight": [5, 2048], "classifier.bias": [5]}
+    assert report["loaded"] == len(best) - 2 and report["unexpected"] == []
+
+    # a manifest whose class list is shorter than its labels: label 2 must raise, not train
+    manifest["classes"] = ["daisy", "roses"]
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(LabelError, match=r"label 2 .*\[0, 2\)"):
+        train(_run_config(data, tmp_path / "run-bad", max_steps=1))
