@@ -76,10 +76,10 @@ def recommend(results: list[dict], step: dict, *, tolerance: float = 0.05,
     else:
         bound = frac >= threshold
         step_ms = _med(rec, "step_ms_per_batch")
-        demand = rec["batch_size"] / (step_ms / 1000.0) if step_ms else float("inf")
+        demand = (f" (the step alone would consume {rec['batch_size'] / step_ms * 1000:.0f} "
+                  f"img/s)" if step_ms >= 0.01 else "")
         text.append(f"At {step_ms:.1f} ms per step the device would wait for data {frac:.0%} of "
-                    f"the time (step alone would consume {demand:.0f} img/s): "
-                    + ("DATA-BOUND." if bound else "not data-bound."))
+                    f"the time{demand}: " + ("DATA-BOUND." if bound else "not data-bound."))
         if bound:
             best_frac = min(_med(r, "data_wait_fraction") for r in ok)
             text.append(f"Even the least-waiting setting waits {best_frac:.0%}: add CPU cores or "
@@ -141,22 +141,37 @@ def format_table(results: list[dict]) -> str:
 def _lines(results: list[dict]) -> dict[str, list[tuple[int, dict]]]:
     """Plot series: one per (kind, data, decoder, prefetch, pin, persistent), x = num_workers.
 
-    The num_workers=0 row (measured once, without prefetch) is put on every series that the
-    requested grid had it in (its N/A twins point at it with ``same_as``).
+    The num_workers=0 point (measured once, without prefetch or persistent workers) joins every
+    series of the same kind, data, decoder and pin; N/A rows that only copy another pin setting
+    (no CUDA) are left out.
     """
     by_id = {r["id"]: r for r in results}
-    series: dict[str, dict[int, dict]] = {}
+    series: dict[tuple, dict[int, dict]] = {}
+    zero: dict[tuple, dict] = {}
     for r in results:
         src = by_id.get(r["same_as"]) if r["status"] == "n/a" else r
         if src is None or src["status"] != "ok":
             continue
-        q = r["requested"]
-        pf = "-" if q["prefetch_factor"] is None else q["prefetch_factor"]
-        name = (f"{'baseline ' if r['kind'] == 'baseline' else ''}{q['format']}/{q['decoder']} "
-                f"pf={pf} pin={'on' if q['pin_memory'] else 'off'}"
-                + (" pers" if q["persistent_workers"] else ""))
-        series.setdefault(name, {})[q["num_workers"]] = src
-    return {k: sorted(v.items()) for k, v in series.items()}
+        q = r["requested"] if r is not src else r["setting"]
+        if r is not src and q["pin_memory"] != src["setting"]["pin_memory"]:
+            continue  # pin_memory N/A (no CUDA): a copy of the pin-off line would mislead
+        base = (r["kind"], q["data"], q["format"], q["decoder"], q["pin_memory"])
+        if q["num_workers"] == 0:
+            zero[base] = src
+            continue
+        series.setdefault((*base, q["prefetch_factor"], q["persistent_workers"]),
+                          {})[q["num_workers"]] = src
+    for base, src in zero.items():
+        keys = [k for k in series if k[:5] == base] or [(*base, None, False)]
+        for k in keys:
+            series.setdefault(k, {})[0] = src
+    out = {}
+    for (kind, _data, fmt, dec, pin, pf, pers), points in series.items():
+        name = (f"{'baseline ' if kind == 'baseline' else ''}{fmt}/{dec} "
+                f"pf={'-' if pf is None else pf} pin={'on' if pin else 'off'}"
+                + (" pers" if pers else ""))
+        out[name] = sorted(points.items())
+    return out
 
 
 def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
@@ -171,6 +186,7 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     series = _lines(results)
     if not series:
         return []
@@ -187,6 +203,7 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
             ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=name,
                         linestyle="--" if name.startswith("baseline") else "-")
         ax.set_xlabel("num_workers")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel(ylabel)
         if metric == "data_wait_fraction":
             ax.set_ylim(0, 1.05)
