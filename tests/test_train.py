@@ -338,3 +338,31 @@ def test_case23_three_class_folder_head_topk_pretrained_labels_and_data_path(
     (data / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(LabelError, match=r"label 2 .*\[0, 2\)"):
         train(_run_config(data, tmp_path / "run-bad", max_steps=1))
+
+
+def test_torchrun_two_process_gloo_merges_one_evaluation(packed_sample, tmp_path):
+    """``torchrun --nproc_per_node 2`` on the CPU: DDP over gloo, both ranks take the same number
+    of steps, and val/test are scored exactly once over all samples (merged across ranks)."""
+    from shardkit.manifest import load_manifest
+
+    data, run = packed_sample("wds"), tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "shardkit.cli", "train", "--data", str(data), "--out", str(run),
+           "--config", "cpu-smoke", "--model", "test_resnet", "--image-size", "32",
+           "--max-steps", "3", "--device", "cpu"]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    manifest = load_manifest(data)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["run"]["world_size"] == 2 and metrics["step"] == 3
+    (entry,) = metrics["history"]
+    assert entry["train"]["steps"] == 3 and entry["train"]["images"] == 2 * 3 * 8
+    val, test = entry["val"], metrics["test"]
+    for result, split in ((val, "val"), (test, "test")):
+        expected = manifest["splits"][split]["num_samples"]
+        assert result["num_samples"] == _support(result) == expected
+        assert sum(map(sum, result["confusion_matrix"])) == expected
+        assert [result["per_class"][c]["support"] for c in manifest["classes"]] == \
+            manifest["splits"][split]["class_counts"]
+    assert json.loads((run / "eval" / "val_epoch000.json").read_text())["num_samples"] == 30
