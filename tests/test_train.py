@@ -20,7 +20,8 @@ from shardkit.train import (TrainConfig, build_model, check_labels, classificati
                             load_config, load_pretrained, topk_for, train)
 from shardkit.train.checkpoint import ResumeMismatchError
 from shardkit.train.dist import all_gather_varlen, resolve_amp
-from shardkit.train.metrics import better
+from shardkit.train.data import resolve_mean_std
+from shardkit.train.metrics import EarlyStopping, better
 from shardkit.train.model import param_groups
 from shardkit.train.optim import FocalLoss, build_optimizer, build_scheduler, class_weights
 
@@ -162,6 +163,24 @@ def test_classification_metrics_values():
     assert result["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
     assert better("loss", 0.5, 0.6) and not better("top1", 0.5, 0.6)
     assert not better("macro_f1", float("nan"), None)
+
+
+def test_early_stopping_counts_evaluations_without_improvement():
+    stopper = EarlyStopping("macro_f1", patience=2)
+    assert [stopper.update(v) for v in (0.3, 0.5, 0.5, 0.4)] == [True, True, False, False]
+    assert stopper.best == 0.5 and stopper.should_stop
+    loss = EarlyStopping("loss", patience=None)
+    assert [loss.update(v) for v in (1.0, 0.8, 0.9)] == [True, True, False]
+    assert not loss.should_stop                      # no patience: never stops
+
+
+def test_mean_std_from_manifest_stats_or_a_clear_error():
+    config = TrainConfig(data="/data/out", mean_std="dataset")
+    stats = {"stats": {"train": {"mean": [0.4, 0.5, 0.3], "std": [0.2, 0.25, 0.3]}}}
+    assert resolve_mean_std(config, stats) == ((0.4, 0.5, 0.3), (0.2, 0.25, 0.3))
+    assert resolve_mean_std(config.replace(mean_std="imagenet"), {})[0] == (0.485, 0.456, 0.406)
+    with pytest.raises(ConfigError, match="run `shardkit stats /data/out --split train`"):
+        resolve_mean_std(config, {"stats": {"val": stats["stats"]["train"]}})
 
 
 def test_amp_resolution_on_cpu():
@@ -366,3 +385,26 @@ def test_torchrun_two_process_gloo_merges_one_evaluation(packed_sample, tmp_path
         assert [result["per_class"][c]["support"] for c in manifest["classes"]] == \
             manifest["splits"][split]["class_counts"]
     assert json.loads((run / "eval" / "val_epoch000.json").read_text())["num_samples"] == 30
+
+
+def test_options_run_focal_balanced_bf16_sgd_clip_dataset_stats(packed_sample, tmp_path):
+    """The less common options wire through: focal loss, class-balanced sampling, bf16 autocast
+    on the CPU, SGD with clipping, the train split's own mean/std, early stopping on loss."""
+    from shardkit.doctor_stats import compute_stats
+
+    data = tmp_path / "data"
+    shutil.copytree(packed_sample("wds"), data)
+    stats = compute_stats(data, "train", save=True)
+    run = tmp_path / "run"
+    metrics = train(_run_config(data, run, model="test_resnet", image_size=32, max_steps=3,
+                                loss="focal", balance="class", amp="bf16", opt="sgd", lr=0.05,
+                                clip_grad=1.0, mean_std="dataset", monitor="loss", patience=1))
+    assert metrics["run"]["amp"] == "bfloat16" and metrics["step"] == 3
+    assert metrics["run"]["mean_std"] == {"mean": pytest.approx(stats["mean"]),
+                                          "std": pytest.approx(stats["std"])}
+    assert 0.3 < stats["mean"][0] < 0.7 and 0.1 < stats["std"][0] < 0.4   # real photo pixels
+    assert math.isfinite(metrics["history"][0]["train"]["loss"])
+    assert metrics["best"]["monitor"] == "loss"
+    assert _support(metrics["test"]) == 30
+    with pytest.raises(ConfigError, match="shardkit stats"):
+        train(_run_config(packed_sample("wds"), tmp_path / "nostats", mean_std="dataset"))

@@ -31,10 +31,10 @@ CHOICES = {
     "mean_std": ("imagenet", "dataset"),
 }
 
-# Fields that define the step count and the LR schedule: a resumed run must keep them.
+# Fields that define the step count, the LR schedule and "best": a resumed run must keep them.
 SCHEDULE_FIELDS = ("model", "epochs", "batch_size", "image_size", "lr", "opt", "momentum",
                    "weight_decay", "warmup_epochs", "warmup_steps", "min_lr", "overfit_batches",
-                   "balance", "seed")
+                   "balance", "seed", "monitor")
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from .config import TrainConfig, save_config
 from .data import (eval_loader, fixed_batches, make_normalizer, resolve_mean_std,
                    train_loader, transform_config)
 from .dist import all_gather_varlen, barrier, resolve_amp, setup_distributed, teardown_distributed
-from .metrics import better, classification_metrics, save_eval
+from .metrics import EarlyStopping, classification_metrics, save_eval
 from .model import build_model, check_labels, load_pretrained, unwrap
 from .optim import build_loss, build_optimizer, build_scheduler
 
@@ -123,7 +123,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type,
                                            enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.epoch_done, self.epoch_batches = 0, 0, False, 0
-        self.best, self.bad_evals, self.history = None, 0, []
+        self.best, self.history = None, []
+        self.stopper = EarlyStopping(config.monitor, config.patience)
         self.loader_state = None
         if self.resume is not None:
             self._load_resume()
@@ -173,7 +174,10 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.step, self.epoch, self.epoch_done = ckpt["step"], ckpt["epoch"], ckpt["epoch_done"]
         self.epoch_batches = ckpt["epoch_batches"]
-        self.best, self.bad_evals = ckpt["best"], ckpt["bad_evals"]
+        self.best = ckpt["best"]
+        self.stopper = EarlyStopping(self.config.monitor, self.config.patience,
+                                     None if self.best is None else self.best["value"],
+                                     ckpt["bad_evals"])
         self.history = list(ckpt["history"])
         self.loader_state = ckpt["loader"]
         set_rng_state(ckpt["rng"])
@@ -205,7 +209,7 @@ class Trainer:
             if cut:
                 stopped = "max_steps"
                 break
-            if config.patience and self.bad_evals >= config.patience:
+            if self.stopper.should_stop:
                 stopped = "early_stop"
                 break
             epoch += 1
@@ -352,14 +356,10 @@ class Trainer:
     def track_best(self, entry: dict) -> None:
         monitor = self.config.monitor
         value = entry["val"][monitor]
-        previous = None if self.best is None else self.best["value"]
-        if better(monitor, value, previous):
+        if self.stopper.update(value):
             self.best = {"monitor": monitor, "value": value, "epoch": entry["epoch"],
                          "step": self.step}
-            self.bad_evals = 0
             self.save("best")
-        else:
-            self.bad_evals += 1
 
     def final_test(self, stopped: str) -> dict:
         """Evaluates the best checkpoint on the test split (when there is one); writes metrics."""
@@ -382,7 +382,7 @@ class Trainer:
             "epoch": self.epoch, "epoch_done": self.epoch_done, "step": self.step,
             "epoch_batches": self.epoch_batches,
             "loader": self.loader_state, "config": self.config.to_dict(),
-            "classes": self.classes, "best": self.best, "bad_evals": self.bad_evals,
+            "classes": self.classes, "best": self.best, "bad_evals": self.stopper.bad_evals,
             "history": self.history, "rng": rng_state()})
 
     def write_metrics(self, stopped: str, test: dict | None = None) -> dict:

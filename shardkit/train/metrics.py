@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from .model import topk_for
 
-__all__ = ["classification_metrics", "save_eval", "plot_confusion", "better"]
+__all__ = ["classification_metrics", "save_eval", "plot_confusion", "better", "EarlyStopping"]
 
 
 def classification_metrics(logits: torch.Tensor, labels: torch.Tensor,
@@ -103,3 +103,27 @@ def better(monitor: str, value: float, best: float | None) -> bool:
     if best is None:
         return True
     return value < best if monitor == "loss" else value > best
+
+
+class EarlyStopping:
+    """Best value of ``monitor`` so far and the evaluations since it last improved.
+
+    ``update(value)`` returns True when ``value`` improves on the best (see :func:`better`);
+    ``should_stop`` is True once ``patience`` evaluations in a row did not improve (never when
+    ``patience`` is None).
+    """
+
+    def __init__(self, monitor: str, patience: int | None = None, best: float | None = None,
+                 bad_evals: int = 0):
+        self.monitor, self.patience, self.best, self.bad_evals = monitor, patience, best, bad_evals
+
+    def update(self, value: float) -> bool:
+        if better(self.monitor, value, self.best):
+            self.best, self.bad_evals = value, 0
+            return True
+        self.bad_evals += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience is not None and self.bad_evals >= self.patience
