@@ -27,6 +27,7 @@ METRICS = {
     "loader_ms_per_batch": "ms", "step_ms_per_batch": "ms", "throughput_img_s": "img/s",
     "data_wait_fraction": "", "cpu_util_cores": "cores", "cpu_util_percent": "%",
     "memory_mb": "MiB", "loader_ms_p90": "ms", "system_cpu_percent": "%",
+    "img_per_cpu_s": "img/CPU-s",
 }
 
 
@@ -45,7 +46,8 @@ class RunResult:
     resources: dict = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
-        """``{metric: value}`` for :data:`METRICS` (per-batch means; fraction in [0, 1])."""
+        """``{metric: value}`` for :data:`METRICS` (per-batch means; fraction in [0, 1]; the
+        resource metrics only when a monitor ran)."""
         n = len(self.loader_ms)
         loader_total = sum(self.loader_ms) / 1000.0
         loader_sorted = sorted(self.loader_ms)
@@ -59,6 +61,10 @@ class RunResult:
         for key in ("cpu_util_cores", "cpu_util_percent", "memory_mb", "system_cpu_percent"):
             if key in self.resources:
                 out[key] = self.resources[key]
+        if self.resources.get("cpu_util_cores"):
+            # images per CPU-second used by main + workers: the pipeline's cost per image, which
+            # (unlike img/s) does not shrink when other users load the machine
+            out["img_per_cpu_s"] = out["throughput_img_s"] / self.resources["cpu_util_cores"]
         return out
 
 
