@@ -10,7 +10,7 @@ setup(
     ext_modules=[
         Extension(
             "shardkit.decode._jpegroi",
-            sources=["shardkit/decode/_jpegroi.c"],
+            sources=["shardkit/decode/_jpegroi.c", "shardkit/decode/_resample.c"],
             libraries=["jpeg"],
             extra_compile_args=["-O3"],
             optional=True,

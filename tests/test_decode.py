@@ -257,9 +257,12 @@ def _windows(w: int, h: int, rng: np.random.Generator):
         yield x0, y0, int(rng.integers(x0 + 1, w + 1)), int(rng.integers(y0 + 1, h + 1))
 
 
+@pytest.mark.parametrize("fast", [(False, False), (True, True)], ids=["exact", "fast"])
 @pytest.mark.parametrize("factor", DCT_REDUCTIONS)
-def test_roi_equals_full_decode_then_crop(factor, sample_dir):
-    dec = _decoder_or_skip("roi")
+def test_roi_equals_full_decode_then_crop(factor, fast, sample_dir):
+    """Exact equality, also with fast IDCT + merged (non-fancy) upsampling."""
+    _decoder_or_skip("roi")
+    dec = get_decoder("roi", fast_dct=fast[0], fast_upsample=fast[1])
     rng = np.random.default_rng(int(factor * 8))
     for path in _flower_files(sample_dir, 5):
         data = path.read_bytes()

@@ -86,11 +86,15 @@ def choose_scale(crop_w: float, crop_h: float, target_w: int, target_h: int,
     if crop_w <= 0 or crop_h <= 0 or target_w <= 0 or target_h <= 0:
         raise ValueError(f"sizes must be > 0, got crop {crop_w}x{crop_h}, "
                          f"target {target_w}x{target_h}")
-    best = Fraction(1)
+    best, bn, bd = _ONE, 1, 1  # integer cross-multiplication: Fraction compares are slow
     for f in factors:
-        if 0 < f < best and crop_w * f >= target_w and crop_h * f >= target_h:
-            best = f
+        n, d = f.numerator, f.denominator
+        if 0 < n and n * bd < bn * d and crop_w * n >= target_w * d and crop_h * n >= target_h * d:
+            best, bn, bd = f, n, d
     return best
+
+
+_ONE = Fraction(1)
 
 
 def apply_warning_policy(n_warnings: int, policy: str, what: str = "image",
