@@ -334,7 +334,8 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
         "bench", "--data", str(data), "--out", str(out), "--num-workers", "0,1",
         "--prefetch-factor", "2,4", "--pin-memory", "both", "--batch-size", "8",
         "--image-size", "64", "--warmup", "1", "--batches", "3", "--repeats", "2",
-        "--step-ms", "5", "--baseline", "imagefolder", "--expect-pil", "pillow-simd"])
+        "--step-ms", "5", "--baseline", "imagefolder", "--expect-pil", "pillow-simd",
+        "--format", "wds", "--decoder", "auto", "--decoder", "nvjpeg", "--persistent-workers"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert "loader ms" in result.output and "Recommended:" in result.output
     assert "pillow-simd was requested but stock Pillow" in result.output
@@ -346,11 +347,18 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
     assert doc["environment"]["pil"]["version"] == PIL.__version__
     rows = doc["rows"]
     shard_rows = [r for r in rows if r["kind"] == "shardkit"]
-    assert len(shard_rows) == 2 * 2 * 2  # workers x prefetch x pin, all recorded
-    ok = [r for r in shard_rows if r["status"] == "ok"]
-    # num_workers=0 once without prefetch; num_workers=1 with prefetch 2 and 4; pin is N/A on CPU
-    assert sorted((r["setting"]["num_workers"], r["setting"]["prefetch_factor"]) for r in ok) == \
-        [(0, None), (1, 2), (1, 4)]
+    assert len(shard_rows) == 2 * 2 * 2 * 2  # decoders x workers x prefetch x pin, all recorded
+    nv = [r for r in shard_rows if r["requested"]["decoder"] == "nvjpeg"]
+    if not torch.cuda.is_available():
+        assert all(r["status"] == "n/a" and "CUDA" in r["note"] for r in nv)
+    ok = [r for r in shard_rows if r["status"] == "ok" and r["setting"]["decoder"] == "auto"]
+    # num_workers=0 once without prefetch or persistent workers; num_workers=1 with prefetch 2
+    # and 4 and persistent workers (bare --persistent-workers = on); pin is N/A without CUDA
+    assert sorted((r["setting"]["num_workers"], r["setting"]["prefetch_factor"],
+                   r["setting"]["persistent_workers"]) for r in ok) == \
+        [(0, None, False), (1, 2, True), (1, 4, True)]
+    assert all(r["decoder_ran"] == doc["environment"]["shardkit_decode"]["decoders"]["auto"]
+               ["name"] for r in ok)
     for r in ok:
         assert r["batches_timed"] == [3, 3]
         m = r["metrics"]
@@ -388,3 +396,15 @@ def test_model_step_runs_a_real_optimiser_step_on_cpu():
                            "num_classes": 5}
     with pytest.raises(ConfigError, match="'no_such_net'"):
         ModelStep("no_such_net", 5)
+
+
+@pytest.mark.gpu
+def test_gpu_sleep_step_is_timed_after_synchronisation():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    step = SleepStep(30.0, "cuda")
+    batch = (torch.zeros(8, 3, 64, 64, dtype=torch.uint8).pin_memory(), torch.zeros(8))
+    res = measure(lambda r: FixedDelayLoader(8, 0.0), step, repeats=1, warmup=1, max_batches=6,
+                  monitor=False)
+    assert res["metrics"]["step_ms_per_batch"]["median"] == pytest.approx(30.0, rel=0.10)
+    step(batch)  # copies a pinned batch to the device without error
