@@ -73,8 +73,8 @@ static PyObject *roi_header(PyObject *self, PyObject *args) {
     Py_buffer buf;
     struct jpeg_decompress_struct cinfo;
     roi_error_mgr err;
-    int ok = 0;
-    long width = 0, height = 0, comps = 0, cs = 0, prog = 0;
+    volatile int ok = 0;
+    volatile long width = 0, height = 0, comps = 0, cs = 0, prog = 0;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -120,29 +120,33 @@ static int roi_window(const unsigned char *data, size_t len, long x, long y, lon
         jpeg_calc_output_dimensions(&cinfo);
         *sw = cinfo.output_width;
         *sh = cinfo.output_height;
-        if (w <= 0 || h <= 0) { x = 0; y = 0; w = *sw; h = *sh; }
-        if (x < 0 || y < 0 || x + w > *sw || y + h > *sh) {
-            rc = 2;
-        } else if (!dst) {
-            rc = 0;
-        } else if (!(row = (unsigned char *)malloc((size_t)*sw * 3 + 64))) {
-            rc = 3;
-        } else {
-            JDIMENSION xoff = (JDIMENSION)x, cw = (JDIMENSION)w;
-            long shift, r;
-            jpeg_start_decompress(&cinfo);
-            if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);
-            shift = x - (long)xoff; /* columns of the iMCU-aligned window left of x */
-            if (y > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)y);
-            for (r = 0; r < h; r++) {
-                JSAMPROW rows[1];
-                unsigned char *d = dst + (size_t)r * w * 3;
-                rows[0] = (shift == 0 && (long)cw == w) ? d : row;
-                if (jpeg_read_scanlines(&cinfo, rows, 1) != 1)
-                    memset(rows[0], 0, (size_t)cw * 3); /* cannot happen with a memory source */
-                if (rows[0] == row) memcpy(d, row + shift * 3, (size_t)w * 3);
+        {
+            /* the window, resolved in block locals (not live across the longjmp) */
+            long X = x, Y = y, W = w, H = h;
+            if (W <= 0 || H <= 0) { X = 0; Y = 0; W = *sw; H = *sh; }
+            if (X < 0 || Y < 0 || X + W > *sw || Y + H > *sh) {
+                rc = 2;
+            } else if (!dst) {
+                rc = 0;
+            } else if (!(row = (unsigned char *)malloc((size_t)*sw * 3 + 64))) {
+                rc = 3;
+            } else {
+                JDIMENSION xoff = (JDIMENSION)X, cw = (JDIMENSION)W;
+                long shift, r;
+                jpeg_start_decompress(&cinfo);
+                if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);
+                shift = X - (long)xoff; /* columns of the iMCU-aligned window left of X */
+                if (Y > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)Y);
+                for (r = 0; r < H; r++) {
+                    JSAMPROW rows[1];
+                    unsigned char *d = dst + (size_t)r * W * 3;
+                    rows[0] = (shift == 0 && (long)cw == W) ? d : row;
+                    if (jpeg_read_scanlines(&cinfo, rows, 1) != 1)
+                        memset(rows[0], 0, (size_t)cw * 3); /* impossible with a memory source */
+                    if (rows[0] == row) memcpy(d, row + shift * 3, (size_t)W * 3);
+                }
+                rc = 0;
             }
-            rc = 0;
         }
     }
     free(row);
@@ -306,7 +310,7 @@ static PyMethodDef roi_methods[] = {
 
 static struct PyModuleDef roi_module = {PyModuleDef_HEAD_INIT, "_jpegroi",
                                         "ROI JPEG decoding with libjpeg-turbo (see roi.py)", -1,
-                                        roi_methods};
+                                        roi_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__jpegroi(void) {
     PyObject *m = PyModule_Create(&roi_module);
