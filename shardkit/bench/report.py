@@ -120,7 +120,8 @@ def format_table(results: list[dict]) -> str:
         s = r["requested"] if r["status"] == "n/a" else r["setting"]
         pf = "-" if s["prefetch_factor"] is None else str(s["prefetch_factor"])
         thr = r.get("metrics", {}).get("throughput_img_s")
-        spread = f"{thr['min']:.0f}-{thr['max']:.0f}" if thr else "-"
+        digits = 0 if thr and thr["max"] >= 100 else 1
+        spread = f"{thr['min']:.{digits}f}-{thr['max']:.{digits}f}" if thr else "-"
         ratio = f"{r['ratio_to_baseline']:.2f}" if r.get("ratio_to_baseline") else "-"
         dec = s["decoder"]
         if r.get("decoder_ran") and r["decoder_ran"] != dec:
