@@ -102,6 +102,9 @@ class _Source:
         self.classes = self.manifest["classes"]
         self.num_shards = len(self.manifest["splits"][split]["shards"])
         self.on_error = on_error
+        # a remote tar shard is fetched whole into memory: keep at most 2 per process (a
+        # consumer in shard-block order needs the current shard and maybe the next)
+        self.max_open = 2 if is_url(root) else None
         self._readers: dict[int, Any] = {}
         self._decoder = None
         self._decoder_pid = None
@@ -121,6 +124,9 @@ class _Source:
             self._pid = os.getpid()
         reader = self._readers.get(s)
         if reader is None:
+            if self.max_open is not None and len(self._readers) >= self.max_open:
+                oldest = next(iter(self._readers))  # remote shards are held in memory: evict
+                self._readers.pop(oldest).close()
             reader = self._readers[s] = open_reader(self.root, self.manifest, self.split, s)
         return reader.read(self.index.key_at(pos), int(self.index.offset[pos]),
                            int(self.index.size[pos]))
@@ -170,7 +176,7 @@ class _Planned:
     """Epoch-plan options shared by the iterable datasets (here and in :mod:`shardkit.loader`)."""
 
     def _init_plan(self, *, rank, world_size, shuffle, seed, mode, even, balance,
-                   samples_per_epoch, block, batch_size, drop_last, train):
+                   samples_per_epoch, block, batch_size, drop_last, train, streams=1):
         self.rank, self.world_size = dist_rank_world(rank, world_size)
         if mode == "stream" and (not train or self._source.split in EVAL_SPLITS):
             raise LoaderError(f"mode='stream' resamples with replacement; split "
@@ -183,12 +189,19 @@ class _Planned:
         self.balance = balance
         self.samples_per_epoch = samples_per_epoch
         self.block = is_url(self._source.root) if block is None else bool(block)
+        if is_url(self._source.root) and not self.block and self.shuffle:
+            self._source.max_open = None  # random order would re-fetch evicted shards per sample
+            warnings.warn(f"block=False on remote shards ({self._source.root}): every process "
+                          "keeps each whole shard it touches in memory; block=True (the default "
+                          "for URLs) reads shard by shard", RuntimeWarning, stacklevel=3)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.epoch = 0
-        # [epoch, start_batch] in shared memory: read by workers at the start of each iteration,
-        # so set_epoch reaches persistent workers too (field case 18)
-        self.state = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.streams = streams
+        # [epoch, start_batch, streams] in shared memory: read by workers at the start of each
+        # iteration, so set_epoch / resume reach persistent workers too (field case 18)
+        self.state = torch.tensor([0, 0, 1], dtype=torch.int64).share_memory_()
+        self.set_streams(streams)
         self.plan(0)  # validates every option now, in the constructor, not in a worker
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
@@ -199,7 +212,7 @@ class _Planned:
                           mode=self.mode, even=self.even, batch_size=self.batch_size,
                           drop_last=self.drop_last, labels=idx.label, balance=self.balance,
                           samples_per_epoch=self.samples_per_epoch, shards=idx.shard,
-                          block=self.block)
+                          block=self.block, streams=self.streams)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch used for order and augmentation RNG (call before iterating)."""
@@ -208,9 +221,17 @@ class _Planned:
         self.epoch = int(epoch)
         self.state[0] = self.epoch
 
+    def set_streams(self, streams: int) -> None:
+        """Sets how many contiguous ranges a rank's epoch is cut into (see
+        :func:`shardkit.sharding.stream_order`); part of the plan, so keep it when resuming."""
+        if isinstance(streams, bool) or not isinstance(streams, (int, np.integer)) or streams < 1:
+            raise ConfigError(f"streams={streams!r}: expected an int >= 1")
+        self.streams = int(streams)
+        self.state[2] = self.streams
+
     def _sync_state(self) -> int:
-        """Takes the epoch from the shared state (in a worker); returns the start batch."""
-        self.epoch = int(self.state[0])
+        """Takes epoch and streams from the shared state (in a worker); returns the start batch."""
+        self.epoch, self.streams = int(self.state[0]), int(self.state[2])
         return int(self.state[1])
 
     @property
@@ -236,6 +257,8 @@ class ShardDataset(_Planned, IterableDataset):
         mode: ``"exact"`` or ``"stream"`` (resampled; refused for val/test splits).
         balance, samples_per_epoch: stream-mode options (see :func:`shardkit.sharding.epoch_order`).
         block: shard-block order (default: on for URLs, i.e. remote tar shards).
+        streams: cut this rank's epoch into this many contiguous ranges, range ``w`` read by
+            worker ``w`` when ``streams == num_workers`` (with ``block``: whole shards per worker).
         batch_size: worker granularity: consecutive runs of ``batch_size`` samples go to one
             worker, so ``DataLoader(ds, batch_size=batch_size, num_workers=k)`` returns batches in
             plan order. Use the same value for both.
@@ -253,7 +276,7 @@ class ShardDataset(_Planned, IterableDataset):
                  transform: Callable | None = None, on_error: str = "raise",
                  even: str | None = None, mode: str = "exact", balance: str | None = None,
                  samples_per_epoch: int | None = None, block: bool | None = None,
-                 batch_size: int = 1, decoder: str = "auto"):
+                 batch_size: int = 1, decoder: str = "auto", streams: int = 1):
         self._source = _Source(root, split, on_error)
         self.decode = bool(decode)
         self.decoder = decoder
@@ -261,7 +284,8 @@ class ShardDataset(_Planned, IterableDataset):
         self.skipped: list[str] = []
         self._init_plan(rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, mode=mode,
                         even=even, balance=balance, samples_per_epoch=samples_per_epoch,
-                        block=block, batch_size=batch_size, drop_last=False, train=True)
+                        block=block, batch_size=batch_size, drop_last=False, train=True,
+                        streams=streams)
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all workers together)."""

@@ -47,13 +47,14 @@ class BatchDataset(_Planned, IterableDataset):
 
     def __init__(self, source: _Source, transform: Callable, image_size: int, *, rank, world_size,
                  shuffle, seed, mode, even, balance, samples_per_epoch, block, batch_size,
-                 drop_last, train):
+                 drop_last, train, streams=1):
         self._source = source
         self.transform = transform
         self.image_size = int(image_size)
         self._init_plan(rank=rank, world_size=world_size, shuffle=shuffle, seed=seed, mode=mode,
                         even=even, balance=balance, samples_per_epoch=samples_per_epoch,
-                        block=block, batch_size=batch_size, drop_last=drop_last, train=train)
+                        block=block, batch_size=batch_size, drop_last=drop_last, train=train,
+                        streams=streams)
 
     def __len__(self) -> int:
         total = len(self._source) if self.mode == "exact" or self.samples_per_epoch is None \
@@ -151,14 +152,15 @@ class ShardLoader:
 
     def state_dict(self) -> dict:
         """``{"epoch", "batches_consumed", "num_batches", "seed", "rank", "world_size",
-        "batch_size"}``: where to resume; valid for any ``num_workers``."""
+        "batch_size", "streams"}``: where to resume; valid for any ``num_workers``."""
         ds = self.dataset
         return {"epoch": self._epoch, "batches_consumed": self._position,
                 "num_batches": len(self), "seed": ds.seed, "rank": ds.rank,
-                "world_size": ds.world_size, "batch_size": ds.batch_size}
+                "world_size": ds.world_size, "batch_size": ds.batch_size, "streams": ds.streams}
 
     def load_state_dict(self, state: dict) -> None:
         """The next iteration yields exactly the batches of ``state["epoch"]`` not yet consumed.
+        Adopts the saved ``streams`` (part of the plan), so ``num_workers`` may differ.
 
         Raises:
             LoaderError: the state was saved with another seed, rank, world size or batch size
@@ -173,6 +175,7 @@ class ShardLoader:
         consumed = int(state["batches_consumed"])
         if not 0 <= consumed <= len(self):
             raise LoaderError(f"cannot resume: batches_consumed={consumed} not in [0, {len(self)}]")
+        ds.set_streams(int(state.get("streams", 1)))
         self._epoch, self._position, self._resume = int(state["epoch"]), consumed, True
 
     def __iter__(self) -> Iterator[tuple]:
@@ -236,7 +239,9 @@ def make_loader(root, split: str, batch_size: int, *, num_workers: int = 2,
             ``pin_memory`` is on under DDP (``world_size > 1``, field case 19), else the platform's.
         on_error: ``"raise"`` (names shard and key) or ``"skip"`` (counted in ``loader.skipped``).
         return_meta: also yield ``{"index": int64 (N,), "valid": bool (N,)}`` per batch.
-        block: shard-block order (default on for remote tar shards).
+        block: shard-block order (default on for remote tar shards); with ``block`` each worker
+            reads one contiguous range of the rank's epoch (``streams = num_workers``, see
+            :func:`shardkit.sharding.stream_order`), so a remote shard is fetched by ~one worker.
 
     Raises:
         ConfigError, LoaderError: invalid options (the message names the value);
@@ -266,6 +271,8 @@ def make_loader(root, split: str, batch_size: int, *, num_workers: int = 2,
                       shuffle=train if shuffle is None else shuffle, seed=seed, mode=mode,
                       even=even, balance=balance, samples_per_epoch=samples_per_epoch,
                       block=block, batch_size=batch_size, drop_last=drop_last, train=train)
+    if ds.block and ds.mode == "exact" and num_workers > 1:
+        ds.set_streams(num_workers)
     kwargs: dict = {"batch_size": None, "num_workers": num_workers, "pin_memory": pin_memory}
     if num_workers:
         if multiprocessing_context is None and pin_memory and world_size > 1:

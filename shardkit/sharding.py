@@ -31,7 +31,7 @@ import numpy as np
 from .errors import ConfigError
 
 __all__ = ["MODES", "EVEN_RULES", "BALANCE", "epoch_rng", "sample_rng", "epoch_order", "rank_count",
-           "rank_plan", "num_batches", "EpochPlan", "plan_epoch"]
+           "rank_plan", "num_batches", "stream_order", "EpochPlan", "plan_epoch"]
 
 MODES = ("exact", "stream")
 EVEN_RULES = (None, "pad", "drop")
@@ -180,6 +180,32 @@ def rank_plan(order: np.ndarray, rank: int, world_size: int,
     return order[start:start + m].copy(), np.ones(m, dtype=bool)
 
 
+def stream_order(count: int, batch_size: int, streams: int, drop_last: bool = False) -> np.ndarray:
+    """Permutation that gives each of ``streams`` consumers one contiguous range of a rank's order.
+
+    Batch ``b`` (in delivery order) is served by stream ``b % streams``; stream ``s``'s batches,
+    taken in order, cover one contiguous range of the input order (stream 0 first). Applied to a
+    shard-block order this lets worker ``w`` of ``streams == num_workers`` read whole contiguous
+    shard ranges instead of every worker touching every shard (remote tar shards). Batch sizes
+    are unchanged (all full, the last one short unless ``drop_last``).
+
+    Returns:
+        int64 ``(k,)``, a permutation of ``arange(k)`` with ``k = num_batches * batch_size``
+        clipped to ``count``; ``streams == 1`` gives the identity.
+    """
+    streams = _check_int("streams", streams, 1)
+    nb = num_batches(count, batch_size, drop_last)
+    k = min(count, nb * batch_size)
+    if streams == 1 or nb <= 1:
+        return np.arange(k, dtype=np.int64)
+    sizes = np.full(nb, batch_size, dtype=np.int64)
+    sizes[-1] = k - (nb - 1) * batch_size
+    delivered = np.concatenate([np.arange(s, nb, streams) for s in range(streams)])
+    starts = np.zeros(nb, dtype=np.int64)  # start of each delivered batch in the input order
+    starts[delivered] = np.concatenate([[0], np.cumsum(sizes[delivered])[:-1]])
+    return np.concatenate([np.arange(starts[b], starts[b] + sizes[b]) for b in range(nb)])
+
+
 def num_batches(count: int, batch_size: int, drop_last: bool = False) -> int:
     """Batches from ``count`` samples: ``floor`` with ``drop_last`` else ``ceil``."""
     count = _check_int("count", count, 0)
@@ -234,8 +260,12 @@ def plan_epoch(n: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, epo
                shuffle: bool = False, mode: str = "exact", even: str | None = None,
                batch_size: int = 1, drop_last: bool = False, labels: np.ndarray | None = None,
                balance: str | None = None, samples_per_epoch: int | None = None,
-               shards: np.ndarray | None = None, block: bool = False) -> EpochPlan:
+               shards: np.ndarray | None = None, block: bool = False,
+               streams: int = 1) -> EpochPlan:
     """:func:`epoch_order` then :func:`rank_plan`, bundled with the batch rule (an :class:`EpochPlan`).
+
+    ``streams > 1`` reorders the rank's positions with :func:`stream_order` (contiguous ranges
+    per worker; the plan still depends only on ``streams``, not on ``num_workers``).
 
     Raises:
         ConfigError: any invalid argument (see the functions above).
@@ -245,4 +275,7 @@ def plan_epoch(n: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, epo
                         block=block)
     positions, valid = rank_plan(order, rank, world_size, even)
     _check_int("batch_size", batch_size, 1)
+    if streams != 1:
+        perm = stream_order(len(positions), batch_size, streams, drop_last)
+        positions, valid = positions[perm], valid[perm]
     return EpochPlan(positions, valid, int(batch_size), bool(drop_last), int(epoch), int(rank))

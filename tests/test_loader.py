@@ -160,6 +160,27 @@ def test_resume_mid_epoch_with_other_num_workers(small):
         bad.load_state_dict(state)
 
 
+def test_resume_keeps_the_saved_streams_plan(small):
+    """Shard-block order with one contiguous range per worker (streams = 2) depends on the
+    worker count at start; a resume with another num_workers adopts the saved plan."""
+    full = make_loader(small, "train", 4, num_workers=2, image_size=S, block=True,
+                       return_meta=True)
+    assert full.dataset.streams == 2
+    ref = [m["index"].tolist() for _, _, m in full]
+    first = make_loader(small, "train", 4, num_workers=2, image_size=S, block=True,
+                        return_meta=True)
+    head = []
+    for k, (_, _, m) in enumerate(first):
+        head.append(m["index"].tolist())
+        if k == 2:
+            break
+    resumed = make_loader(small, "train", 4, num_workers=1, image_size=S, block=True,
+                          return_meta=True)
+    assert resumed.dataset.streams == 1
+    resumed.load_state_dict(first.state_dict())
+    assert head + [m["index"].tolist() for _, _, m in resumed] == ref
+
+
 def test_every_rank_same_batches_under_pad_and_drop(small):
     for even, per_rank in (("pad", 8), ("drop", 7)):  # 36 samples over 5 ranks
         counts, valid_idx = [], []

@@ -68,6 +68,18 @@ def test_remote_tar_is_byte_exact_exactly_once_and_fetched_per_shard(served):
     assert {s["key"]: hashlib.sha256(s["image"]).hexdigest() for s in dl} == want
 
 
+def test_remote_loader_workers_read_contiguous_shard_ranges(served):
+    """Shard-block order + one contiguous range per worker: 2 workers fetch each of the 4
+    shards about once (at most one boundary shard twice), not every shard per worker."""
+    url, _, counter = served
+    loader = make_loader(url, "train", 4, num_workers=2, image_size=8, return_meta=True)
+    assert loader.dataset.block and loader.dataset.streams == 2
+    idx = torch.cat([m["index"] for _, _, m in loader]).numpy()
+    assert np.array_equal(np.sort(idx), np.arange(40))
+    gets = sum(n for p, n in counter.items() if p.startswith("/shards/"))
+    assert 4 <= gets <= 5, counter
+
+
 def test_remote_loader_batches_match_local(served, tmp_path):
     url, records, _ = served
     remote = make_loader(url, "train", 8, num_workers=0, image_size=16, train=False)

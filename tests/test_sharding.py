@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from shardkit.errors import ConfigError
 from shardkit.sharding import (EpochPlan, epoch_order, num_batches, plan_epoch, rank_count,
-                               rank_plan, sample_rng)
+                               rank_plan, sample_rng, stream_order)
 
 sizes = st.integers(min_value=0, max_value=300)
 worlds = st.integers(min_value=1, max_value=9)
@@ -17,12 +17,13 @@ batches = st.integers(min_value=1, max_value=17)
 
 
 def consumed(n, world_size, num_workers, batch_size, *, even=None, drop_last=False, shuffle=True,
-             seed=0, epoch=0, start_batch=0):
+             seed=0, epoch=0, start_batch=0, streams=1):
     """Every (rank, worker) consumer's positions, as the loader reads them."""
     out = {}
     for rank in range(world_size):
         plan = plan_epoch(n, rank=rank, world_size=world_size, seed=seed, epoch=epoch,
-                          shuffle=shuffle, even=even, batch_size=batch_size, drop_last=drop_last)
+                          shuffle=shuffle, even=even, batch_size=batch_size, drop_last=drop_last,
+                          streams=streams)
         for w in range(num_workers):
             got = [plan.positions[plan.batch_slice(b)] for b in plan.worker_batches(w, num_workers,
                                                                                     start_batch)]
@@ -31,9 +32,10 @@ def consumed(n, world_size, num_workers, batch_size, *, even=None, drop_last=Fal
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=sizes, ws=worlds, nw=workers, bs=batches, shuffle=st.booleans(), seed=st.integers(0, 99))
-def test_exact_mode_every_sample_exactly_once(n, ws, nw, bs, shuffle, seed):
-    parts = consumed(n, ws, nw, bs, shuffle=shuffle, seed=seed)
+@given(n=sizes, ws=worlds, nw=workers, bs=batches, shuffle=st.booleans(), seed=st.integers(0, 99),
+       streams=st.integers(1, 5))
+def test_exact_mode_every_sample_exactly_once(n, ws, nw, bs, shuffle, seed, streams):
+    parts = consumed(n, ws, nw, bs, shuffle=shuffle, seed=seed, streams=streams)
     allpos = np.concatenate(list(parts.values()))
     assert allpos.dtype == np.int64
     assert np.array_equal(np.sort(allpos), np.arange(n))  # union == all, no overlap
@@ -167,3 +169,25 @@ def test_epoch_plan_batches():
     assert EpochPlan(np.arange(10), np.ones(10, bool), 4, drop_last=True).num_batches == 2
     assert list(plan.worker_batches(1, 2)) == [1]
     assert list(plan.worker_batches(0, 2, start_batch=1)) == [1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(count=st.integers(0, 200), bs=batches, streams=st.integers(1, 6), dl=st.booleans())
+def test_stream_order_gives_each_stream_one_contiguous_range(count, bs, streams, dl):
+    perm = stream_order(count, bs, streams, dl)
+    nb = num_batches(count, bs, dl)
+    k = min(count, nb * bs)
+    assert np.array_equal(np.sort(perm), np.arange(k))
+    sizes = [min(bs, k - b * bs) for b in range(nb)]
+    for s in range(streams):
+        mine = [perm[b * bs:b * bs + sizes[b]] for b in range(s, nb, streams)]
+        if mine:
+            cat = np.concatenate(mine)
+            assert np.array_equal(cat, np.arange(cat[0], cat[0] + len(cat)))  # contiguous
+    if streams == 1:
+        assert np.array_equal(perm, np.arange(k))
+
+
+def test_stream_order_example():
+    # 5 batches of 2 over 2 streams: stream 0 reads samples 0-5 (batches 0, 2, 4), stream 1 6-9
+    assert stream_order(10, 2, 2).tolist() == [0, 1, 6, 7, 2, 3, 8, 9, 4, 5]
