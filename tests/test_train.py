@@ -226,10 +226,10 @@ def test_cli_smoke_run_writes_checkpoints_metrics_png_tensorboard(packed_sample,
     assert metrics["run"]["amp"] == "off" and metrics["run"]["world_size"] == 1
     (entry,) = metrics["history"]
     assert entry["epoch"] == 0 and entry["partial"] is True
-    train = entry["train"]
-    assert train["steps"] == 3 and train["images"] == 24
-    assert train["images_per_s"] > 0 and 0.0 <= train["data_wait_fraction"] <= 1.0
-    assert math.isfinite(train["loss"]) and 0 < train["lr"] <= 1e-3
+    stats = entry["train"]
+    assert stats["steps"] == 3 and stats["images"] == 24
+    assert stats["images_per_s"] > 0 and 0.0 <= stats["data_wait_fraction"] <= 1.0
+    assert math.isfinite(stats["loss"]) and 0 < stats["lr"] <= 1e-3
     val = entry["val"]
     assert {"loss", "top1", "macro_f1", "per_class", "confusion_matrix"} <= set(val)
     assert "top5" not in val                                   # 5 classes: no top-5

@@ -191,9 +191,8 @@ class Trainer:
             stopped = "max_steps"
             epoch = config.epochs
         while epoch < config.epochs:
-            resume_state = self.loader_state if (self.resume is not None and not self.epoch_done
-                                                 and epoch == self.epoch) else None
-            train_stats = self.train_epoch(epoch, resume_state)
+            resuming = self.resume is not None and not self.epoch_done and epoch == self.epoch
+            train_stats = self.train_epoch(epoch, resuming)
             cut = self.max_steps_reached()
             entry = {"epoch": epoch, "step": self.step, "partial": cut and not self.epoch_done,
                      "train": train_stats}
@@ -221,27 +220,30 @@ class Trainer:
     def max_steps_reached(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
 
-    def _batches(self, epoch: int, resume_state):
+    def _batches(self, epoch: int, resuming: bool):
+        """Iterator over what is left of ``epoch`` (all of it unless resuming), and the
+        epoch's full length in batches."""
         if self.fixed is not None:
-            return iter(self.normalize(self.fixed)), len(self.fixed)
+            start = self.epoch_batches if resuming else 0
+            return iter(self.normalize(self.fixed[start:])), len(self.fixed)
         loader = self.train_loader
-        if resume_state is not None:
-            loader.load_state_dict(resume_state)
+        if resuming:
+            loader.load_state_dict(self.loader_state)
         else:
             loader.set_epoch(epoch)
         return iter(self.normalize(loader)), len(loader)
 
-    def train_epoch(self, epoch: int, resume_state=None) -> dict:
+    def train_epoch(self, epoch: int, resuming: bool = False) -> dict:
         """One epoch (or what is left of it after a resume / before max_steps) of steps."""
         from tqdm import tqdm
 
         config, device = self.config, self.device
         self.model.train()
         self.epoch, self.epoch_done = epoch, False
-        batches, total = self._batches(epoch, resume_state)
+        batches, total = self._batches(epoch, resuming)
         bar = tqdm(total=total, desc=f"epoch {epoch}", leave=False, dynamic_ncols=True,
                    disable=not (self.info.is_main and config.progress))
-        if resume_state is None:
+        if not resuming:
             self.epoch_batches = 0
         bar.update(self.epoch_batches)
         autocast = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
