@@ -8,9 +8,9 @@ Workers build WHOLE batches: batch ``b`` of a rank is built by worker ``(b - sta
 done inside the worker). Floats appear only on the device (:class:`DeviceNormalizer`, after
 timm's ``PrefetchLoader``, ``timm/data/loader.py``).
 
-The epoch and resume point reach the workers through a 2-element shared-memory int64 tensor read
-at the start of every worker iteration, so persistent workers see ``set_epoch`` too (field case
-18). ``len(loader)`` is exact (batches this rank yields in a full epoch), whatever
+The epoch, resume point and stream count reach the workers through a small shared-memory int64
+tensor (``dataset.state``) read at the start of every worker iteration, so persistent workers see
+``set_epoch`` and ``load_state_dict`` too (field case 18). ``len(loader)`` is exact (batches this rank yields in a full epoch), whatever
 ``num_workers``. Augmentation randomness comes from ``(seed, epoch, rank, position)`` only
 (field case 17), so it does not depend on ``num_workers`` and is reproducible.
 """
