@@ -242,3 +242,20 @@ def test_dct_choice_uses_only_fast_factors(awkward_dir):
     assert Fraction(3, 8) not in probe.factors and Fraction(1, 3) not in probe.factors
     out = t(data)
     assert out.shape == (224, 224, 3)
+
+
+def test_without_c_extension_falls_back_to_same_pixels(monkeypatch, sample_dir):
+    """No _jpegroi: 'auto' resolves to turbojpeg and Pillow resizes; pixels are unchanged
+    (the C resize is Pillow-exact on stock Pillow)."""
+    from shardkit.decode import roi as roi_module
+
+    data = _files(sample_dir, 2)[1].read_bytes()
+    fast = make_transform(TransformConfig(), train=True)(data, np.random.default_rng(4))
+    monkeypatch.setattr(roi_module, "_jpegroi", None)
+    t = make_transform(TransformConfig(), train=True)
+    slow = t(data, np.random.default_rng(4))
+    assert t.decoder.name in ("turbojpeg", "pil")
+    if STOCK_PILLOW:
+        assert np.array_equal(fast, slow)
+    else:
+        assert np.abs(fast.astype(np.int16) - slow).mean() < 1.0

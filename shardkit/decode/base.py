@@ -23,7 +23,7 @@ from shardkit.errors import DecodeError
 __all__ = [
     "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
     "choose_scale", "scaled_size", "is_jpeg", "pil_decode_rgb", "pil_probe", "DCT_REDUCTIONS",
-    "FAST_DCT_REDUCTIONS",
+    "FAST_DCT_REDUCTIONS", "loaded_library_path",
 ]
 
 #: The DCT reductions libjpeg-turbo implements: M/8 for M = 1..8 (libjpeg-turbo ``jdmaster.c``,
@@ -113,6 +113,20 @@ def apply_warning_policy(n_warnings: int, policy: str, what: str = "image",
     if policy == "skip":
         return False
     raise DecodeWarningError(f"{what}: {n_warnings} decoder warning(s), last: {message!r}")
+
+
+def loaded_library_path(fragment: str) -> str | None:
+    """Absolute path of a shared library mapped into this process whose file name contains
+    ``fragment`` (read from ``/proc/self/maps``; None when absent or not on Linux)."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.rsplit(None, 1)[-1]
+                if fragment in path.rsplit("/", 1)[-1]:
+                    return path
+    except OSError:
+        return None
+    return None
 
 
 def pil_probe(data: bytes | memoryview) -> tuple[int, int]:

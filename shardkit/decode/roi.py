@@ -17,7 +17,8 @@ from fractions import Fraction
 import numpy as np
 
 from shardkit.decode.base import (
-    DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe,
+    DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, loaded_library_path,
+    pil_decode_rgb, pil_probe,
 )
 from shardkit.errors import DecodeError
 
@@ -52,7 +53,7 @@ class ROIDecoder(Decoder):
     def info(self) -> dict:
         return {"name": self.name, "extension": getattr(_jpegroi, "__file__", None),
                 "libjpeg_turbo": _version(_jpegroi.LIBJPEG_TURBO_VERSION_NUMBER),
-                "library_path": _libjpeg_path(),
+                "library_path": loaded_library_path("libjpeg.so"),
                 "scaling_factors": [str(f) for f in DCT_REDUCTIONS],
                 "scaling_factors_used": [str(f) for f in FAST_DCT_REDUCTIONS],
                 "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample}
@@ -154,15 +155,3 @@ def resize_into(src: np.ndarray, box: tuple[float, float, float, float], out: np
     res = np.asarray(img.resize((ow, oh), code, box=tuple(box)))
     np.copyto(out, res[:, ::-1] if flip else res)
     return out
-
-
-def _libjpeg_path() -> str | None:
-    """Path of the libjpeg shared object the extension is linked against (from /proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                if "libjpeg.so" in line:
-                    return line.split()[-1]
-    except OSError:
-        return None
-    return None

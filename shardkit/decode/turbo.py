@@ -14,7 +14,8 @@ from fractions import Fraction
 import numpy as np
 
 from shardkit.decode.base import (
-    FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe,
+    FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, loaded_library_path, pil_decode_rgb,
+    pil_probe,
 )
 from shardkit.errors import DecodeError
 
@@ -51,7 +52,8 @@ class TurboJPEGDecoder(Decoder):
         import turbojpeg
         tj = self._tj()
         return {"name": self.name, "pyturbojpeg_version": turbojpeg.__version__,
-                "library_path": tj._TurboJPEG__find_turbojpeg(),
+                "library_path": (loaded_library_path("libturbojpeg")
+                                 or tj._TurboJPEG__find_turbojpeg()),
                 "scaling_factors": [str(f) for f in self._all_factors],
                 "scaling_factors_used": [str(f) for f in self._factors],
                 "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample}
