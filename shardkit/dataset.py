@@ -55,7 +55,8 @@ def dist_rank_world(rank: int | None = None, world_size: int | None = None) -> t
 
 
 def worker_id_count() -> tuple[int, int]:
-    """``(worker_id, num_workers)`` of the calling DataLoader worker; ``(0, 1)`` in the main process."""
+    """``(worker_id, num_workers)`` of the calling DataLoader worker; ``(0, 1)`` in the main
+    process."""
     info = get_worker_info()
     return (0, 1) if info is None else (info.id, info.num_workers)
 
@@ -205,7 +206,7 @@ class _Planned:
         self.plan(0)  # validates every option now, in the constructor, not in a worker
 
     def plan(self, epoch: int | None = None) -> EpochPlan:
-        """The :class:`~shardkit.sharding.EpochPlan` of this rank for ``epoch`` (default: current)."""
+        """This rank's :class:`~shardkit.sharding.EpochPlan` for ``epoch`` (default: current)."""
         idx = self._source.index
         return plan_epoch(len(idx), rank=self.rank, world_size=self.world_size, seed=self.seed,
                           epoch=self.epoch if epoch is None else epoch, shuffle=self.shuffle,
@@ -356,7 +357,8 @@ class MapShardDataset(Dataset):
         if isinstance(i, torch.Tensor):
             i = int(i)
         if not -n <= i < n:
-            raise IndexError(f"index {i} out of range for split {self._source.split!r} with {n} samples")
+            raise IndexError(f"index {i} out of range for split {self._source.split!r} with "
+                             f"{n} samples")
         pos = i % n
         src = self._source
         data = src.read(pos)

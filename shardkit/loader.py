@@ -10,9 +10,10 @@ timm's ``PrefetchLoader``, ``timm/data/loader.py``).
 
 The epoch, resume point and stream count reach the workers through a small shared-memory int64
 tensor (``dataset.state``) read at the start of every worker iteration, so persistent workers see
-``set_epoch`` and ``load_state_dict`` too (field case 18). ``len(loader)`` is exact (batches this rank yields in a full epoch), whatever
-``num_workers``. Augmentation randomness comes from ``(seed, epoch, rank, position)`` only
-(field case 17), so it does not depend on ``num_workers`` and is reproducible.
+``set_epoch`` and ``load_state_dict`` too (field case 18). ``len(loader)`` is exact (batches this
+rank yields in a full epoch), whatever ``num_workers``. Augmentation randomness comes from
+``(seed, epoch, rank, position)`` only (field case 17), so it does not depend on ``num_workers``
+and is reproducible.
 """
 from __future__ import annotations
 
@@ -352,7 +353,8 @@ def _to(obj, device):
 
 
 def _record(obj, stream) -> None:
-    """``record_stream`` on every CUDA tensor in ``obj`` (made on the side stream, used on ``stream``)."""
+    """``record_stream`` on every CUDA tensor in ``obj`` (made on the side stream, used on
+    ``stream``)."""
     if isinstance(obj, torch.Tensor):
         if obj.is_cuda:
             obj.record_stream(stream)

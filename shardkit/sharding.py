@@ -11,8 +11,9 @@ process (ranks, DataLoader workers, a resumed job) computes the same plan withou
    class-balanced (``balance="class"``: every class is drawn with probability ``1/num_classes``).
 2. :func:`rank_plan` - the contiguous slice of that order owned by ``rank`` of ``world_size``.
    ``even=None`` keeps exactly-once (ranks differ by at most one sample; evaluation);
-   ``even="pad"`` wraps around to the start of the order like ``torch.utils.data.DistributedSampler``
-   so every rank gets ``ceil(total / world_size)`` samples (the repeats are flagged in ``valid``);
+   ``even="pad"`` wraps around to the start of the order like
+   ``torch.utils.data.DistributedSampler`` so every rank gets ``ceil(total / world_size)``
+   samples (the repeats are flagged in ``valid``);
    ``even="drop"`` drops the remainder so every rank gets ``floor(total / world_size)``.
    The partition is over samples, not shards, so fewer shards than consumers is fine.
 3. :meth:`EpochPlan.worker_batches` - batch ``b`` of a rank (``b >= start_batch``) is built by
@@ -262,7 +263,7 @@ def plan_epoch(n: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, epo
                balance: str | None = None, samples_per_epoch: int | None = None,
                shards: np.ndarray | None = None, block: bool = False,
                streams: int = 1) -> EpochPlan:
-    """:func:`epoch_order` then :func:`rank_plan`, bundled with the batch rule (an :class:`EpochPlan`).
+    """:func:`epoch_order` then :func:`rank_plan`, with the batch rule: an :class:`EpochPlan`.
 
     ``streams > 1`` reorders the rank's positions with :func:`stream_order` (contiguous ranges
     per worker; the plan still depends only on ``streams``, not on ``num_workers``).

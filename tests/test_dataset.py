@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from shardkit.dataset import MapShardDataset, ShardDataset
@@ -24,10 +23,11 @@ CLASSES = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
 
 def build_split(sample_dir: Path, out: Path, fmt: str, shard_sizes: list[int],
                 split: str = "train", start: int = 0, stride: int = 1) -> list[dict]:
-    """Packs real photos of the embedded sample (reused cyclically beyond 200) into shards of exactly ``shard_sizes`` samples
-    with the formats API (independent of shardkit.pack). Returns the per-sample records (with the
-    source sha256), in split order. Photos are taken from sorted position ``start`` every
-    ``stride`` (the sorted list is class-sorted). Several splits can share ``out``."""
+    """Packs real photos of the embedded sample (reused cyclically beyond 200) into shards of
+    exactly ``shard_sizes`` samples with the formats API (independent of shardkit.pack). Returns
+    the per-sample records (with the source sha256), in split order. Photos are taken from
+    sorted position ``start`` every ``stride`` (the sorted list is class-sorted). Several splits
+    can share ``out``."""
     photos = sorted(sample_dir.glob("*/*.jpg"))  # 200 real photos, reused cyclically if needed
     files = [photos[(start + i * stride) % len(photos)] for i in range(sum(shard_sizes))]
     mod = get_format(fmt)
