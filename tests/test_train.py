@@ -22,7 +22,7 @@ from shardkit.train.checkpoint import ResumeMismatchError
 from shardkit.train.dist import all_gather_varlen, resolve_amp
 from shardkit.train.data import resolve_mean_std
 from shardkit.train.metrics import EarlyStopping, better
-from shardkit.train.model import param_groups
+from shardkit.train.model import param_groups, probe_model
 from shardkit.train.optim import FocalLoss, build_optimizer, build_scheduler, class_weights
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +59,16 @@ def test_head_size_from_num_classes_not_1000():
         logits = model(torch.zeros(2, 3, 64, 64))
     assert logits.shape == (2, 3)
     assert model.get_classifier().out_features == 3
+
+
+def test_probe_rejects_input_sizes_the_model_cannot_take():
+    model = build_model("hrnet_w18_small", 3)
+    probe_model(model, 64, 3)
+    assert model.training                            # train mode restored
+    with pytest.raises(ConfigError, match="48x48 .*multiple of 32"):
+        probe_model(model, 48, 3)
+    with pytest.raises(ConfigError, match=r"\(1, 3\).*expected \(1, 4\)"):
+        probe_model(model, 64, 4)
 
 
 def test_unknown_model_name_raises():

@@ -30,7 +30,7 @@ from .data import (eval_loader, fixed_batches, make_normalizer, resolve_mean_std
                    train_loader, transform_config)
 from .dist import all_gather_varlen, barrier, resolve_amp, setup_distributed, teardown_distributed
 from .metrics import EarlyStopping, classification_metrics, save_eval
-from .model import build_model, check_labels, load_pretrained, unwrap
+from .model import build_model, check_labels, load_pretrained, probe_model, unwrap
 from .optim import build_loss, build_optimizer, build_scheduler
 
 __all__ = ["train", "Trainer", "EvalCountError", "TrainingDivergedError"]
@@ -154,6 +154,7 @@ class Trainer:
         model.to(self.device)
         if config.channels_last:
             model.to(memory_format=torch.channels_last)
+        probe_model(model, config.image_size, self.num_classes, self.device)
         self.plain = model
         if self.info.distributed:
             from torch.nn.parallel import DistributedDataParallel as DDP

@@ -15,8 +15,8 @@ from torch import nn
 
 from ..errors import ConfigError, LabelError
 
-__all__ = ["build_model", "load_pretrained", "param_groups", "check_labels", "topk_for",
-           "unwrap"]
+__all__ = ["build_model", "probe_model", "load_pretrained", "param_groups", "check_labels",
+           "topk_for", "unwrap"]
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
@@ -36,6 +36,30 @@ def build_model(name: str, num_classes: int) -> nn.Module:
         close = timm.list_models(f"*{name.split('_')[0]}*")[:10]
         raise ConfigError(f"model {name!r} is not a timm model; similar names: {close}")
     return timm.create_model(name, pretrained=False, num_classes=num_classes)
+
+
+def probe_model(model: nn.Module, image_size: int, num_classes: int,
+                device: torch.device | str = "cpu") -> None:
+    """One no-grad eval-mode forward of a zero ``(1, 3, S, S)`` batch: the model must accept
+    ``image_size`` and return ``(1, num_classes)`` logits (no state changes; restores train mode).
+
+    Raises:
+        ConfigError: the model rejects the input size (HRNet needs a multiple of 32, some ViTs a
+            fixed size) or its head does not give ``num_classes`` logits.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(torch.zeros(1, 3, image_size, image_size, device=device))
+    except RuntimeError as e:
+        raise ConfigError(f"the model cannot take {image_size}x{image_size} inputs ({e}); "
+                          "HRNet needs image_size a multiple of 32") from e
+    finally:
+        model.train(was_training)
+    if tuple(logits.shape) != (1, num_classes):
+        raise ConfigError(f"the model gives logits of shape {tuple(logits.shape)}; expected "
+                          f"(1, {num_classes}) for the manifest's {num_classes} classes")
 
 
 def _state_dict_of(obj) -> dict[str, torch.Tensor]:
