@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
                          epochs=1000, max_steps=args.steps, batch_size=args.batch_size,
                          image_size=args.image_size, amp=args.amp, device=args.device,
                          num_workers=args.num_workers, compile=args.compile, eval_every=1000,
+                         checkpoint_every=1000,
                          patience=None, warmup_steps=min(50, args.steps // 5), progress=False)
     t0 = time.perf_counter()
     metrics = train(config)

@@ -39,6 +39,36 @@ def test_config_yaml_then_flags():
     assert default.model == "hrnet_w18_small" and default.opt == "sgd"
 
 
+def test_cli_help_lists_every_documented_flag():
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    result = CliRunner().invoke(main, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+    for flag in ("--data", "--out", "--model", "--epochs", "--max-steps", "--batch-size",
+                 "--image-size", "--lr", "--num-workers", "--config", "--resume",
+                 "--overfit-batches", "--opt", "--weight-decay", "--warmup-epochs",
+                 "--warmup-steps", "--label-smoothing", "--clip-grad", "--loss", "--balance",
+                 "--amp", "--compile", "--channels-last", "--patience", "--monitor",
+                 "--mean-std", "--seed", "--device", "--pretrained"):
+        assert f"{flag} " in result.output or f"{flag}/" in result.output, flag
+    bad = CliRunner().invoke(main, ["train", "--data", "x", "--out", "y", "--opt", "adam"])
+    assert bad.exit_code == 2 and "'adam' is not one of 'sgd', 'adamw'" in bad.output
+
+
+def test_cli_reports_a_missing_dataset_without_traceback(tmp_path):
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    result = CliRunner().invoke(main, ["train", "--data", str(tmp_path / "nowhere"), "--out",
+                                       str(tmp_path / "run"), "--config", "cpu-smoke"])
+    assert result.exit_code == 1
+    assert "ManifestError" in result.output and "nowhere" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_config_rejects_unknown_and_invalid_values():
     with pytest.raises(ConfigError, match="unknown key.*'learning_rate'"):
         TrainConfig.from_dict({"learning_rate": 0.1})

@@ -17,8 +17,10 @@ def _choice(name: str) -> click.Choice:
 
 
 @click.command("train")
-@click.option("--data", type=click.Path(file_okay=False), help="Packed dataset folder (manifest.json).")
-@click.option("--out", type=click.Path(file_okay=False), help="Run folder for checkpoints and metrics.")
+@click.option("--data", type=click.Path(file_okay=False),
+              help="Packed dataset folder (manifest.json).")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Run folder for checkpoints and metrics.")
 @click.option("--config", "config_name", default="default", show_default=True,
               help="YAML in configs/train/ (name) or a path; flags override it.")
 @click.option("--model", help="timm model name (random init), e.g. hrnet_w18_small.")
@@ -38,7 +40,8 @@ def _choice(name: str) -> click.Choice:
 @click.option("--clip-grad", type=float, help="Max global gradient L2 norm.")
 @click.option("--loss", type=_choice("loss"))
 @click.option("--balance", type=_choice("balance"), help="class: class-balanced sampling.")
-@click.option("--amp", type=_choice("amp"), help="auto: bf16 on capable GPUs, fp16 on older, off on CPU.")
+@click.option("--amp", type=_choice("amp"),
+              help="auto: bf16 on capable GPUs, fp16 on older, off on CPU.")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--channels-last/--no-channels-last", default=None)
 @click.option("--patience", type=int,
@@ -52,6 +55,7 @@ def _choice(name: str) -> click.Choice:
 @click.option("--prefetch-factor", type=int)
 @click.option("--overfit-batches", type=int, help="Train on N fixed un-augmented batches.")
 @click.option("--eval-every", type=int, help="Evaluate val every N epochs (and at the end).")
+@click.option("--checkpoint-every", type=int, help="Write last.pt every N epochs (and at the end).")
 @click.option("--resume", type=click.Path(exists=True),
               help="Checkpoint file or run folder (continues step count and LR schedule).")
 @click.option("--progress/--no-progress", default=None, help="tqdm bar per epoch.")

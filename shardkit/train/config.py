@@ -1,9 +1,9 @@
 """Training configuration: one frozen dataclass, loaded from YAML and overridden by CLI flags.
 
 The resolution order is ``TrainConfig`` defaults < ``configs/train/<name>.yaml`` < CLI flags (timm's
-``train.py`` does the same with ``--config``; the resolved config is saved as ``RUN/config.yaml`` next
-to the results, as timm saves ``args.yaml``). Every value is validated here, once, so the training
-engine never sees an invalid combination.
+``train.py`` does the same with ``--config``; the resolved config is saved as ``RUN/config.yaml``
+next to the results, as timm saves ``args.yaml``). Every value is validated here, once, so the
+training engine never sees an invalid combination.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class TrainConfig:
     """
 
     data: str | None = None               # packed dataset root (folder with manifest.json)
-    out: str | None = None                # run folder (config.yaml, metrics.json, checkpoints/, tb/)
+    out: str | None = None                # run folder: config.yaml, metrics.json, checkpoints/...
     model: str = "hrnet_w18_small"        # any timm model name
     pretrained: str | None = None         # local checkpoint path; mismatched shapes are skipped
     epochs: int = 30                      # planned epochs; defines the LR schedule length
@@ -68,7 +68,7 @@ class TrainConfig:
     amp: str = "auto"                     # auto | bf16 | fp16 | off
     compile: bool = False                 # torch.compile the model
     channels_last: bool = True            # NHWC memory format for model and inputs
-    patience: int | None = None           # early stop after N evals without improvement (0/None: off)
+    patience: int | None = None           # early stop after N evals without gain (0/None: off)
     monitor: str = "macro_f1"             # macro_f1 | top1 | loss
     mean_std: str = "imagenet"            # imagenet | dataset (manifest stats of the train split)
     seed: int = 0
@@ -77,10 +77,11 @@ class TrainConfig:
     prefetch_factor: int = 2              # batches prefetched per worker
     overfit_batches: int = 0              # >0: train on N fixed eval-transform batches, repeatedly
     eval_every: int = 1                   # evaluate val every N epochs (and always at the end)
+    checkpoint_every: int = 1             # write last.pt every N epochs (and at the end)
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"
-    resume: str | None = None             # checkpoint file, or a run folder (uses checkpoints/last.pt)
+    resume: str | None = None             # checkpoint file, or a run folder (its last.pt)
     progress: bool = True                 # tqdm bar per epoch on rank 0
 
     def __post_init__(self) -> None:
@@ -91,7 +92,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"{name}={value!r} is not one of {list(allowed)}")
-        positive = ("epochs", "batch_size", "image_size", "prefetch_factor", "eval_every")
+        positive = ("epochs", "batch_size", "image_size", "prefetch_factor", "eval_every",
+                    "checkpoint_every")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -79,7 +79,8 @@ def eval_loader(config: TrainConfig, info: DistInfo, tc, split: str):
     return _loader(config, info, tc, split, train=False, even=None)
 
 
-def fixed_batches(config: TrainConfig, info: DistInfo, tc) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def fixed_batches(config: TrainConfig, info: DistInfo,
+                  tc) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``config.overfit_batches`` train-split batches with the *eval* transform
     (no augmentation), as uint8 ``(N, 3, S, S)`` images and int64 ``(N,)`` labels on the CPU.
 

@@ -186,7 +186,7 @@ class Trainer:
     # ----------------------------------------------------------------- loop
     def run(self) -> dict:
         config = self.config
-        stopped = "completed"
+        stopped = "completed"  # or "max_steps" / "early_stop"; metrics say "running" until the end
         epoch = self.epoch + 1 if (self.resume is not None and self.epoch_done) else self.epoch
         if self.max_steps_reached():
             stopped = "max_steps"
@@ -204,13 +204,12 @@ class Trainer:
                 self.track_best(entry)
             else:
                 self.history.append(entry)
-            self.save("last")
-            self.write_metrics(stopped)
-            if cut:
-                stopped = "max_steps"
-                break
-            if self.stopper.should_stop:
-                stopped = "early_stop"
+            stop = ("max_steps" if cut else "early_stop" if self.stopper.should_stop else None)
+            if stop or last_epoch or (epoch + 1) % config.checkpoint_every == 0:
+                self.save("last")
+            self.write_metrics("running")
+            if stop:
+                stopped = stop
                 break
             epoch += 1
         result = self.final_test(stopped)
@@ -296,11 +295,12 @@ class Trainer:
         self.loader_state = None if self.fixed is not None else self.train_loader.state_dict()
         totals = self._reduce([loss_sum, images, wait, compute, done], [seconds])
         loss_sum, images, wait, compute, done, seconds = totals
-        stats = {"loss": loss_sum / images if images else float("nan"),
-                 "lr": self.optimizer.param_groups[0]["lr"], "steps": int(done / self.info.world_size),
-                 "images": int(images), "seconds": seconds,
-                 "images_per_s": images / seconds if seconds > 0 else float("nan"),
-                 "data_wait_fraction": wait / (wait + compute) if wait + compute > 0 else float("nan")}
+        nan = float("nan")
+        stats = {"loss": loss_sum / images if images else nan,
+                 "lr": self.optimizer.param_groups[0]["lr"],
+                 "steps": int(done / self.info.world_size), "images": int(images),
+                 "seconds": seconds, "images_per_s": images / seconds if seconds > 0 else nan,
+                 "data_wait_fraction": wait / (wait + compute) if wait + compute > 0 else nan}
         if self.writer is not None:
             for key in ("loss", "images_per_s", "data_wait_fraction"):
                 self.writer.add_scalar(f"epoch/train_{key}", stats[key], epoch)

@@ -46,7 +46,8 @@ def schedule_steps(config: TrainConfig, steps_per_epoch: int) -> tuple[int, int]
     """
     if steps_per_epoch < 1:
         raise ConfigError(f"the train loader yields {steps_per_epoch} batches per epoch; expected "
-                          f">= 1 (is the train split empty or batch_size too large with drop_last?)")
+                          ">= 1 (is the train split smaller than one batch? the last short batch "
+                          "is dropped)")
     total = config.epochs * steps_per_epoch
     warmup = config.warmup_steps or round(config.warmup_epochs * steps_per_epoch)
     if warmup >= total:
