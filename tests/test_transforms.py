@@ -259,3 +259,17 @@ def test_without_c_extension_falls_back_to_same_pixels(monkeypatch, sample_dir):
         assert np.array_equal(fast, slow)
     else:
         assert np.abs(fast.astype(np.int16) - slow).mean() < 1.0
+
+
+@pytest.mark.parametrize("decoder", CPU_DECODERS)
+def test_memoryview_input_and_strided_out(decoder, sample_dir):
+    """Shard readers hand out memoryviews; a strided ``out`` (e.g. a view into an NCHW batch)
+    takes the generic path and gets the same pixels."""
+    data = _files(sample_dir, 3)[2].read_bytes()
+    t = make_transform(TransformConfig(decoder=decoder, image_size=64), train=True)
+    a = t(memoryview(data), np.random.default_rng(9))
+    batch = np.zeros((2, 3, 64, 64), np.uint8)
+    strided = batch[1].transpose(1, 2, 0)  # (64, 64, 3) view, not C-contiguous
+    b = t(data, np.random.default_rng(9), strided)
+    assert b is strided and np.array_equal(a, b)
+    assert np.array_equal(batch[1].transpose(1, 2, 0), a) and not batch[0].any()
