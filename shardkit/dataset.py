@@ -61,29 +61,6 @@ def worker_id_count() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
-def _close_inherited_lmdb_envs() -> None:
-    """Adapter until ``shardkit.formats.lmdb_format`` does it itself: in a forked child, close the
-    LMDB environments inherited from the parent before any reopen. py-lmdb >= 3 refuses to open a
-    file whose environment is "already open in this process", and a forked child inherits that
-    registry, so reopening after fork fails unless the inherited handle is closed first (in the
-    child only; the parent's handle is untouched - field case 8). Lock-free read-only envs hold no
-    reader slot, so closing the child's copy releases nothing the parent uses."""
-    try:
-        from .formats import lmdb_format as lf
-    except ImportError:  # pragma: no cover - lmdb not installed
-        return
-    envs, pid = getattr(lf, "_ENVS", None), getattr(lf, "_ENVS_PID", None)
-    if envs is None or pid is None or pid == os.getpid():
-        return
-    for env in list(envs.values()):
-        try:
-            env.close()
-        except Exception:  # noqa: BLE001 - best effort on the child's copy
-            pass
-    envs.clear()
-    lf._ENVS_PID = os.getpid()
-
-
 class _Source:
     """The picklable core: manifest subset, split index, lazy per-shard readers, read + decode."""
 
@@ -121,7 +98,6 @@ class _Source:
         """Stored bytes of the sample at split position ``pos`` (bytes or memoryview/mmap slice)."""
         s = int(self.index.shard[pos])
         if self._pid != os.getpid():
-            _close_inherited_lmdb_envs()
             self._pid = os.getpid()
         reader = self._readers.get(s)
         if reader is None:

@@ -95,7 +95,16 @@ _ENVS_PID = os.getpid()
 class Reader(FormatReader):
     def _open(self):
         global _ENVS_PID
-        if _ENVS_PID != os.getpid():  # forked: never touch the parent's environments
+        if _ENVS_PID != os.getpid():
+            # Forked child: close this process's copies of the parent's environments before any
+            # reopen. py-lmdb keeps a per-process "already open" registry that the child inherits,
+            # so a reopen fails until the inherited handle is closed. Lock-free read-only
+            # environments hold no reader slot, so this releases nothing the parent uses (case 8).
+            for env in _ENVS.values():
+                try:
+                    env.close()
+                except lmdb.Error:
+                    pass
             _ENVS.clear()
             _ENVS_PID = os.getpid()
         path = os.path.realpath(self.location)
