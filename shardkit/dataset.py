@@ -86,7 +86,6 @@ class _Source:
         self._readers: dict[int, Any] = {}
         self._decoder = None
         self._decoder_pid = None
-        self._pid = os.getpid()
 
     def __len__(self) -> int:
         return len(self.index)
@@ -97,8 +96,6 @@ class _Source:
     def read(self, pos: int):
         """Stored bytes of the sample at split position ``pos`` (bytes or memoryview/mmap slice)."""
         s = int(self.index.shard[pos])
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
         reader = self._readers.get(s)
         if reader is None:
             if self.max_open is not None and len(self._readers) >= self.max_open:
