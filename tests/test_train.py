@@ -23,7 +23,8 @@ from shardkit.train.dist import all_gather_varlen, resolve_amp
 from shardkit.train.data import resolve_mean_std
 from shardkit.train.metrics import EarlyStopping, better
 from shardkit.train.model import param_groups, probe_model
-from shardkit.train.optim import FocalLoss, build_optimizer, build_scheduler, class_weights
+from shardkit.train.optim import (FocalLoss, build_loss, build_optimizer, build_scheduler,
+                                  class_weights)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES3 = ["a", "b", "c"]
@@ -187,6 +188,10 @@ def test_class_weights_and_focal_loss():
     smooth = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1)
     assert FocalLoss(0.0, label_smoothing=0.1)(logits, labels) == pytest.approx(float(smooth),
                                                                                 rel=1e-6)
+    criterion = build_loss(TrainConfig(loss="weighted-ce", label_smoothing=0.0), [28, 31, 22],
+                           CLASSES3)
+    assert criterion.weight.tolist() == pytest.approx([81 / 84, 81 / 93, 81 / 66])
+    assert isinstance(build_loss(TrainConfig(loss="focal"), [1, 1, 1], CLASSES3), FocalLoss)
 
 
 # ----------------------------------------------------------------------------- metrics, amp
@@ -409,14 +414,16 @@ def test_torchrun_two_process_gloo_merges_one_evaluation(packed_sample, tmp_path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "shardkit.cli", "train", "--data", str(data), "--out", str(run),
            "--config", "cpu-smoke", "--model", "test_resnet", "--image-size", "32",
-           "--max-steps", "3", "--device", "cpu"]
+           "--batch-size", "16", "--max-steps", "0", "--device", "cpu"]  # one whole epoch
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     manifest = load_manifest(data)
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["run"]["world_size"] == 2 and metrics["step"] == 3
+    # 140 train samples -> 70 per rank (even="pad") -> 4 full batches of 16 on each rank
+    assert metrics["run"]["world_size"] == 2 and metrics["run"]["steps_per_epoch"] == 4
     (entry,) = metrics["history"]
-    assert entry["train"]["steps"] == 3 and entry["train"]["images"] == 2 * 3 * 8
+    assert metrics["step"] == 4 and metrics["stopped"] == "completed"
+    assert entry["train"]["steps"] == 4 and entry["train"]["images"] == 2 * 4 * 16
     val, test = entry["val"], metrics["test"]
     for result, split in ((val, "val"), (test, "test")):
         expected = manifest["splits"][split]["num_samples"]
