@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -82,7 +83,11 @@ class Trainer:
             check_resume_config(config, self.resume["config"])
         check_run_folder(self.out, resuming=self.resume is not None)
         if config.overfit_batches and config.label_smoothing:
-            config = config.replace(label_smoothing=0.0)  # smoothing forbids a loss near zero
+            # smoothing puts the loss floor well above zero, which the overfit check needs
+            if info.is_main:
+                print(f"overfit_batches={config.overfit_batches}: label_smoothing "
+                      f"{config.label_smoothing} -> 0.0 (saved in config.yaml)", file=sys.stderr)
+            config = config.replace(label_smoothing=0.0)
         self.config = config
         self.manifest = load_manifest(config.data)
         self.classes = list(self.manifest["classes"])
@@ -150,7 +155,8 @@ class Trainer:
                 skipped = self.pretrained_report["skipped_shape"]
                 print(f"pretrained {config.pretrained}: loaded {self.pretrained_report['loaded']}"
                       f" tensors; skipped {len(skipped)} with mismatched shapes: "
-                      + ", ".join(f"{s['key']} {s['checkpoint']}->{s['model']}" for s in skipped))
+                      + ", ".join(f"{s['key']} {s['checkpoint']}->{s['model']}" for s in skipped),
+                      file=sys.stderr)
         model.to(self.device)
         if config.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -274,8 +280,8 @@ class Trainer:
             self.step += 1
             value = float(loss.detach())  # synchronises on CUDA
             if not math.isfinite(value):
-                raise TrainingDivergedError(f"train loss is {value} at step {self.step}; lower "
-                                         f"--lr (now {config.lr}) or use --clip-grad")
+                raise TrainingDivergedError(f"train loss is {value} at step {self.step}; "
+                                            f"lower --lr (now {config.lr}) or use --clip-grad")
             _sync(device)
             t2 = time.perf_counter()
             wait, compute = wait + (t1 - t0), compute + (t2 - t1)
