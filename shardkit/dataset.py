@@ -142,7 +142,6 @@ class _Source:
         state = self.__dict__.copy()
         state["_decoder"] = None
         state["_decoder_pid"] = None
-        state["_pid"] = None
         return state
 
 
