@@ -242,6 +242,13 @@ def test_dct_choice_uses_only_fast_factors(awkward_dir):
     assert Fraction(3, 8) not in probe.factors and Fraction(1, 3) not in probe.factors
     out = t(data)
     assert out.shape == (224, 224, 3)
+    # 2000x1072 -> eval box 1072 px high -> 1/4 reduction (268 >= 224); drift vs torchvision
+    # (full-size decode, antialiased resize) stays small; without DCT scaling it vanishes
+    ref = torchvision_reference(TransformConfig(), train=False)(
+        Image.open(awkward_dir / "adobe_rgb_icc_large_xmp.jpg").convert("RGB"))
+    assert 0.2 < np.abs(out.astype(np.int16) - ref).mean() < 3.0
+    exact = make_transform(TransformConfig(dct_scaling=False), train=False)(data)
+    assert np.abs(exact.astype(np.int16) - ref).mean() < EVAL_MEAN_ABS_BOUND
 
 
 def test_without_c_extension_falls_back_to_same_pixels(monkeypatch, sample_dir):
