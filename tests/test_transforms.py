@@ -242,7 +242,7 @@ def test_dct_choice_uses_only_fast_factors(awkward_dir):
     assert Fraction(3, 8) not in probe.factors and Fraction(1, 3) not in probe.factors
     out = t(data)
     assert out.shape == (224, 224, 3)
-    # 2000x1072 -> eval box 1072 px high -> 1/4 reduction (268 >= 224); drift vs torchvision
+    # 2000x1072 -> eval box 938 px square -> 1/4 reduction (234.5 >= 224); drift vs torchvision
     # (full-size decode, antialiased resize) stays small; without DCT scaling it vanishes
     ref = torchvision_reference(TransformConfig(), train=False)(
         Image.open(awkward_dir / "adobe_rgb_icc_large_xmp.jpg").convert("RGB"))
