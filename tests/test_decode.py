@@ -93,7 +93,7 @@ def test_contract_real_flowers(name, sample_dir):
         data = path.read_bytes()
         arr = dec.decode(data)
         ref = np.asarray(Image.open(path).convert("RGB"))
-        assert arr.dtype == np.uint8 and arr.flags.c_contiguous
+        assert arr.dtype == np.uint8 and arr.flags.c_contiguous and arr.flags.writeable
         assert arr.shape == ref.shape
         assert np.abs(arr.astype(np.int16) - ref).mean() <= PIL_MEAN_ABS_BOUND
         assert dec.last_warnings == 0

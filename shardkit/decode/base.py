@@ -170,7 +170,8 @@ def pil_decode_rgb(data: bytes | memoryview, reduce: int = 1) -> np.ndarray:
                 im = im.convert("RGB")
             else:
                 im.load()
-            return np.asarray(im)  # one copy (tobytes); C-contiguous, read-only
+            arr = np.asarray(im)  # C-contiguous; read-only when built from bytes
+            return arr if arr.flags.writeable else arr.copy()  # writable like every backend
     except DecodeError:
         raise
     except Exception as exc:
