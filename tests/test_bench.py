@@ -150,7 +150,8 @@ def test_tiny_step_is_data_bound():
     res = measure(lambda r: FixedDelayLoader(8, 20.0), SleepStep(0.5), repeats=1, warmup=1,
                   max_batches=6, monitor=False)
     frac = res["metrics"]["data_wait_fraction"]["median"]
-    assert frac > 0.9, frac
+    # 20 / (20 + 0.5) = 0.98 on an idle machine; a 0.5 ms sleep can return ms late on a busy one
+    assert frac > 0.75, frac
     rec = recommend([_ok_row(0, 0, None, res)], SleepStep(0.5).info())
     assert rec["data_bound"] is True
     assert "DATA-BOUND" in rec["text"]
@@ -408,3 +409,38 @@ def test_gpu_sleep_step_is_timed_after_synchronisation():
                   monitor=False)
     assert res["metrics"]["step_ms_per_batch"]["median"] == pytest.approx(30.0, rel=0.10)
     step(batch)  # copies a pinned batch to the device without error
+
+
+def test_baseline_is_na_with_a_note_when_source_root_is_unreachable(tmp_path):
+    from shardkit.bench.runner import add_baseline_rows
+
+    res = _res(100.0)
+    rows = [_ok_row(0, 0, None, res), _ok_row(1, 2, 2, res)]
+    info = {"root": str(tmp_path), "source_root": str(tmp_path / "moved-away")}
+    base = add_baseline_rows(rows, info, RunConfig(), SleepStep(0))
+    assert [b["status"] for b in base] == ["n/a", "n/a"]
+    assert [b["id"] for b in base] == [2, 3]
+    assert all("moved-away" in b["note"] and "not reachable" in b["note"] for b in base)
+    assert all("ratio_to_baseline" not in r for r in rows)
+
+
+def test_plot_series_put_the_num_workers_0_point_on_every_prefetch_line():
+    from shardkit.bench.report import _lines
+
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 2], [2, 4], (False, True), (False,),
+                       pin_available=False)
+    results = []
+    for r in rows:
+        rec = {"id": r.id, "kind": "shardkit", "status": "ok" if r.status == "run" else "n/a",
+               "requested": r.requested.as_dict(), "setting": r.setting.as_dict(),
+               "same_as": r.same_as, "note": r.note}
+        if r.status == "run":
+            rec["metrics"] = _res(10.0 * (r.id + 1))["metrics"]
+        results.append(rec)
+    series = _lines(results)
+    # pin=on is N/A without CUDA: no line copies the pin-off numbers under a pin-on label
+    assert sorted(series) == ["wds/auto pf=2 pin=off", "wds/auto pf=4 pin=off"]
+    zero_id = next(r.id for r in rows if r.status == "run" and r.setting.num_workers == 0)
+    for points in series.values():
+        assert [x for x, _ in points] == [0, 2]
+        assert points[0][1]["id"] == zero_id
