@@ -278,6 +278,11 @@ def test_roi_window_outside_image_is_an_error(case12):
     dec = _decoder_or_skip("roi")
     with pytest.raises(DecodeError, match="outside the 333x250"):
         dec.decode_region(case12["valid"], (300, 0, 334, 10), Fraction(1))
+    out = np.empty((8, 8, 3), np.uint8)
+    with pytest.raises(DecodeError, match="1/3 is not one of"):
+        dec.decode_resize(case12["valid"], (0, 0, 10, 10), Fraction(1, 3), (0, 0, 10, 10), out)
+    with pytest.raises(DecodeError, match="1/3 is not one of"):
+        dec.decode_region(case12["valid"], (0, 0, 10, 10), Fraction(1, 3))
 
 
 def test_progressive_roi_matches_full(awkward_dir):

@@ -32,6 +32,13 @@ __all__ = ["ROIDecoder", "resize_into", "RESIZE_FILTERS"]
 _JCS_CMYK, _JCS_YCCK = 4, 5
 
 
+def _eighths(factor: Fraction) -> int:
+    """M of a DCT scale M/8; DecodeError for a scale libjpeg-turbo does not implement."""
+    if factor not in DCT_REDUCTIONS:
+        raise DecodeError(f"DCT scale {factor} is not one of {[str(f) for f in DCT_REDUCTIONS]}")
+    return factor.numerator * (8 // factor.denominator)
+
+
 def _version(number: int) -> str:
     return f"{number // 1000000}.{number // 1000 % 1000}.{number % 1000}"
 
@@ -71,10 +78,7 @@ class ROIDecoder(Decoder):
         return ImageProbe(w, h, True, FAST_DCT_REDUCTIONS)
 
     def _run(self, data, box, factor: Fraction) -> np.ndarray:
-        if factor.denominator not in (1, 2, 4, 8) or factor not in DCT_REDUCTIONS:
-            raise DecodeError(f"DCT scale {factor} is not one of "
-                              f"{[str(f) for f in DCT_REDUCTIONS]}")
-        m = factor.numerator * (8 // factor.denominator)
+        m = _eighths(factor)
         x0, y0, x1, y1 = box
         try:
             buf, (n, msg), sw, sh = _jpegroi.decode(data, x0, y0, x1 - x0, y1 - y0, m,
@@ -100,7 +104,7 @@ class ROIDecoder(Decoder):
                 or not out.flags.writeable):
             return super().decode_resize(data, region, factor, box, out, flip, interpolation,
                                          probe)
-        m = factor.numerator * (8 // factor.denominator)
+        m = _eighths(factor)
         x0, y0, x1, y1 = region
         try:
             n, msg = _jpegroi.crop_resize(data, x0, y0, x1 - x0, y1 - y0, m, self._flags(),
