@@ -455,3 +455,16 @@ def test_options_run_focal_balanced_bf16_sgd_clip_dataset_stats(packed_sample, t
     assert _support(metrics["test"]) == 30
     with pytest.raises(ConfigError, match="shardkit stats"):
         train(_run_config(packed_sample("wds"), tmp_path / "nostats", mean_std="dataset"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_run_uses_bf16_autocast_and_merges_eval(packed_sample, tmp_path):
+    """The same config on CUDA: --amp auto picks bf16 (fp16 on pre-Ampere GPUs), no code change."""
+    data = packed_sample("wds")
+    metrics = train(_run_config(data, tmp_path / "gpu", device="cuda", amp="auto", max_steps=3,
+                                num_workers=2))
+    expected = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    assert metrics["run"]["amp"] == expected and metrics["run"]["device"] == "cuda:0"
+    assert metrics["step"] == 3 and _support(metrics["test"]) == 30
+    assert 0.0 <= metrics["history"][0]["train"]["data_wait_fraction"] <= 1.0
