@@ -345,8 +345,24 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
     assert set(doc) >= {"created_by", "created_at", "config", "step", "environment", "rows",
                         "recommendation", "plots"}
     assert doc["step"] == {"kind": "sleep", "device": "cpu", "step_ms": 5.0}
-    assert doc["environment"]["pil"]["version"] == PIL.__version__
+    env = doc["environment"]
+    assert env["pil"]["version"] == PIL.__version__
+    assert set(env) >= {"cpu", "torch", "torchvision", "pil", "turbojpeg", "shardkit_decode",
+                        "mismatches"}
+    assert set(env["pil"]) >= {"version", "simd", "libjpeg_turbo", "jpeg_library_path"}
     rows = doc["rows"]
+    assert [r["id"] for r in rows] == list(range(len(rows)))
+    for r in rows:
+        assert set(r) >= {"id", "kind", "requested", "setting", "status", "note", "same_as"}
+        assert r["kind"] in {"shardkit", "baseline"} and r["status"] in {"ok", "n/a"}
+        assert set(r["setting"]) == {"data", "format", "decoder", "num_workers",
+                                     "prefetch_factor", "pin_memory", "persistent_workers"}
+        if r["status"] == "n/a":
+            assert r["note"] and "metrics" not in r
+        else:
+            for m in r["metrics"].values():
+                assert set(m) == {"median", "min", "max", "q1", "q3", "values"}
+                assert len(m["values"]) == 2  # --repeats 2
     shard_rows = [r for r in rows if r["kind"] == "shardkit"]
     assert len(shard_rows) == 2 * 2 * 2 * 2  # decoders x workers x prefetch x pin, all recorded
     nv = [r for r in shard_rows if r["requested"]["decoder"] == "nvjpeg"]
