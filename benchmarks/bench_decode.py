@@ -189,7 +189,8 @@ def _environment() -> dict:
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+            cpu = next(line.split(":", 1)[1].strip() for line in fh
+                       if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     return {"python": sys.version.split()[0], "cpu": cpu, "cores": os.cpu_count(),

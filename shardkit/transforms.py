@@ -157,7 +157,8 @@ def sample_crop_params(width: int, height: int, cfg: TransformConfig,
     return CropParams(top, left, h, w, flip)
 
 
-def eval_crop_box(width: int, height: int, cfg: TransformConfig) -> tuple[float, float, float, float]:
+def eval_crop_box(width: int, height: int,
+                  cfg: TransformConfig) -> tuple[float, float, float, float]:
     """The eval center crop as a box ``(x0, y0, x1, y1)`` in original (float) pixels.
 
     Resize shorter side to ``floor(S / crop_pct)`` (long side ``int(size * long / short)``,
@@ -231,7 +232,8 @@ class SampleTransform:
         f = float(factor)
         fb = (box[0] * f, box[1] * f, box[2] * f, box[3] * f)
         # context the filter may read beyond the box (eval only, to match resize-then-crop)
-        m = math.ceil(margin_support * max(bw * f / s, bh * f / s, 1.0)) + 1 if margin_support else 0
+        m = (math.ceil(margin_support * max(bw * f / s, bh * f / s, 1.0)) + 1
+             if margin_support else 0)
         region = (max(0, math.floor(fb[0]) - m), max(0, math.floor(fb[1]) - m),
                   min(sw, math.ceil(fb[2]) + m), min(sh, math.ceil(fb[3]) + m))
         rel = (fb[0] - region[0], fb[1] - region[1], fb[2] - region[0], fb[3] - region[1])

@@ -24,7 +24,8 @@ from shardkit.errors import ConfigError
 __all__ = [
     "DECODERS", "AUTO_ORDER", "get_decoder", "available_decoders", "decoder_environment",
     "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
-    "choose_scale", "scaled_size", "is_jpeg", "DCT_REDUCTIONS", "FAST_DCT_REDUCTIONS", "resize_into", "RESIZE_FILTERS",
+    "choose_scale", "scaled_size", "is_jpeg", "DCT_REDUCTIONS", "FAST_DCT_REDUCTIONS",
+    "resize_into", "RESIZE_FILTERS",
 ]
 
 #: name -> Decoder class. Every registered decoder is covered by tests/test_decode.py.

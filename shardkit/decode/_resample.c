@@ -89,8 +89,8 @@ static inline unsigned char rs_clip8(int v) {
 #endif
 
 /* Horizontal pass: rows x (sw -> ow) pixels; src row r is src + r * sw * 3. */
-RS_CLONES static void rs_hpass(const unsigned char *src, int sw, int rows, const int *bh, const int *kh,
-                     int ksh, unsigned char *dst, int ow, int flip) {
+RS_CLONES static void rs_hpass(const unsigned char *src, int sw, int rows, const int *bh,
+                               const int *kh, int ksh, unsigned char *dst, int ow, int flip) {
     int yy, xx, x;
     for (yy = 0; yy < rows; yy++) {
         const unsigned char *row = src + (size_t)yy * sw * 3;
@@ -139,8 +139,9 @@ __attribute__((target("sse4.1"))) static void rs_hpass_sse41(
                 for (x = 0; x < n; x++) {
                     int v;
                     memcpy(&v, p + x * 3, 4);
-                    acc = _mm_add_epi32(acc, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(v)),
-                                                             _mm_set1_epi32(k[x])));
+                    acc = _mm_add_epi32(
+                        acc, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(v)),
+                                             _mm_set1_epi32(k[x])));
                 }
                 acc = _mm_srai_epi32(acc, RS_PRECISION_BITS);
                 acc = _mm_packs_epi32(acc, acc);
@@ -234,8 +235,8 @@ static void rs_hpass_any(const unsigned char *src, int sw, int rows, const int *
 
 /* Vertical pass: output row yy = sum_k src row (bv[2yy] - y_off + k), width w pixels.
  * Accumulates whole rows (tap-major) so the compiler vectorises across pixels. */
-RS_CLONES static void rs_vpass(const unsigned char *src, int w, int y_off, const int *bv, const int *kv,
-                     int ksv, unsigned char *dst, int oh, int *acc) {
+RS_CLONES static void rs_vpass(const unsigned char *src, int w, int y_off, const int *bv,
+                               const int *kv, int ksv, unsigned char *dst, int oh, int *acc) {
     int yy, xx, y;
     int n3 = w * 3;
     size_t stride = (size_t)n3;

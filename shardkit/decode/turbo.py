@@ -2,9 +2,11 @@
 
 RGB output is always requested explicitly (``TJPF_RGB``; PyTurboJPEG's default is BGR, field
 case 12). Grayscale JPEGs come out as 3 equal channels; CMYK/YCCK JPEGs go to Pillow. DCT
-scaling uses the reductions of ``tjGetScalingFactors`` that are in ``FAST_DCT_REDUCTIONS``. PyTurboJPEG turns libjpeg
-warnings into Python ``UserWarning``s; they are caught, counted (distinct messages, since the
-wrapper reads the header twice) into ``last_warnings`` and never reach stderr. ``fast_dct`` / ``fast_upsample`` map to ``TJFLAG_FASTDCT`` / ``TJFLAG_FASTUPSAMPLE``.
+scaling uses the reductions of ``tjGetScalingFactors`` that are in ``FAST_DCT_REDUCTIONS``.
+PyTurboJPEG turns libjpeg warnings into Python ``UserWarning``s; they are caught, counted
+(distinct messages, since the wrapper reads the header twice) into ``last_warnings`` and never
+reach stderr. ``fast_dct`` / ``fast_upsample`` map to ``TJFLAG_FASTDCT`` /
+``TJFLAG_FASTUPSAMPLE``.
 """
 from __future__ import annotations
 
