@@ -8,9 +8,11 @@ batched nvJPEG call, returning CUDA ``uint8`` tensors of shape ``(3, H, W)`` RGB
 """
 from __future__ import annotations
 
+import io
 from fractions import Fraction
 
 import numpy as np
+from PIL import Image
 
 from shardkit.decode.base import Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe
 from shardkit.errors import DecodeError
@@ -39,8 +41,17 @@ class NvJPEGDecoder(Decoder):
                 "device": torch.cuda.get_device_name() if self.available() else None}
 
     def probe(self, data: bytes | memoryview) -> ImageProbe:
-        w, h = pil_probe(data)
-        return ImageProbe(w, h, is_jpeg(data), (Fraction(1),))
+        """Header via Pillow; only baseline/progressive YCbCr or gray JPEGs go to nvJPEG
+        (CMYK/YCCK and everything else decode with Pillow)."""
+        if not is_jpeg(data):
+            w, h = pil_probe(data)
+            return ImageProbe(w, h, False, (Fraction(1),))
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                (w, h), mode = im.size, im.mode
+        except Exception as exc:  # Pillow raises several unrelated types here
+            raise DecodeError(f"cannot read JPEG header ({len(data)} bytes): {exc}") from exc
+        return ImageProbe(w, h, mode in ("RGB", "L"), (Fraction(1),))
 
     def decode_batch(self, datas: list, device: str = "cuda") -> list:
         """Decode JPEGs on the GPU in one batched call.
