@@ -468,3 +468,17 @@ def test_gpu_run_uses_bf16_autocast_and_merges_eval(packed_sample, tmp_path):
     assert metrics["run"]["amp"] == expected and metrics["run"]["device"] == "cuda:0"
     assert metrics["step"] == 3 and _support(metrics["test"]) == 30
     assert 0.0 <= metrics["history"][0]["train"]["data_wait_fraction"] <= 1.0
+
+
+@pytest.mark.slow
+def test_compiled_run_saves_plain_state_dict(packed_sample, tmp_path):
+    """--compile (inductor on the CPU, ~1 min): checkpoints hold the plain module's keys, so they
+    load into an uncompiled model (no ``_orig_mod.`` prefix)."""
+    data = packed_sample("wds")
+    metrics = train(_run_config(data, tmp_path / "compiled", model="test_resnet", image_size=32,
+                                max_steps=2, compile=True))
+    assert metrics["step"] == 2 and _support(metrics["test"]) == 30
+    state = torch.load(tmp_path / "compiled" / "checkpoints" / "best.pt",
+                       weights_only=False)["model"]
+    assert not any(k.startswith("_orig_mod.") for k in state)
+    build_model("test_resnet", 5).load_state_dict(state)   # strict load succeeds
