@@ -43,6 +43,10 @@ class TrainConfig:
 
     ``data`` is the packed dataset folder (``manifest.json`` lives there; the shard locations come
     from the manifest and nothing else, field case 23). ``out`` is the run folder.
+    ``max_steps`` / ``patience`` of 0 mean None (so a CLI flag can switch off a YAML value).
+
+    Raises:
+        ConfigError: a value outside its allowed set or range (the message names both).
     """
 
     data: str | None = None               # packed dataset root (folder with manifest.json)
