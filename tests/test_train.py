@@ -482,3 +482,25 @@ def test_compiled_run_saves_plain_state_dict(packed_sample, tmp_path):
                        weights_only=False)["model"]
     assert not any(k.startswith("_orig_mod.") for k in state)
     build_model("test_resnet", 5).load_state_dict(state)   # strict load succeeds
+
+
+def test_balance_class_reaches_the_loader(packed_sample):
+    """--balance class: the train loader draws classes uniformly (with replacement), so the
+    rarest class (roses, 22 of 140) is drawn near 1/5 of the time instead of 22/140."""
+    from shardkit.train.data import train_loader, transform_config
+    from shardkit.train.dist import DistInfo
+
+    data = packed_sample("wds")
+    counts = {}
+    for balance in ("none", "class"):
+        config = TrainConfig(data=str(data), balance=balance, image_size=32, batch_size=20,
+                             num_workers=0)
+        loader = train_loader(config, DistInfo(), transform_config(config, (0.5,) * 3, (0.25,) * 3))
+        labels = []
+        for epoch in range(5):
+            loader.set_epoch(epoch)
+            labels += [y for _, y in loader]
+        counts[balance] = torch.bincount(torch.cat(labels), minlength=5).tolist()
+    assert counts["none"] == [5 * c for c in (28, 31, 22, 28, 31)]      # exact: each sample once
+    assert sum(counts["class"]) == 700
+    assert counts["class"][2] > 120 and max(counts["class"]) < 170, counts   # roses ~ 140
