@@ -504,3 +504,7 @@ def test_balance_class_reaches_the_loader(packed_sample):
     assert counts["none"] == [5 * c for c in (28, 31, 22, 28, 31)]      # exact: each sample once
     assert sum(counts["class"]) == 700
     assert counts["class"][2] > 120 and max(counts["class"]) < 170, counts   # roses ~ 140
+    longer = TrainConfig(data=str(data), samples_per_epoch=100, image_size=32, batch_size=8,
+                         num_workers=0)
+    assert len(train_loader(longer, DistInfo(), transform_config(longer, (0.5,) * 3,
+                                                                 (0.25,) * 3))) == 12  # 100 // 8

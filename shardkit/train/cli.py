@@ -40,6 +40,8 @@ def _choice(name: str) -> click.Choice:
 @click.option("--clip-grad", type=float, help="Max global gradient L2 norm.")
 @click.option("--loss", type=_choice("loss"))
 @click.option("--balance", type=_choice("balance"), help="class: class-balanced sampling.")
+@click.option("--samples-per-epoch", type=int,
+              help="Train samples drawn per epoch, with replacement (default: one pass).")
 @click.option("--amp", type=_choice("amp"),
               help="auto: bf16 on capable GPUs, fp16 on older, off on CPU.")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")

@@ -34,7 +34,7 @@ CHOICES = {
 # Fields that define the step count, the LR schedule and "best": a resumed run must keep them.
 SCHEDULE_FIELDS = ("model", "epochs", "batch_size", "image_size", "lr", "opt", "momentum",
                    "weight_decay", "warmup_epochs", "warmup_steps", "min_lr", "overfit_batches",
-                   "balance", "seed", "monitor")
+                   "balance", "samples_per_epoch", "seed", "monitor")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class TrainConfig:
     loss: str = "ce"                      # ce | weighted-ce | focal
     focal_gamma: float = 2.0              # focusing parameter of the focal loss (Lin et al. 2017)
     balance: str = "none"                 # none | class (class-balanced sampling in make_loader)
+    samples_per_epoch: int | None = None  # draw this many train samples per epoch (replacement)
     amp: str = "auto"                     # auto | bf16 | fp16 | off
     compile: bool = False                 # torch.compile the model
     channels_last: bool = True            # NHWC memory format for model and inputs
@@ -107,7 +108,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name}={value!r}: expected an integer >= 0")
-        for name in ("max_steps", "patience"):
+        for name in ("max_steps", "patience", "samples_per_epoch"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}={value!r}: expected an integer >= 1 or null")

@@ -48,8 +48,8 @@ def transform_config(config: TrainConfig, mean, std):
 
 
 def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool, even,
-            balance=None, mode: str = "exact", num_workers: int | None = None,
-            drop_last: bool = False):
+            balance=None, mode: str = "exact", samples_per_epoch: int | None = None,
+            num_workers: int | None = None, drop_last: bool = False):
     from ..loader import make_loader
 
     workers = config.num_workers if num_workers is None else num_workers
@@ -58,18 +58,21 @@ def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool,
         prefetch_factor=config.prefetch_factor if workers > 0 else None,
         pin_memory=torch.cuda.is_available() and config.device != "cpu", train=train,
         image_size=config.image_size, seed=config.seed, rank=info.rank,
-        world_size=info.world_size, even=even, balance=balance, mode=mode, transform_config=tc,
+        world_size=info.world_size, even=even, balance=balance, mode=mode,
+        samples_per_epoch=samples_per_epoch, transform_config=tc,
         persistent_workers=workers > 0, drop_last=drop_last)
 
 
 def train_loader(config: TrainConfig, info: DistInfo, tc):
     """Shuffled, augmented train loader; every rank yields the same number of batches
-    (``even="pad"``); with ``config.balance == "class"`` an epoch is as many class-balanced draws
-    with replacement (``mode="stream"``) as the split has samples. The last short batch is
+    (``even="pad"``). With ``balance="class"`` or ``samples_per_epoch`` an epoch is
+    ``samples_per_epoch`` (default: the split size) draws with replacement (``mode="stream"``),
+    class-balanced or uniform. The last short batch is
     dropped (a 1-image batch breaks BatchNorm in train mode)."""
-    if config.balance == "class":  # draws with replacement, one split's worth per epoch
+    if config.balance == "class" or config.samples_per_epoch:  # draws with replacement
         return _loader(config, info, tc, config.train_split, train=True, even="pad",
-                       balance="class", mode="stream", drop_last=True)
+                       balance="class" if config.balance == "class" else None, mode="stream",
+                       samples_per_epoch=config.samples_per_epoch, drop_last=True)
     return _loader(config, info, tc, config.train_split, train=True, even="pad", drop_last=True)
 
 
