@@ -70,12 +70,12 @@ class BatchDataset(_Planned, IterableDataset):
         for b in plan.worker_batches(wid, nw, start):
             yield self._build(plan, int(b))
 
-    def _build(self, plan, b: int):
+    def _build(self, plan, b: int, pin: bool = False):
         src, size = self._source, self.image_size
         sl = plan.batch_slice(b)
         n = sl.stop - sl.start
         images = torch.empty((n, 3, size, size), dtype=torch.uint8,
-                             memory_format=torch.channels_last)
+                             memory_format=torch.channels_last, pin_memory=pin)
         rows = images.permute(0, 2, 3, 1).numpy()  # (n, S, S, 3) C-contiguous view, same memory
         positions = plan.positions[sl]
         keep = np.ones(n, dtype=bool)
@@ -111,9 +111,11 @@ class ShardLoader:
     skipped under ``on_error="skip"``, accumulated over epochs).
     """
 
-    def __init__(self, dataset: BatchDataset, dataloader: DataLoader, return_meta: bool = False):
+    def __init__(self, dataset: BatchDataset, dataloader: DataLoader | None,
+                 return_meta: bool = False, threads: "_ThreadBackend | None" = None):
         self.dataset = dataset
         self.dataloader = dataloader
+        self.threads = threads
         self.return_meta = return_meta
         self.skipped: list[str] = []
         self._epoch = 0
@@ -121,9 +123,14 @@ class ShardLoader:
         self._resume = False
 
     @property
+    def backend(self) -> str:
+        """``"process"`` (DataLoader worker processes) or ``"thread"``."""
+        return "thread" if self.threads is not None else "process"
+
+    @property
     def start_method(self) -> str | None:
         """Worker start method (``fork``, ``forkserver``, ``spawn``); None without workers."""
-        if self.dataloader.num_workers == 0:
+        if self.threads is not None or self.dataloader.num_workers == 0:
             return None
         ctx = self.dataloader.multiprocessing_context
         return ctx.get_start_method() if ctx is not None else multiprocessing.get_start_method()
@@ -131,6 +138,12 @@ class ShardLoader:
     def describe(self) -> str:
         """The loader configuration in one line (used in hang/timeout reports)."""
         ds, dl = self.dataset, self.dataloader
+        if self.threads is not None:
+            t = self.threads
+            return (f"loader(split={ds._source.split!r}, rank={ds.rank}/{ds.world_size}, "
+                    f"epoch={self._epoch}, batch_size={ds.batch_size}, backend=thread, "
+                    f"num_workers={t.num_workers}, prefetch_factor={t.prefetch_factor}, "
+                    f"pin_memory={t.pin_memory})")
         return (f"loader(split={ds._source.split!r}, rank={ds.rank}/{ds.world_size}, "
                 f"epoch={self._epoch}, batch_size={ds.batch_size}, num_workers={dl.num_workers}, "
                 f"start_method={self.start_method}, pin_memory={dl.pin_memory}, "
@@ -185,7 +198,8 @@ class ShardLoader:
         self.dataset.state[0] = self._epoch
         self.dataset.state[1] = start
         self.dataset.set_epoch(self._epoch)
-        it = iter(self.dataloader)
+        it = iter(self.dataloader) if self.threads is None else self.threads.batches(
+            self.dataset, start, self.describe)
         while True:
             try:
                 images, labels, meta, skipped = next(it)
@@ -201,6 +215,84 @@ class ShardLoader:
             if skipped:
                 self.skipped.extend(skipped)
             yield (images, labels, meta) if self.return_meta else (images, labels)
+
+
+class _ThreadBackend:
+    """Builds batches in a pool of ``num_workers`` threads of the calling process.
+
+    The decode + crop + resize of the ``roi`` decoder (and of libjpeg-turbo / Pillow) runs
+    without the GIL, so threads decode in parallel while the per-sample Python work stays short.
+    Compared with worker processes this removes the inter-process transfer of every batch
+    (a fresh shared-memory segment per batch: ~0.19 ms per 224 px image on this machine class,
+    a fifth of the per-image cost) and all fork/spawn hazards; batches land in private (or
+    pinned) memory of the consumer. As in FFCV and DALI, decoding threads share the process with
+    the training loop. Every thread works on its own copy of the dataset (readers, decoder
+    handles: a TurboJPEG handle is not thread-safe); the epoch plan is made once, in the caller.
+    ``prefetch_factor`` batches per thread are in flight; they are yielded in batch order.
+    """
+
+    def __init__(self, num_workers: int, prefetch_factor: int, pin_memory: bool, timeout: float):
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        self.timeout = timeout
+        self._pool = None
+        self._local = None
+
+    def __getstate__(self):
+        raise TypeError("a thread-backend ShardLoader cannot be pickled; build one per process")
+
+    def _thread_dataset(self, dataset: BatchDataset) -> BatchDataset:
+        import pickle
+        import threading
+
+        if self._local is None:
+            self._local = threading.local()
+        local = self._local
+        if getattr(local, "source", None) is not dataset:
+            local.source, local.copy = dataset, pickle.loads(pickle.dumps(dataset))
+        return local.copy
+
+    def _build(self, dataset: BatchDataset, plan, b: int):
+        copy = self._thread_dataset(dataset)
+        copy.epoch = dataset.epoch  # the augmentation RNG reads it; the plan comes from the caller
+        return copy._build(plan, b, pin=self.pin_memory)
+
+    def batches(self, dataset: BatchDataset, start: int, describe: Callable[[], str]):
+        """Yields ``dataset``'s batches ``start, start + 1, ...`` of the current epoch in order."""
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        dataset._sync_state()
+        plan = dataset.plan()
+        todo = iter(plan.worker_batches(0, 1, start))
+        if self.num_workers == 0:
+            for b in todo:
+                yield dataset._build(plan, int(b), pin=self.pin_memory)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardkit")
+        pending: deque = deque()
+        depth = self.num_workers * max(1, self.prefetch_factor or 1)
+        try:
+            for b in todo:
+                pending.append(self._pool.submit(self._build, dataset, plan, int(b)))
+                if len(pending) >= depth:
+                    yield self._result(pending.popleft(), describe)
+            while pending:
+                yield self._result(pending.popleft(), describe)
+        finally:
+            for f in pending:
+                f.cancel()
+
+    def _result(self, future, describe):
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        try:
+            return future.result(timeout=self.timeout)
+        except FutureTimeout:
+            raise LoaderError(f"{describe()}: no batch within timeout={self.timeout} s; a "
+                              "decoding thread hung (field case 19)") from None
 
 
 def _make_transform(transform_config, train: bool, image_size: int, decoder: str):
@@ -221,7 +313,7 @@ def make_loader(root, split: str, batch_size: int, *, num_workers: int = 2,
                 decoder: str = "auto", persistent_workers: bool = False,
                 multiprocessing_context=None, timeout: float = 120, on_error: str = "raise",
                 transform: Callable | None = None, return_meta: bool = False,
-                block: bool | None = None) -> ShardLoader:
+                block: bool | None = None, backend: str = "thread") -> ShardLoader:
     """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
 
     Args:
@@ -243,6 +335,9 @@ def make_loader(root, split: str, batch_size: int, *, num_workers: int = 2,
         block: shard-block order (default on for remote tar shards); with ``block`` each worker
             reads one contiguous range of the rank's epoch (``streams = num_workers``, see
             :func:`shardkit.sharding.stream_order`), so a remote shard is fetched by ~one worker.
+        backend: ``"process"`` (``DataLoader`` worker processes) or ``"thread"`` (``num_workers``
+            decoding threads in this process, see :class:`_ThreadBackend`: no per-batch
+            inter-process copy; same order, ``len``, resume and augmentation as ``"process"``).
 
     Raises:
         ConfigError, LoaderError: invalid options (the message names the value);
@@ -252,6 +347,8 @@ def make_loader(root, split: str, batch_size: int, *, num_workers: int = 2,
         raise ConfigError(f"batch_size={batch_size!r}: expected an int >= 1")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ConfigError(f"num_workers={num_workers!r}: expected an int >= 0")
+    if backend not in ("process", "thread"):
+        raise ConfigError(f"backend={backend!r}: expected 'process' or 'thread'")
     if num_workers and not timeout > 0:
         raise ConfigError(f"timeout={timeout!r}: expected seconds > 0 (a hang must fail loudly)")
     if not train and even is not None:
@@ -274,6 +371,9 @@ def make_loader(root, split: str, batch_size: int, *, num_workers: int = 2,
                       block=block, batch_size=batch_size, drop_last=drop_last, train=train)
     if ds.block and ds.mode == "exact" and num_workers > 1:
         ds.set_streams(num_workers)
+    if backend == "thread":
+        return ShardLoader(ds, None, return_meta=return_meta,
+                           threads=_ThreadBackend(num_workers, prefetch_factor, pin_memory, timeout))
     kwargs: dict = {"batch_size": None, "num_workers": num_workers, "pin_memory": pin_memory}
     if num_workers:
         if multiprocessing_context is None and pin_memory and world_size > 1:

@@ -273,6 +273,7 @@ def test_start_methods_with_persistent_workers(small, method):
     """Case 19: datasets pickle cleanly; timeout set; start method exposed; the epoch reaches
     persistent spawn/forkserver workers (one worker: each spawn start costs seconds here)."""
     loader = make_loader(small, "train", 6, num_workers=1, image_size=8, persistent_workers=True,
+                         backend="process",
                          multiprocessing_context=method, return_meta=True)
     assert loader.start_method == method and loader.dataloader.timeout == 120
     pickle.dumps(loader.dataset)
@@ -287,6 +288,7 @@ def test_start_methods_with_persistent_workers(small, method):
 
 def test_forkserver_default_for_pinned_ddp_loaders(small):
     loader = make_loader(small, "train", 4, num_workers=1, pin_memory=True, rank=1, world_size=2,
+                         backend="process",
                          image_size=8)
     assert loader.start_method == "forkserver"
     assert make_loader(small, "train", 4, num_workers=0, image_size=8).start_method is None
@@ -338,11 +340,14 @@ class _SlowTransform:
         return out
 
 
-def test_hang_becomes_a_loader_error_naming_the_configuration(small):
+@pytest.mark.parametrize("backend,pattern", [
+    ("process", r"split='train'.*num_workers=1, start_method=\w+.*timeout=1 s"),
+    ("thread", r"split='train'.*backend=thread, num_workers=1.*timeout=1 s"),
+])
+def test_hang_becomes_a_loader_error_naming_the_configuration(small, backend, pattern):
     loader = make_loader(small, "train", 4, num_workers=1, timeout=1, transform=_SlowTransform(),
-                         image_size=8)
-    with pytest.raises(LoaderError, match=r"split='train'.*num_workers=1, start_method=\w+.*"
-                                          r"timeout=1 s"):
+                         image_size=8, backend=backend)
+    with pytest.raises(LoaderError, match=pattern):
         next(iter(loader))
 
 
@@ -359,3 +364,33 @@ def test_loader_on_packed_sample_every_format(fmt, packed_sample):
         assert np.array_equal(np.sort(idx), np.arange(n))
         labels = torch.cat([y for _, y, _ in batches]).numpy()
         assert np.array_equal(labels, load_index(root, split).label[idx])
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb", "hdf5"])
+def test_thread_and_process_backends_yield_identical_batches(fmt, packed_sample):
+    """The thread backend is the same plan, order, augmentation and bytes as worker processes:
+    every batch is equal, pixel for pixel, over two epochs, and a resume mid-epoch continues
+    with the same batches."""
+    root = packed_sample(fmt)
+    kw = dict(num_workers=2, image_size=32, return_meta=True, seed=3)
+    proc = make_loader(root, "train", 16, backend="process", **kw)
+    thr = make_loader(root, "train", 16, backend="thread", **kw)
+    assert thr.backend == "thread" and proc.backend == "process" and len(thr) == len(proc)
+    for epoch in (0, 1):
+        proc.set_epoch(epoch)
+        thr.set_epoch(epoch)
+        a, b = list(proc), list(thr)
+        assert len(a) == len(b) == len(thr)
+        for (xa, ya, ma), (xb, yb, mb) in zip(a, b):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+            assert torch.equal(ma["index"], mb["index"])
+            assert xb.is_contiguous(memory_format=torch.channels_last)
+    it = iter(thr)
+    next(it)
+    next(it)
+    state = thr.state_dict()
+    resumed = make_loader(root, "train", 16, backend="thread", **{**kw, "num_workers": 1})
+    resumed.load_state_dict(state)
+    rest = [m["index"] for _, _, m in resumed]
+    assert [torch.equal(r, m["index"]) for r, (_, _, m) in zip(rest, b[2:])] == [True] * len(rest)
+    assert len(rest) == len(b) - 2

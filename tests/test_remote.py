@@ -72,7 +72,8 @@ def test_remote_loader_workers_read_contiguous_shard_ranges(served):
     """Shard-block order + one contiguous range per worker: 2 workers fetch each of the 4
     shards about once (at most one boundary shard twice), not every shard per worker."""
     url, _, counter = served
-    loader = make_loader(url, "train", 4, num_workers=2, image_size=8, return_meta=True)
+    loader = make_loader(url, "train", 4, num_workers=2, image_size=8, return_meta=True,
+                         backend="process")
     assert loader.dataset.block and loader.dataset.streams == 2
     idx = torch.cat([m["index"] for _, _, m in loader]).numpy()
     assert np.array_equal(np.sort(idx), np.arange(40))

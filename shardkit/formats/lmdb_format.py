@@ -19,6 +19,7 @@ recipe for training data (BasicSR and most PyTorch LMDB datasets open with ``loc
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import lmdb
@@ -90,10 +91,15 @@ class Writer(FormatWriter):
 
 _ENVS: dict[tuple, lmdb.Environment] = {}  # per process: py-lmdb allows one Environment per file
 _ENVS_PID = os.getpid()
+_ENVS_LOCK = threading.Lock()  # decoding threads (make_loader backend="thread") share the cache
 
 
 class Reader(FormatReader):
     def _open(self):
+        with _ENVS_LOCK:
+            return self._open_locked()
+
+    def _open_locked(self):
         global _ENVS_PID
         if _ENVS_PID != os.getpid():
             # Forked child: close this process's copies of the parent's environments before any
