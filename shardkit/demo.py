@@ -39,7 +39,7 @@ def _run(step: str, args: list[str]) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "out" / "demo"), help="output folder")
-    parser.add_argument("--steps", type=int, default=60, help="training steps (CPU-sized default)")
+    parser.add_argument("--epochs", type=int, default=3, help="training epochs (CPU-sized default)")
     parser.add_argument("--image-size", type=int, default=96, help="training image size")
     args = parser.parse_args(argv)
 
@@ -64,14 +64,14 @@ def main(argv: list[str] | None = None) -> None:
     _run("inspect", ["inspect", str(data), "--split", "train", "--out", str(out / "inspect")])
     _run("stats", ["stats", str(data), "--split", "train"])
 
-    steps = args.steps * (10 if gpu else 1)
+    epochs = args.epochs * (10 if gpu else 1)
     image_size = 224 if gpu else args.image_size
     run = out / "run"
     timings["train"] = _run("train", [
         "train", "--data", str(data), "--out", str(run), "--model", "hrnet_w18_small",
-        "--max-steps", str(steps), "--epochs", "100", "--batch-size", "16",
-        "--image-size", str(image_size), "--num-workers", "2", "--lr", "0.05",
-        "--warmup-steps", str(max(steps // 10, 1))])
+        "--epochs", str(epochs), "--batch-size", "16", "--image-size", str(image_size),
+        "--num-workers", "2", "--opt", "adamw", "--lr", "1e-3", "--weight-decay", "0.05",
+        "--warmup-steps", "3", "--no-progress"])
     bench = out / "bench"
     _run("loader benchmark", [
         "bench", "--data", str(data), "--split", "train", "--num-workers", "0,2",
@@ -80,18 +80,17 @@ def main(argv: list[str] | None = None) -> None:
         "--out", str(bench)])
 
     metrics = json.loads((run / "metrics.json").read_text())
-    last = metrics["history"][-1] if "history" in metrics else metrics["epochs"][-1]
+    last = metrics["history"][-1]
     bench_json = json.loads((bench / "bench.json").read_text())
     print("\n=== report")
     print(f"outputs: {out}  (shards: {', '.join(str(out / f) for f in FORMATS)}; "
           f"run: {run}; benchmark: {bench})")
     val = last.get("val", {})
-    print(f"training: {steps} steps of hrnet_w18_small at {image_size}px on "
+    print(f"training: {epochs} epochs of hrnet_w18_small at {image_size}px on "
           f"{'GPU' if gpu else 'CPU'}; val top1 {val.get('top1', float('nan')):.3f}, "
           f"macro-F1 {val.get('macro_f1', float('nan')):.3f}; "
           f"data-wait fraction {last.get('train', {}).get('data_wait_fraction', float('nan')):.2f}")
-    rec = bench_json.get("recommendation", {})
-    print(f"loader: {rec.get('summary', rec)}")
+    print(f"loader: {bench_json['recommendation']['text']}")
     for name, seconds in timings.items():
         print(f"  {name}: {seconds:.1f} s")
 
