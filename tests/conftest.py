@@ -37,48 +37,39 @@ def sample_dir() -> Path:
     return _need(SAMPLE)
 
 
+def _pack_factory(tmp_path_factory, name: str, src: Path, defaults: dict):
+    """Session-cached ``make(fmt, **kwargs) -> Path``: ``src`` packed by ``shardkit.pack.pack``."""
+    cache: dict[tuple, Path] = {}
+
+    def make(fmt: str = "wds", **kwargs) -> Path:
+        from shardkit.pack import pack
+
+        key = (fmt, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{name}-{fmt}") / "out"
+            pack(_need(src), out, format=fmt, **{**defaults, **kwargs})
+            cache[key] = out
+        return cache[key]
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def packed_sample(tmp_path_factory):
     """Factory: the embedded sample packed once per format (train/val/test by photographer).
 
     Usage: ``out = packed_sample("lmdb")`` -> Path of the packed dataset (session-cached).
     """
-    cache: dict[tuple, Path] = {}
-
-    def make(fmt: str = "wds", **kwargs) -> Path:
-        from shardkit.pack import pack
-
-        key = (fmt, tuple(sorted(kwargs.items())))
-        if key not in cache:
-            out = tmp_path_factory.mktemp(f"packed-{fmt}") / "out"
-            opts = dict(split={"train": 0.7, "val": 0.15, "test": 0.15}, seed=0,
-                        metadata=SAMPLE / "metadata.csv", group_column="group_flickr_user",
-                        shard_samples=32, workers=1)
-            opts.update(kwargs)
-            pack(_need(SAMPLE), out, format=fmt, **opts)
-            cache[key] = out
-        return cache[key]
-
-    return make
+    return _pack_factory(tmp_path_factory, "packed", SAMPLE, dict(
+        split={"train": 0.7, "val": 0.15, "test": 0.15}, seed=0,
+        metadata=SAMPLE / "metadata.csv", group_column="group_flickr_user", shard_samples=32,
+        workers=1))
 
 
 @pytest.fixture(scope="session")
 def packed_flowers(tmp_path_factory):
     """Factory: the full flowers set packed once per format, grouped by group_flickr_user."""
-    cache: dict[tuple, Path] = {}
-
-    def make(fmt: str = "wds", **kwargs) -> Path:
-        from shardkit.pack import pack
-
-        key = (fmt, tuple(sorted(kwargs.items())))
-        if key not in cache:
-            out = tmp_path_factory.mktemp(f"flowers-{fmt}") / "out"
-            opts = dict(split={"train": 0.8, "val": 0.1, "test": 0.1}, seed=0,
-                        metadata=_need(FLOWERS) / "metadata.csv", group_column="group_flickr_user",
-                        shard_samples=256, workers=2)
-            opts.update(kwargs)
-            pack(FLOWERS, out, format=fmt, **opts)
-            cache[key] = out
-        return cache[key]
-
-    return make
+    return _pack_factory(tmp_path_factory, "flowers", FLOWERS, dict(
+        split={"train": 0.8, "val": 0.1, "test": 0.1}, seed=0,
+        metadata=FLOWERS / "metadata.csv", group_column="group_flickr_user", shard_samples=256,
+        workers=2))
