@@ -1,17 +1,27 @@
 """Loader throughput: shardkit ``make_loader`` per format vs torchvision ImageFolder + PIL.
 
-Runs the ``shardkit bench`` grid (num_workers x prefetch x pin) over every packed dataset given,
-with the ImageFolder+PIL uint8 baseline over the original files in the same run and the same
-settings, and measures the bare-decode limit in the same run: one process decoding the split's
-JPEG bytes in full with PyTurboJPEG (RGB), so
+Runs the ``shardkit bench`` grid (backend x num_workers x prefetch x pin) over every packed
+dataset given, by default with both ``make_loader`` backends ("thread": decoding threads in the
+calling process; "process": DataLoader worker processes), with the ImageFolder+PIL uint8 baseline
+over the original files in the same run and the same settings, and measures the bare-decode
+limit in the same run: one process decoding the split's JPEG bytes in full with PyTurboJPEG
+(RGB), so
 
     fraction_of_decode_limit = loader img/s / (usable cores x bare decode img/s per core)
 
 says how close the loader comes to what the CPU could decode if it did nothing else (the train
 path decodes DCT-scaled crops, so it can exceed 1.0).
 
+The summary has one entry per (format, decoder, backend): the backend's best row, its throughput
+ratio to ImageFolder+PIL at the same workers/prefetch/pin and to the best ImageFolder+PIL row, and
+``ratio_to_other_backend`` (its best img/s / the other backend's best img/s for the same format
+and decoder; None with one backend). With num_workers=0 the process rows are N/A (the same work
+as the thread row, which they point at), so the process backend's num_workers=0 candidate is
+that thread row.
+
 Usage:
     python benchmarks/bench_loader.py --data PACKED_OR_RAW_DIR [--data ...] --out FILE [--quick]
+        [--backend thread,process]
 
 A ``--data`` folder without ``manifest.json`` is packed first into a temp dir in every format.
 Writes FILE (JSON: the bench payload, ``bare_decode``, ``summary``) and, in ``FILE``'s stem
@@ -90,29 +100,47 @@ def bare_decode_rate(blobs: list[bytes], repeats: int = 3) -> dict:
 
 
 def summarize(payload: dict, limit_img_s: float) -> list[dict]:
-    """Per (format, decoder): the best shardkit row, its ratio to the baseline with the same
-    workers/prefetch/pin, its ratio to the best baseline row, and its fraction of the limit."""
+    """Per (format, decoder, backend): the best shardkit row, its ratio to the baseline with the
+    same workers/prefetch/pin, its ratio to the best baseline row, its ratio to the other
+    backend's best row, and its fraction of the limit (all ratios of median img/s)."""
     rows = payload["rows"]
     base_ok = [r for r in rows if r["kind"] == "baseline" and r["status"] == "ok"]
     best_base = max((r["metrics"]["throughput_img_s"]["median"] for r in base_ok), default=None)
     groups: dict[tuple, list[dict]] = {}
+    by_id = {r["id"]: r for r in rows}
     for r in rows:
-        if r["kind"] == "shardkit" and r["status"] == "ok":
-            groups.setdefault((r["setting"]["format"], r["setting"]["decoder"]), []).append(r)
+        if r["kind"] != "shardkit":
+            continue
+        src = r if r["status"] == "ok" else by_id.get(r["same_as"])
+        if src is None or src["status"] != "ok":
+            continue
+        # a process row at num_workers=0 is N/A and points at the thread row (the same work):
+        # that row is the process backend's num_workers=0 candidate too
+        backend = r["requested"].get("backend", "process")
+        if r is not src and backend == src["setting"].get("backend", "process"):
+            continue  # another N/A twin of the same backend: already counted via its source
+        group = groups.setdefault((src["setting"]["format"], src["setting"]["decoder"], backend),
+                                  [])
+        if src not in group:
+            group.append(src)
+    best_of = {k: max(r["metrics"]["throughput_img_s"]["median"] for r in rs)
+               for k, rs in groups.items()}
     out = []
-    for (fmt, dec), rs in groups.items():
+    for (fmt, dec, backend), rs in groups.items():
         best = max(rs, key=lambda r: r["metrics"]["throughput_img_s"]["median"])
         thr = best["metrics"]["throughput_img_s"]["median"]
         s = best["setting"]
         base = next((b for b in base_ok if b["id"] == best.get("baseline_row")), None)
         eff = best["metrics"].get("img_per_cpu_s", {}).get("median")
         base_eff = base["metrics"].get("img_per_cpu_s", {}).get("median") if base else None
-        out.append({"format": fmt, "decoder": dec, "row": best["id"],
+        other = [v for (f, d, b), v in best_of.items() if (f, d) == (fmt, dec) and b != backend]
+        out.append({"format": fmt, "decoder": dec, "backend": backend, "row": best["id"],
                     "num_workers": s["num_workers"], "prefetch_factor": s["prefetch_factor"],
                     "img_s": thr, "img_s_min": best["metrics"]["throughput_img_s"]["min"],
                     "img_s_max": best["metrics"]["throughput_img_s"]["max"],
                     "ratio_to_baseline_same_setting": best.get("ratio_to_baseline"),
                     "ratio_to_best_baseline": thr / best_base if best_base else None,
+                    "ratio_to_other_backend": thr / other[0] if other else None,
                     "fraction_of_decode_limit": thr / limit_img_s,
                     "img_per_cpu_s": eff,
                     "cpu_efficiency_ratio_to_baseline": eff / base_eff if eff and base_eff
@@ -134,12 +162,14 @@ def summarize(payload: dict, limit_img_s: float) -> list[dict]:
 @click.option("--pin-memory", default="both", show_default=True,
               type=click.Choice(["on", "off", "both"]))
 @click.option("--decoder", "decoders", multiple=True, default=("auto",), show_default=True)
+@click.option("--backend", "backends", default="thread,process", show_default=True,
+              help="Comma list of make_loader backends to measure (thread, process).")
 @click.option("--warmup", default=None, type=int, help="Default 3 (quick: 1).")
 @click.option("--batches", default=None, type=int, help="Default 30 (quick: 4).")
 @click.option("--repeats", default=None, type=int, help="Default 3 (quick: 2).")
 @click.option("--step-ms", default=None, type=float, help="Simulated step (default: none).")
 def main(data, out, quick, split, batch_size, image_size, num_workers, prefetch_factor,
-         pin_memory, decoders, warmup, batches, repeats, step_ms):
+         pin_memory, decoders, backends, warmup, batches, repeats, step_ms):
     """Loader throughput per format vs ImageFolder+PIL, and vs the bare-decode limit."""
     out = Path(out)
     if quick:
@@ -153,7 +183,7 @@ def main(data, out, quick, split, batch_size, image_size, num_workers, prefetch_
         payload = run_bench([str(p) for p in packed], out.with_suffix(""), decoders=decoders,
                             num_workers=num_workers or ("0,2" if quick else "0,1,2"),
                             prefetch_factor=prefetch_factor or ("2" if quick else "2,4"),
-                            pin_memory=pin_memory, cfg=cfg, step_ms=step_ms,
+                            pin_memory=pin_memory, backends=backends, cfg=cfg, step_ms=step_ms,
                             baseline="imagefolder")
         blobs = split_bytes(packed[0], split, limit=200 if quick else None)
     bare = bare_decode_rate(blobs, repeats=cfg.repeats)
@@ -171,13 +201,16 @@ def main(data, out, quick, split, batch_size, image_size, num_workers, prefetch_
                f"{bare['wall_img_s']:.0f}) x {cores} cores = limit {limit:.0f} img/s "
                f"({bare['images']} images)")
     for s in payload["summary"]:
-        parts = [f"{s['format']:>5}/{s['decoder']}: best {s['img_s']:.0f} img/s "
+        parts = [f"{s['format']:>5}/{s['decoder']} {s['backend']:<7}: best {s['img_s']:.0f} img/s "
                  f"(workers={s['num_workers']}, prefetch={s['prefetch_factor']})"]
         if s["ratio_to_baseline_same_setting"]:
             parts.append(f"x{s['ratio_to_baseline_same_setting']:.2f} ImageFolder+PIL at the "
                          f"same setting")
         if s["ratio_to_best_baseline"]:
             parts.append(f"x{s['ratio_to_best_baseline']:.2f} the best ImageFolder+PIL row")
+        if s["ratio_to_other_backend"]:
+            parts.append(f"x{s['ratio_to_other_backend']:.2f} the best "
+                         f"{'process' if s['backend'] == 'thread' else 'thread'} row")
         parts.append(f"{s['fraction_of_decode_limit']:.0%} of the bare-decode limit")
         if s["cpu_efficiency_ratio_to_baseline"]:
             parts.append(f"{s['img_per_cpu_s']:.0f} img per CPU-second "

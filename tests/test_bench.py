@@ -15,7 +15,7 @@ from shardkit.bench import (ProcessMonitor, SleepStep, expand_grid, measure, rec
                             time_batches)
 from shardkit.bench.env import (collect_environment, describe_pil, libjpeg_turbo_version_of,
                                 pil_mismatches)
-from shardkit.bench.grid import Setting, parse_int_list
+from shardkit.bench.grid import Setting, parse_backends, parse_int_list
 from shardkit.bench.harness import BenchError
 from shardkit.bench.runner import RunConfig, run_rows
 from shardkit.errors import ConfigError
@@ -180,7 +180,7 @@ def test_monitor_counts_worker_cpu_and_reports_pss():
 
 def test_grid_num_workers_0_prefetch_recorded_na_and_run_once():
     rows = expand_grid([("d", "wds")], ["auto"], [0, 1], [2, 4], (False, True), (False, True),
-                       pin_available=False)
+                       pin_available=False, backends=("process",))
     assert len(rows) == 2 * 2 * 2 * 2
     zero = [r for r in rows if r.requested.num_workers == 0]
     runs = [r for r in zero if r.status == "run"]
@@ -211,7 +211,7 @@ def test_grid_rows_with_real_dataloader_do_not_crash_and_na_rows_are_not_run():
                           persistent_workers=s.persistent_workers)
 
     rows = expand_grid([("d", "wds")], ["auto"], [0, 1], [2, 4], (False,), (False, True),
-                       pin_available=False)
+                       pin_available=False, backends=("process",))
     out = run_rows(rows, RunConfig(warmup=1, batches=2, repeats=1, batch_size=4), SleepStep(0),
                    factory=factory)
     status = [r["status"] for r in out]
@@ -241,6 +241,62 @@ def test_rejected_setting_is_na_and_failing_loader_is_error():
     assert "num_workers=1 rejected" in out[1]["note"]
 
 
+def test_grid_backends_thread_persistent_and_process_num_workers_0_are_na():
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 2], [2], (False,), (False, True),
+                       pin_available=False, backends=("process", "thread"))
+    assert len(rows) == 2 * 2 * 2  # backends x workers x persistent, every request recorded
+    # thread first whatever the order given, then workers, then persistent
+    assert [(r.requested.backend, r.requested.num_workers, r.requested.persistent_workers)
+            for r in rows] == [("thread", 0, False), ("thread", 0, True), ("thread", 2, False),
+                               ("thread", 2, True), ("process", 0, False), ("process", 0, True),
+                               ("process", 2, False), ("process", 2, True)]
+    by = {(r.requested.backend, r.requested.num_workers, r.requested.persistent_workers): r
+          for r in rows}
+    t0, t2 = by["thread", 0, False], by["thread", 2, False]
+    assert t0.status == t2.status == "run" and t0.setting.backend == "thread"
+    # thread + persistent: N/A, measured by the thread row without it
+    tp = by["thread", 2, True]
+    assert tp.status == "n/a" and tp.same_as == t2.id and tp.setting == t2.setting
+    assert "persistent_workers does not apply to the thread backend: threads live as long as " \
+           "the loader" in tp.note
+    # num_workers=0: the process rows do the thread row's work
+    for key in (("process", 0, False), ("process", 0, True), ("thread", 0, True)):
+        r = by[key]
+        assert r.status == "n/a" and r.same_as == t0.id, r
+    assert "same work" in by["process", 0, False].note
+    assert "persistent_workers=True does not apply with num_workers=0" in \
+        by["process", 0, True].note
+    # the process backend has real persistent workers
+    assert by["process", 2, False].status == by["process", 2, True].status == "run"
+    assert by["process", 2, True].setting.persistent_workers is True
+    assert {r.setting.backend for r in rows if r.status == "run" and r.requested.backend ==
+            "process"} == {"process"}
+
+
+def test_grid_backend_alone_runs_what_it_can():
+    # persistent on only, thread only: the thread row runs without it and says so
+    rows = expand_grid([("d", "wds")], ["auto"], [2], [2], (False,), (True,),
+                       pin_available=False)
+    assert len(rows) == 1 and rows[0].status == "run"
+    assert rows[0].requested.backend == "thread" and rows[0].setting.persistent_workers is False
+    assert "threads live as long as the loader" in rows[0].note and "measured without it" in \
+        rows[0].note
+    # process only: its num_workers=0 row has no thread twin to point at, so it runs
+    rows = expand_grid([("d", "wds")], ["auto"], [0], [2], (False,), (False,),
+                       pin_available=False, backends=["process"])
+    assert [(r.status, r.setting.backend) for r in rows] == [("run", "process")]
+    with pytest.raises(ConfigError, match="'fibre'"):
+        expand_grid([("d", "wds")], ["auto"], [0], [2], (False,), (False,),
+                    pin_available=False, backends=("fibre",))
+
+
+def test_parse_backends_orders_thread_first_and_names_bad_item():
+    assert parse_backends("process,thread,process") == ["thread", "process"]
+    assert parse_backends("thread") == ["thread"]
+    with pytest.raises(ConfigError, match="--backend: 'threads'"):
+        parse_backends("thread,threads")
+
+
 def test_parse_int_list_names_bad_item():
     assert parse_int_list("0,1,2,4,2", "--num-workers") == [0, 1, 2, 4]
     assert parse_int_list("none,2", "--prefetch-factor", minimum=1, allow_none=True) == [None, 2]
@@ -252,9 +308,10 @@ def test_parse_int_list_names_bad_item():
 
 # --- recommendation -------------------------------------------------------------------------
 
-def _ok_row(idx, nw, pf, res, pin=False, batch=4):
+def _ok_row(idx, nw, pf, res, pin=False, batch=4, backend="process"):
     s = {"data": "d", "format": "wds", "decoder": "auto", "num_workers": nw,
-         "prefetch_factor": pf, "pin_memory": pin, "persistent_workers": False}
+         "prefetch_factor": pf, "pin_memory": pin, "persistent_workers": False,
+         "backend": backend}
     return {"id": idx, "kind": "shardkit", "status": "ok", "setting": s, "requested": s,
             "note": "", "same_as": None, "batch_size": batch, **res}
 
@@ -279,6 +336,16 @@ def test_recommendation_is_cheapest_within_5_percent_of_best():
     rec_none = recommend(rows, {"kind": "none"})
     assert rec_none["data_bound"] is None
     assert recommend([], {"kind": "none"})["recommended_row"] is None
+
+
+def test_recommendation_prefers_thread_backend_at_equal_workers():
+    rows = [_ok_row(0, 2, 2, _res(100.0), backend="process"),
+            _ok_row(1, 2, 4, _res(99.0), backend="thread"),
+            _ok_row(2, 1, 2, _res(80.0), backend="thread")]
+    rec = recommend(rows, {"kind": "none"})
+    # same number of workers: thread before process, even before a lower prefetch
+    assert rec["best_row"] == 0 and rec["recommended_row"] == 1
+    assert "backend=thread" in rec["text"]
 
 
 # --- case 20: the environment names the PIL that really loaded ------------------------------
@@ -336,12 +403,14 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
         "--prefetch-factor", "2,4", "--pin-memory", "both", "--batch-size", "8",
         "--image-size", "64", "--warmup", "1", "--batches", "3", "--repeats", "2",
         "--step-ms", "5", "--baseline", "imagefolder", "--expect-pil", "pillow-simd",
-        "--format", "wds", "--decoder", "auto", "--decoder", "nvjpeg", "--persistent-workers"])
+        "--format", "wds", "--decoder", "auto", "--decoder", "nvjpeg", "--persistent-workers",
+        "--backend", "process"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert "loader ms" in result.output and "Recommended:" in result.output
     assert "pillow-simd was requested but stock Pillow" in result.output
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
+    assert doc["config"]["backends"] == ["process"]
     assert set(doc) >= {"created_by", "created_at", "config", "step", "environment", "rows",
                         "recommendation", "plots"}
     assert doc["step"] == {"kind": "sleep", "device": "cpu", "step_ms": 5.0}
@@ -356,7 +425,9 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
         assert set(r) >= {"id", "kind", "requested", "setting", "status", "note", "same_as"}
         assert r["kind"] in {"shardkit", "baseline"} and r["status"] in {"ok", "n/a"}
         assert set(r["setting"]) == {"data", "format", "decoder", "num_workers",
-                                     "prefetch_factor", "pin_memory", "persistent_workers"}
+                                     "prefetch_factor", "pin_memory", "persistent_workers",
+                                     "backend"}
+        assert r["setting"]["backend"] == r["requested"]["backend"] == "process"
         if r["status"] == "n/a":
             assert r["note"] and "metrics" not in r
         else:
@@ -455,8 +526,65 @@ def test_plot_series_put_the_num_workers_0_point_on_every_prefetch_line():
         results.append(rec)
     series = _lines(results)
     # pin=on is N/A without CUDA: no line copies the pin-off numbers under a pin-on label
-    assert sorted(series) == ["wds/auto pf=2 pin=off", "wds/auto pf=4 pin=off"]
+    assert sorted(series) == ["wds/auto thread pf=2 pin=off", "wds/auto thread pf=4 pin=off"]
     zero_id = next(r.id for r in rows if r.status == "run" and r.setting.num_workers == 0)
     for points in series.values():
         assert [x for x, _ in points] == [0, 2]
         assert points[0][1]["id"] == zero_id
+
+
+def test_plot_series_one_per_backend_with_shared_num_workers_0_point():
+    from shardkit.bench.report import _lines
+
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 2], [2], (False,), (False, True),
+                       pin_available=False, backends=("thread", "process"))
+    results = []
+    for r in rows:
+        rec = {"id": r.id, "kind": "shardkit", "status": "ok" if r.status == "run" else "n/a",
+               "requested": r.requested.as_dict(), "setting": r.setting.as_dict(),
+               "same_as": r.same_as, "note": r.note}
+        if r.status == "run":
+            rec["metrics"] = _res(10.0 * (r.id + 1))["metrics"]
+        results.append(rec)
+    series = _lines(results)
+    # no "thread ... pers" line: it would copy the thread line without persistent workers
+    assert sorted(series) == ["wds/auto process pf=2 pin=off", "wds/auto process pf=2 pin=off pers",
+                              "wds/auto thread pf=2 pin=off"]
+    zero_id = next(r.id for r in rows if r.status == "run" and r.setting.num_workers == 0)
+    for points in series.values():
+        assert [x for x, _ in points] == [0, 2]
+        assert points[0][1]["id"] == zero_id  # the process line starts at the thread row
+    assert series["wds/auto thread pf=2 pin=off"][1][1]["setting"]["backend"] == "thread"
+    assert series["wds/auto process pf=2 pin=off"][1][1]["setting"]["backend"] == "process"
+
+
+def test_cli_backend_thread_and_process_gives_rows_for_both(packed_sample, tmp_path):
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    data = packed_sample("wds")
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, [
+        "bench", "--data", str(data), "--out", str(out), "--backend", "thread,process",
+        "--num-workers", "0,1", "--prefetch-factor", "2", "--pin-memory", "off",
+        "--batch-size", "4", "--image-size", "32", "--warmup", "1", "--batches", "2",
+        "--repeats", "1"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    header = next(line for line in result.output.splitlines() if "loader ms" in line)
+    assert "backend" in header
+    assert re.search(r"\bthread\b", result.output) and re.search(r"\bproc\b", result.output)
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["schema_version"] == 2 and doc["config"]["backends"] == ["thread", "process"]
+    rows = doc["rows"]
+    assert [(r["requested"]["backend"], r["requested"]["num_workers"], r["status"])
+            for r in rows] == [("thread", 0, "ok"), ("thread", 1, "ok"), ("process", 0, "n/a"),
+                               ("process", 1, "ok")]
+    for r in rows:
+        assert r["setting"]["backend"] in {"thread", "process"}
+        if r["status"] == "ok":
+            assert r["setting"]["backend"] == r["requested"]["backend"]
+            assert r["metrics"]["throughput_img_s"]["median"] > 0
+    assert rows[2]["same_as"] == rows[0]["id"] and rows[2]["setting"]["backend"] == "thread"
+    assert "same work" in rows[2]["note"]
+    assert doc["recommendation"]["setting"]["backend"] in {"thread", "process"}

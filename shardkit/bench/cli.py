@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from shardkit.bench.env import EXPECT_PIL_CHOICES, collect_environment
-from shardkit.bench.grid import expand_grid, parse_int_list, parse_mode
+from shardkit.bench.grid import expand_grid, parse_backends, parse_int_list, parse_mode
 from shardkit.bench.report import format_table, recommend, write_json, write_plots
 from shardkit.bench.runner import RunConfig, add_baseline_rows, dataset_info, run_rows
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
@@ -64,11 +64,14 @@ def _make_step(step_ms: float | None, model: str | None, device: str, num_classe
 def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = (), decoders: tuple[str, ...] = ("auto",),
               num_workers: str = "0,1,2,4", prefetch_factor: str = "2,4,8",
               pin_memory: str = "both", persistent_workers: str = "off",
-              cfg: RunConfig = RunConfig(), step_ms: float | None = None,
+              backends: str = "thread", cfg: RunConfig = RunConfig(), step_ms: float | None = None,
               model: str | None = None, device: str = "auto", baseline: str = "none",
               expect_pil: str = "any", tolerance: float = 0.05, threshold: float = 0.10,
               plots: bool = True, echo=click.echo) -> dict:
     """The whole ``shardkit bench`` run; returns the ``bench.json`` payload (also written).
+
+    ``backends``: comma list of ``make_loader`` backends (``"thread"``, ``"process"``), each run
+    over the same grid; see :func:`shardkit.bench.grid.expand_grid` for the N/A rules.
 
     Raises:
         ConfigError: bad option values (named in the message).
@@ -95,6 +98,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     prefetch = parse_int_list(prefetch_factor, "--prefetch-factor", minimum=1, allow_none=True)
     pins = parse_mode(pin_memory, "--pin-memory")
     pers = parse_mode(persistent_workers, "--persistent-workers")
+    backend_list = parse_backends(backends, "--backend")
     decoders = tuple(dict.fromkeys(decoders))
     unavailable = decoder_availability(list(decoders))
     step = _make_step(step_ms, model, device, len(infos[0]["classes"]))
@@ -103,7 +107,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     env = collect_environment(expect_pil=expect_pil, decoders=list(decoders))
     rows = expand_grid([(i["root"], i["format"]) for i in infos], list(decoders), workers,
                        prefetch, pins, pers, pin_available=torch.cuda.is_available(),
-                       unavailable_decoders=unavailable)
+                       unavailable_decoders=unavailable, backends=backend_list)
     ran = {d: env["shardkit_decode"].get("decoders", {}).get(d, {}).get("name") for d in decoders}
     for d, name in ran.items():
         if d != "auto" and name is not None and name != d:
@@ -127,7 +131,8 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
         "config": {"data": [i["root"] for i in infos], "formats": [i["format"] for i in infos],
                    "split": cfg.split, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
                    "warmup": cfg.warmup, "batches": cfg.batches, "repeats": cfg.repeats,
-                   "train": cfg.train, "decoders": list(decoders), "num_workers": workers,
+                   "train": cfg.train, "decoders": list(decoders), "backends": backend_list,
+                   "num_workers": workers,
                    "prefetch_factor": prefetch, "pin_memory": pin_memory,
                    "persistent_workers": persistent_workers, "baseline": baseline,
                    "expect_pil": expect_pil, "tolerance": tolerance,
@@ -165,14 +170,19 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               help="Only the --data folders of these formats (repeatable).")
 @click.option("--decoder", "decoders", multiple=True, default=("auto",), show_default=True,
               help="Decoder name from the registry (repeatable).")
-@click.option("--num-workers", default="0,1,2,4", show_default=True)
+@click.option("--backend", "backends", default="thread", show_default=True,
+              help="Comma list of loader backends: thread (decoding threads in this process), "
+                   "process (DataLoader worker processes); e.g. thread,process compares them.")
+@click.option("--num-workers", default="0,1,2,4", show_default=True,
+              help="Comma list: decoding threads or worker processes (see --backend).")
 @click.option("--prefetch-factor", default="2,4,8", show_default=True,
-              help="Comma list; 'none' = DataLoader default. N/A with num_workers=0.")
+              help="Comma list, batches in flight per worker or thread; 'none' = the default (2). "
+                   "N/A with num_workers=0.")
 @click.option("--pin-memory", type=click.Choice(["on", "off", "both"]), default="both",
               show_default=True, help="N/A without a CUDA device.")
 @click.option("--persistent-workers", type=click.Choice(["on", "off", "both"]), default="off",
               show_default=True, is_flag=False, flag_value="on",
-              help="Bare flag = on. N/A with num_workers=0.")
+              help="Bare flag = on. N/A with num_workers=0 and with the thread backend.")
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1))
 @click.option("--image-size", default=224, show_default=True, type=click.IntRange(min=8))
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
@@ -192,9 +202,9 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               help="Recommend the cheapest setting within this fraction of the best throughput.")
 @click.option("--data-bound-threshold", default=0.10, show_default=True, type=float)
 @click.option("--eval", "eval_mode", is_flag=True, help="Time the eval transform (train=False).")
-def bench_command(data, split, out, formats, decoders, num_workers, prefetch_factor, pin_memory,
-                  persistent_workers, batch_size, image_size, warmup, batches, repeats, step_ms,
-                  model, device, baseline, expect_pil, tolerance, data_bound_threshold,
+def bench_command(data, split, out, formats, decoders, backends, num_workers, prefetch_factor,
+                  pin_memory, persistent_workers, batch_size, image_size, warmup, batches, repeats,
+                  step_ms, model, device, baseline, expect_pil, tolerance, data_bound_threshold,
                   eval_mode):
     """Benchmark the loader over a settings grid: is training data-bound, and what to change."""
     cfg = RunConfig(split=split, batch_size=batch_size, image_size=image_size, warmup=warmup,
@@ -202,7 +212,8 @@ def bench_command(data, split, out, formats, decoders, num_workers, prefetch_fac
     try:
         payload = run_bench(list(data), out, formats=formats, decoders=decoders,
                             num_workers=num_workers, prefetch_factor=prefetch_factor,
-                            pin_memory=pin_memory, persistent_workers=persistent_workers, cfg=cfg,
+                            pin_memory=pin_memory, persistent_workers=persistent_workers,
+                            backends=backends, cfg=cfg,
                             step_ms=step_ms, model=model, device=device, baseline=baseline,
                             expect_pil=expect_pil, tolerance=tolerance,
                             threshold=data_bound_threshold)

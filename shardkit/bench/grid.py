@@ -5,6 +5,13 @@
 accelerator. Such a grid point is not run and not crashed on: it becomes an N/A row whose
 ``same_as`` names the row that measured the setting that really applies (for num_workers=0: one
 run without prefetch_factor and without persistent workers).
+
+The ``backend`` dimension (``make_loader(backend="thread" | "process")``) adds two such rules:
+
+- ``persistent_workers=True`` does not apply to the thread backend (its decoding threads live as
+  long as the loader, across epochs): that row points at the thread row without it.
+- With ``num_workers=0`` both backends build every batch in the calling process, the same work:
+  the process row points at the thread row (when the thread backend is in the grid).
 """
 from __future__ import annotations
 
@@ -12,14 +19,25 @@ from dataclasses import asdict, dataclass, replace
 
 from shardkit.errors import ConfigError
 
-__all__ = ["Setting", "GridRow", "expand_grid", "parse_int_list", "parse_mode"]
+__all__ = ["Setting", "GridRow", "expand_grid", "parse_int_list", "parse_mode",
+           "parse_backends", "BACKENDS"]
 
 MODES = {"on": (True,), "off": (False,), "both": (False, True)}
+
+#: ``make_loader`` backends, in the grid's (and the recommendation's cheapest-first) order.
+BACKENDS = ("thread", "process")
+
+PERSISTENT_THREAD_NOTE = ("persistent_workers does not apply to the thread backend: threads live "
+                          "as long as the loader")
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One loader configuration. ``prefetch_factor`` None = not passed / not applicable."""
+    """One loader configuration. ``prefetch_factor`` None = not passed / not applicable.
+
+    ``num_workers``: decoding threads (``backend="thread"``) or DataLoader worker processes
+    (``backend="process"``); ``prefetch_factor``: batches in flight per thread / worker.
+    """
 
     data: str
     format: str | None
@@ -28,6 +46,7 @@ class Setting:
     prefetch_factor: int | None
     pin_memory: bool
     persistent_workers: bool
+    backend: str = "thread"
 
     def as_dict(self) -> dict:
         """JSON-ready fields."""
@@ -88,42 +107,69 @@ def parse_mode(text: str, name: str) -> tuple[bool, ...]:
     return MODES[text]
 
 
+def parse_backends(text: str, name: str = "--backend") -> list[str]:
+    """``"process,thread"`` -> ``["thread", "process"]``: the named backends, duplicates dropped,
+    in :data:`BACKENDS` order (thread first, so a process row can point at its thread twin).
+
+    Raises:
+        ConfigError: an item is not one of :data:`BACKENDS` (names the option and the item).
+    """
+    items = [s.strip() for s in str(text).split(",")]
+    for item in items:
+        if item not in BACKENDS:
+            raise ConfigError(f"{name}: {item!r} is not a backend; expected a comma-separated "
+                              f"list of {', '.join(BACKENDS)}")
+    return [b for b in BACKENDS if b in items]
+
+
 def expand_grid(datasets: list[tuple[str, str | None]], decoders: list[str],
                 num_workers: list[int], prefetch_factors: list[int | None],
                 pin_memory: tuple[bool, ...], persistent_workers: tuple[bool, ...], *,
-                pin_available: bool, unavailable_decoders: dict[str, str] | None = None
-                ) -> list[GridRow]:
-    """Every combination, in order data > decoder > num_workers > prefetch > pin > persistent.
+                pin_available: bool, unavailable_decoders: dict[str, str] | None = None,
+                backends: tuple[str, ...] | list[str] = ("thread",)) -> list[GridRow]:
+    """Every combination, in order data > decoder > backend > num_workers > prefetch > pin >
+    persistent.
 
     Args:
         datasets: ``(path, format)`` pairs.
         decoders: decoder names.
-        num_workers: worker counts (>= 0); prefetch_factors: ints >= 1 or None.
+        num_workers: worker counts (>= 0: threads or processes, see ``backends``);
+            prefetch_factors: batches in flight per worker, ints >= 1 or None (not passed).
         pin_memory / persistent_workers: the values to try.
         pin_available: whether pinned memory has an effect (a CUDA device is present).
         unavailable_decoders: ``name -> reason`` for decoders that cannot run here (N/A rows).
+        backends: ``make_loader`` backends to try, from :data:`BACKENDS`; always expanded thread
+            first whatever the order given.
 
     Returns:
         One :class:`GridRow` per requested combination; rows that do not apply are ``"n/a"``
-        and point (``same_as``) at the row measuring the setting that applies, when there is one.
+        and point (``same_as``) at the row measuring the setting that applies, when there is one:
+        num_workers=0 with prefetch or persistent workers, pin_memory without CUDA,
+        persistent_workers with the thread backend, and the process backend with num_workers=0
+        (the thread row does the same work) when the thread backend is in the grid.
+
+    Raises:
+        ConfigError: an unknown backend.
     """
     unavailable_decoders = unavailable_decoders or {}
+    backends = parse_backends(",".join(backends), "backends")
     rows: list[GridRow] = []
     measured: dict[Setting, int] = {}
     for data, fmt in datasets:
         for dec in decoders:
-            for nw in num_workers:
-                for pf in prefetch_factors:
-                    for pin in pin_memory:
-                        for pers in persistent_workers:
-                            asked = Setting(data, fmt, dec, nw, pf, pin, pers)
-                            rows.append(_row(len(rows), asked, measured, pin_available,
-                                             unavailable_decoders))
+            for be in backends:
+                for nw in num_workers:
+                    for pf in prefetch_factors:
+                        for pin in pin_memory:
+                            for pers in persistent_workers:
+                                asked = Setting(data, fmt, dec, nw, pf, pin, pers, be)
+                                rows.append(_row(len(rows), asked, measured, pin_available,
+                                                 unavailable_decoders, "thread" in backends))
     return rows
 
 
 def _row(idx: int, asked: Setting, measured: dict[Setting, int], pin_available: bool,
-         unavailable: dict[str, str]) -> GridRow:
+         unavailable: dict[str, str], thread_in_grid: bool = False) -> GridRow:
     if asked.decoder in unavailable:
         return GridRow(idx, asked, asked, "n/a", f"decoder {asked.decoder!r} cannot run here: "
                                           f"{unavailable[asked.decoder]}")
@@ -131,11 +177,20 @@ def _row(idx: int, asked: Setting, measured: dict[Setting, int], pin_available: 
     applies = asked
     if asked.num_workers == 0:
         if asked.prefetch_factor is not None:
+            why = "DataLoader rejects it" if asked.backend == "process" else \
+                "batches are built in the caller"
             notes.append(f"prefetch_factor={asked.prefetch_factor} does not apply with "
-                         f"num_workers=0 (DataLoader rejects it)")
+                         f"num_workers=0 ({why})")
         if asked.persistent_workers:
             notes.append("persistent_workers=True does not apply with num_workers=0")
         applies = replace(applies, prefetch_factor=None, persistent_workers=False)
+        if asked.backend == "process" and thread_in_grid:
+            notes.append("with num_workers=0 the process and thread backends are the same work "
+                         "(every batch built in the calling process)")
+            applies = replace(applies, backend="thread")
+    elif asked.backend == "thread" and asked.persistent_workers:
+        notes.append(PERSISTENT_THREAD_NOTE)
+        applies = replace(applies, persistent_workers=False)
     if asked.pin_memory and not pin_available:
         notes.append("pin_memory has no effect without a CUDA device")
         applies = replace(applies, pin_memory=False)

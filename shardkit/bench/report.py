@@ -1,9 +1,15 @@
 """Turns measured rows into the terminal table, the recommendation, the plots and ``bench.json``.
 
 Recommendation rule: among measured shardkit rows, the cheapest setting whose median throughput
-is within ``tolerance`` (default 5%) of the best one, cheapest meaning fewest workers, then
-lowest prefetch_factor, then pin_memory off, then persistent_workers off. The run is data-bound
-at the given step time when that setting's median ``data_wait_fraction`` >= ``threshold``.
+(images/s) is within ``tolerance`` (default 5%) of the best one, cheapest meaning fewest workers,
+then the thread backend before the process backend (no worker processes, no per-batch
+inter-process copy), then lowest prefetch_factor, then pin_memory off, then persistent_workers
+off. The run is data-bound at the given step time when that setting's median
+``data_wait_fraction`` (loader wait / wall time) >= ``threshold``.
+
+``bench.json`` schema 2: every row's ``requested`` and ``setting`` carry ``backend`` ("thread" |
+"process"; the ImageFolder baseline is a DataLoader, "process"); ``config.backends`` lists the
+backends run. Schema 1 had no backend (everything ran as "process").
 """
 from __future__ import annotations
 
@@ -13,7 +19,10 @@ from pathlib import Path
 
 __all__ = ["recommend", "format_table", "write_plots", "write_json", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: Cheapest first, for the recommendation (unknown / missing backend: last).
+_BACKEND_COST = {"thread": 0, "process": 1}
 
 
 def _med(rec: dict, metric: str) -> float | None:
@@ -23,14 +32,16 @@ def _med(rec: dict, metric: str) -> float | None:
 
 def _cost(rec: dict) -> tuple:
     s = rec["setting"]
-    return (s["num_workers"], s["prefetch_factor"] or 0, s["pin_memory"], s["persistent_workers"],
+    return (s["num_workers"], _BACKEND_COST.get(s.get("backend"), len(_BACKEND_COST)),
+            s["prefetch_factor"] or 0, s["pin_memory"], s["persistent_workers"],
             -_med(rec, "throughput_img_s"))
 
 
 def _label(rec: dict) -> str:
     s = rec["setting"]
     pf = "-" if s["prefetch_factor"] is None else s["prefetch_factor"]
-    return (f"{s['format']}/{s['decoder']} workers={s['num_workers']} prefetch={pf} "
+    return (f"{s['format']}/{s['decoder']} backend={s.get('backend', '-')} "
+            f"workers={s['num_workers']} prefetch={pf} "
             f"pin={'on' if s['pin_memory'] else 'off'}"
             + (" persistent" if s["persistent_workers"] else ""))
 
@@ -103,6 +114,9 @@ def recommend(results: list[dict], step: dict, *, tolerance: float = 0.05,
             "threshold": threshold, "text": " ".join(text), "per_group": per_group}
 
 
+_SHORT_BACKEND = {"thread": "thread", "process": "proc"}
+
+
 def _fmt(rec: dict, metric: str, spec: str, scale: float = 1.0) -> str:
     m = rec.get("metrics", {}).get(metric)
     if m is None:
@@ -111,8 +125,16 @@ def _fmt(rec: dict, metric: str, spec: str, scale: float = 1.0) -> str:
 
 
 def format_table(results: list[dict]) -> str:
-    """A fixed-width text table: one line per row, N/A and error rows with their note."""
-    head = (f"{'id':>3} {'kind':<8} {'format':<11} {'decoder':<14} {'nw':>2} {'pf':>2} {'pin':<3} "
+    """A fixed-width text table: one line per row, N/A and error rows with their note.
+
+    Columns: ``backend`` ("thread" / "proc"; the baseline is a DataLoader, "proc"), ``nw``
+    workers (threads or processes), ``pf`` prefetch_factor ("-" = not passed), ``loader ms`` and
+    ``step ms`` per batch, ``img/s`` (median, and min-max over repeats), ``wait`` (fraction of
+    wall time waiting for data), ``cpu`` (cores), ``MiB`` (peak PSS), ``x base`` (throughput
+    ratio to the ImageFolder baseline at the same setting); "-" = not measured (N/A rows).
+    """
+    head = (f"{'id':>3} {'kind':<8} {'format':<11} {'decoder':<14} {'backend':<7} {'nw':>2} "
+            f"{'pf':>2} {'pin':<3} "
             f"{'pers':<4} {'status':<5} {'loader ms':>9} {'step ms':>8} {'img/s':>8} "
             f"{'img/s min-max':>15} {'wait':>5} {'cpu':>5} {'MiB':>6} {'x base':>6}")
     lines = [head, "-" * len(head)]
@@ -128,7 +150,8 @@ def format_table(results: list[dict]) -> str:
             dec = f"{dec}>{r['decoder_ran']}"  # requested > what really ran
         lines.append(
             f"{r['id']:>3} {r['kind']:<8} {str(s['format'])[:11]:<11} {dec[:14]:<14} "
-            f"{s['num_workers']:>2} {pf:>2} {'on' if s['pin_memory'] else 'off':<3} "
+            f"{_SHORT_BACKEND.get(s.get('backend'), '-'):<7} {s['num_workers']:>2} {pf:>2} "
+            f"{'on' if s['pin_memory'] else 'off':<3} "
             f"{'on' if s['persistent_workers'] else 'off':<4} {r['status']:<5} "
             f"{_fmt(r, 'loader_ms_per_batch', '9.1f'):>9} {_fmt(r, 'step_ms_per_batch', '8.1f'):>8} "
             f"{_fmt(r, 'throughput_img_s', '8.1f'):>8} {spread:>15} "
@@ -140,11 +163,13 @@ def format_table(results: list[dict]) -> str:
 
 
 def _lines(results: list[dict]) -> dict[str, list[tuple[int, dict]]]:
-    """Plot series: one per (kind, data, decoder, prefetch, pin, persistent), x = num_workers.
+    """Plot series: one per (kind, data, decoder, backend, prefetch, pin, persistent),
+    x = num_workers.
 
-    The num_workers=0 point (measured once, without prefetch or persistent workers) joins every
-    series of the same kind, data, decoder and pin; N/A rows that only copy another pin setting
-    (no CUDA) are left out.
+    The num_workers=0 point (measured once, without prefetch or persistent workers, and for the
+    process backend as the thread row: the same work) joins every series of the same kind, data,
+    decoder, backend and pin; N/A rows that only copy another pin setting (no CUDA) or the
+    thread backend without persistent workers (it has none) are left out.
     """
     by_id = {r["id"]: r for r in results}
     series: dict[tuple, dict[int, dict]] = {}
@@ -156,19 +181,24 @@ def _lines(results: list[dict]) -> dict[str, list[tuple[int, dict]]]:
         q = r["requested"] if r is not src else r["setting"]
         if r is not src and q["pin_memory"] != src["setting"]["pin_memory"]:
             continue  # pin_memory N/A (no CUDA): a copy of the pin-off line would mislead
-        base = (r["kind"], q["data"], q["format"], q["decoder"], q["pin_memory"])
+        if (r is not src and q["num_workers"] != 0
+                and q["persistent_workers"] != src["setting"]["persistent_workers"]):
+            continue  # persistent N/A (thread backend): a copy of the other line would mislead
+        base = (r["kind"], q["data"], q["format"], q["decoder"], q.get("backend"),
+                q["pin_memory"])
         if q["num_workers"] == 0:
             zero[base] = src
             continue
         series.setdefault((*base, q["prefetch_factor"], q["persistent_workers"]),
                           {})[q["num_workers"]] = src
     for base, src in zero.items():
-        keys = [k for k in series if k[:5] == base] or [(*base, None, False)]
+        keys = [k for k in series if k[:6] == base] or [(*base, None, False)]
         for k in keys:
             series.setdefault(k, {})[0] = src
     out = {}
-    for (kind, _data, fmt, dec, pin, pf, pers), points in series.items():
+    for (kind, _data, fmt, dec, backend, pin, pf, pers), points in series.items():
         name = (f"{'baseline ' if kind == 'baseline' else ''}{fmt}/{dec} "
+                + (f"{backend} " if kind != "baseline" and backend else "") +
                 f"pf={'-' if pf is None else pf} pin={'on' if pin else 'off'}"
                 + (" pers" if pers else ""))
         out[name] = sorted(points.items())
@@ -179,7 +209,8 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
     """Writes ``throughput_vs_workers.png``, ``data_wait_vs_workers.png`` and
     ``loader_vs_step.png`` into ``out_dir``; returns their file names (empty with nothing measured).
 
-    Error bars are the min..max over repeats; baseline series are dashed.
+    One series per format/decoder/backend/prefetch/pin/persistent setting (x = num_workers);
+    error bars are the min..max over repeats; baseline series are dashed.
     """
     import matplotlib
 

@@ -48,15 +48,21 @@ def dataset_info(root: str | Path) -> dict:
 
 
 def shardkit_factory(setting: Setting, cfg: RunConfig):
-    """Builds ``shardkit.make_loader(...)`` for ``setting`` (construction errors propagate)."""
+    """Builds ``shardkit.make_loader(..., backend=setting.backend)`` for ``setting``
+    (construction errors propagate).
+
+    ``prefetch_factor=None`` is not passed, so both backends get ``make_loader``'s default
+    (2 batches in flight per worker, the DataLoader default too).
+    """
     from shardkit import make_loader
 
+    extra = {} if setting.prefetch_factor is None else {"prefetch_factor": setting.prefetch_factor}
     return make_loader(setting.data, cfg.split, cfg.batch_size,
                        num_workers=setting.num_workers,
-                       prefetch_factor=setting.prefetch_factor,
                        pin_memory=setting.pin_memory, train=cfg.train,
                        image_size=cfg.image_size, decoder=setting.decoder,
-                       persistent_workers=setting.persistent_workers)
+                       persistent_workers=setting.persistent_workers,
+                       backend=setting.backend, **extra)
 
 
 def _epochs(loader):
@@ -91,7 +97,8 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
         if progress:
             s = row.setting
             progress(f"[{kind} row {row.id}] {s.format or ''} decoder={s.decoder} "
-                     f"workers={s.num_workers} prefetch={s.prefetch_factor} pin={s.pin_memory} "
+                     f"backend={s.backend} workers={s.num_workers} "
+                     f"prefetch={s.prefetch_factor} pin={s.pin_memory} "
                      f"persistent={s.persistent_workers}")
         try:
             loader = factory(row.setting, cfg)
@@ -131,7 +138,13 @@ def _len(loader) -> int | None:
 
 
 def _shutdown(loader) -> None:
-    """Stops persistent workers so the next row starts with the machine to itself."""
+    """Stops persistent workers and the thread backend's decoding threads, so the next row starts
+    with the machine to itself."""
+    threads = getattr(loader, "threads", None)
+    pool = getattr(threads, "_pool", None)
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+        threads._pool = None
     it = getattr(loader, "_iterator", None)
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()
@@ -155,9 +168,11 @@ def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Ste
                       progress: Callable[[str], None] | None = None) -> list[dict]:
     """ImageFolder+PIL rows for every distinct worker setting measured for ``info``'s dataset.
 
-    Sets ``baseline_row`` and ``ratio_to_baseline`` (median throughput ratio) on the shardkit
-    rows of every dataset that shares the setting. Returns the baseline rows (status "n/a" with a
-    note when the manifest's ``source.root`` is not reachable).
+    The baseline is a ``DataLoader`` (its setting says ``backend="process"``); shardkit rows of
+    both backends with the same num_workers / prefetch / pin / persistent share one baseline row.
+    Sets ``baseline_row`` and ``ratio_to_baseline`` (median throughput ratio, shardkit / baseline)
+    on the shardkit rows of every dataset that shares the setting. Returns the baseline rows
+    (status "n/a" with a note when the manifest's ``source.root`` is not reachable).
     """
     from shardkit.bench.baseline import imagefolder_loader
 
@@ -166,7 +181,8 @@ def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Ste
         if rec["kind"] == "shardkit" and rec["status"] == "ok":
             s = rec["setting"]
             k = (s["num_workers"], s["prefetch_factor"], s["pin_memory"], s["persistent_workers"])
-            keys.setdefault(k, Setting(str(info["source_root"]), "imagefolder", "pil", *k))
+            keys.setdefault(k, Setting(str(info["source_root"]), "imagefolder", "pil", *k,
+                                         backend="process"))
     src = info.get("source_root")
     start = max((r["id"] for r in results), default=-1) + 1
     rows = [GridRow(start + i, s, s, "run") for i, s in enumerate(keys.values())]
