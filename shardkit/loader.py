@@ -84,8 +84,7 @@ class BatchDataset(_Planned, IterableDataset):
         src, size = self._source, self.image_size
         sl = plan.batch_slice(b)
         n = sl.stop - sl.start
-        images = torch.empty((n, 3, size, size), dtype=torch.uint8,
-                             memory_format=torch.channels_last, pin_memory=pin)
+        images = _batch_buffer(n, size, pin)
         rows = images.permute(0, 2, 3, 1).numpy()  # (n, S, S, 3) C-contiguous view, same memory
         positions = plan.positions[sl]
         keep = np.ones(n, dtype=bool)
@@ -109,6 +108,21 @@ class BatchDataset(_Planned, IterableDataset):
         meta = {"index": torch.from_numpy(positions.copy()),
                 "valid": torch.from_numpy(plan.valid[sl][keep])}
         return images, labels, meta, tuple(skipped)
+
+
+def _batch_buffer(n: int, size: int, pin: bool) -> torch.Tensor:
+    """uint8 ``(n, 3, size, size)`` channels_last, uninitialised. Inside a DataLoader worker it is
+    allocated in shared memory from the start: a worker's batch must cross into the main process,
+    and a private buffer would be copied into a fresh shared segment when it is sent (measured
+    ~0.19 ms per 224 px image here, against ~0.12 ms for writing into shared memory directly)."""
+    shape = (n, 3, size, size)
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if pin or new_shared is None or torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last,
+                           pin_memory=pin)
+    storage = new_shared(n * 3 * size * size)
+    flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+    return flat.view(n, size, size, 3).permute(0, 3, 1, 2)  # channels_last strides
 
 
 class ShardLoader:
