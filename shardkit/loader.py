@@ -201,12 +201,13 @@ class ShardLoader:
         Adopts the saved ``streams`` (part of the plan), so ``num_workers`` may differ.
 
         Raises:
-            LoaderError: the state was saved with another seed, rank, world size or batch size
-                (the plan would differ), or ``batches_consumed`` is out of range.
+            LoaderError: the state was saved with another seed, rank, world size, batch size or
+                number of batches per epoch (another dataset or split: the plan would differ),
+                or ``batches_consumed`` is out of range.
         """
         ds = self.dataset
         for name, mine in (("seed", ds.seed), ("rank", ds.rank), ("world_size", ds.world_size),
-                           ("batch_size", ds.batch_size)):
+                           ("batch_size", ds.batch_size), ("num_batches", len(self))):
             if state.get(name, mine) != mine:
                 raise LoaderError(f"cannot resume: state has {name}={state.get(name)!r}, this "
                                   f"loader has {name}={mine!r}")
@@ -373,6 +374,16 @@ def make_loader(root, split: str, batch_size: int, *, num_workers: int = 2,
         raise ConfigError(f"num_workers={num_workers!r}: expected an int >= 0")
     if backend not in ("process", "thread"):
         raise ConfigError(f"backend={backend!r}: expected 'process' or 'thread'")
+    if prefetch_factor is None:  # as DataLoader: "not given" (it does not apply to 0 workers)
+        prefetch_factor = 2
+    if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, int) \
+            or prefetch_factor < 1:
+        raise ConfigError(f"prefetch_factor={prefetch_factor!r}: expected an int >= 1 (or None)")
+    if transform is None and transform_config is None:
+        from .decode import DECODERS
+
+        if decoder != "auto" and decoder not in DECODERS:
+            raise ConfigError(f"decoder={decoder!r}: expected 'auto' or one of {sorted(DECODERS)}")
     if num_workers and not timeout > 0:
         raise ConfigError(f"timeout={timeout!r}: expected seconds > 0 (a hang must fail loudly)")
     if not train and even is not None:

@@ -26,6 +26,7 @@ from .errors import ManifestError
 __all__ = [
     "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "is_url", "join", "load_manifest",
     "write_manifest", "write_split_files", "load_index", "read_split_records", "atomic_write_bytes",
+    "json_bytes",
 ]
 
 SCHEMA_VERSION = 1
@@ -55,15 +56,36 @@ def _read_bytes(location: str) -> bytes:
         return f.read()
 
 
+def json_bytes(obj, **kwargs) -> bytes:
+    """``obj`` as UTF-8 JSON. Text is written as is (readable Unicode), except strings that are
+    not valid Unicode - a file name with non-UTF-8 bytes arrives as lone surrogates
+    (``os.fsdecode``) - which are escaped (``\\udce9``): still valid JSON, and
+    ``os.fsencode`` of the value read back gives the original bytes."""
+    text = json.dumps(obj, ensure_ascii=False, **kwargs)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj, ensure_ascii=True, **kwargs).encode("ascii")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Writes ``data`` to ``path`` via a temporary file in the same folder, fsync and rename.
 
-    A reader sees either the old file or the complete new one, never a partial file.
+    A reader sees either the old file or the complete new one, never a partial file. The file
+    gets the usual permissions (``0o666`` minus the umask), not ``mkstemp``'s private ``0o600``,
+    so a dataset can be shared with other users or served over HTTP.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -116,8 +138,7 @@ def load_manifest(root: str | os.PathLike) -> dict:
 def write_manifest(root: str | os.PathLike, manifest: dict) -> None:
     """Writes ``manifest`` to ``root/manifest.json`` atomically (the last step of a pack)."""
     manifest = {"schema_version": SCHEMA_VERSION, **manifest}
-    data = json.dumps(manifest, indent=2, ensure_ascii=False, sort_keys=False).encode("utf-8")
-    atomic_write_bytes(Path(root) / MANIFEST_NAME, data + b"\n")
+    atomic_write_bytes(Path(root) / MANIFEST_NAME, json_bytes(manifest, indent=2) + b"\n")
 
 
 @dataclass(frozen=True)
@@ -154,8 +175,8 @@ def write_split_files(root: str | os.PathLike, split: str, records: list[dict]) 
     ``offset``, ``size`` (see docs/DESIGN.md for the full field list).
     """
     folder = Path(root) / "splits"
-    lines = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
-    atomic_write_bytes(folder / f"{split}.jsonl", lines.encode("utf-8"))
+    lines = b"".join(json_bytes(r, sort_keys=True) + b"\n" for r in records)
+    atomic_write_bytes(folder / f"{split}.jsonl", lines)
     keys = [r["key"].encode("ascii") for r in records]
     arrays = {
         "shard": np.array([r["shard"] for r in records], dtype=np.int32),
