@@ -66,7 +66,8 @@ _TCFG = click.option("--transform-config", type=click.Path(exists=True, dir_okay
 @_OUT
 @click.option("--split", default=None, help="Only this split (default: all).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for the PNG grids (default: OUT/inspect).")
+              help="Folder for the PNG grids (default: ./inspect-<OUT folder name> in the "
+              "current directory; never inside OUT, which stays immutable).")
 @click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True,
               help="Samples per grid (every class shown in turn).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -104,7 +105,13 @@ def inspect_command(out, split, out_dir, n, seed, json_path, decoder, transform_
 @_TCFG
 def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, no_near_duplicates,
                   no_transforms, seed, progress, decoder, transform_config):
-    """Check OUT's splits for leakage and its transforms for drift; exit 1 on a leak."""
+    """Check OUT's splits for leakage and its transforms for drift; exit 1 on a leak.
+
+    The last line is the verdict: FAILED (exit 1) on shared groups, identical bytes or transform
+    drift; "OK: no leak found" only when nothing was flagged; otherwise "NO EXACT LEAK ..." with
+    the warnings to review (near-duplicate pairs, missing classes, imbalance), exit 0 unless
+    --strict.
+    """
     report = _run(check_dataset, out, strict=strict, near_duplicates=not no_near_duplicates,
                   phash_threshold=phash_threshold, imbalance_threshold=imbalance_threshold,
                   transforms=not no_transforms,

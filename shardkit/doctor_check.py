@@ -16,7 +16,7 @@ from typing import Any
 
 from shardkit.errors import ConfigError
 
-__all__ = ["check_dataset", "format_check_report", "write_json_report"]
+__all__ = ["check_dataset", "format_check_report", "check_headline", "write_json_report"]
 
 
 def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bool = True,
@@ -170,6 +170,32 @@ def format_check_report(report: dict[str, Any]) -> str:
     for level in ("errors", "warnings"):
         for f in report[level]:
             lines.append(f"{level[:-1].upper()} [{f['check']}] {f['message']}")
-    lines.append("OK: no leak found" if report["ok"] else
-                 f"FAILED: {len(report['errors'])} error(s)")
+    lines.append(check_headline(report))
     return "\n".join(lines)
+
+
+def check_headline(report: dict[str, Any]) -> str:
+    """The verdict line: ``FAILED`` on errors, plain ``OK`` only when there is no warning either.
+
+    Warnings (near-duplicates, missing classes, imbalance, checks not run) keep exit code 0
+    without ``--strict`` but never read as a plain OK: the line says what was ruled out (shared
+    groups and identical bytes) and what still needs review.
+    """
+    if not report["ok"]:
+        return f"FAILED: {len(report['errors'])} error(s)"
+    warnings = report["warnings"]
+    if not warnings:
+        return "OK: no leak found"
+    near = sum(w["check"] == "near_duplicates" for w in warnings) if report[
+        "near_duplicates"] is not None else 0
+    parts = []
+    if near:
+        parts.append(f"{near} near-duplicate pair(s) across splits: review them "
+                     "(--strict fails on them)")
+    not_run = [w["check"] for w in warnings if w["message"].endswith("(disabled by the caller)")]
+    others = len(warnings) - near - len(not_run)
+    if others:
+        parts.append(f"{others} other warning(s) (--strict fails on them)")
+    if not_run:
+        parts.append("not run: " + ", ".join(not_run))
+    return "NO EXACT LEAK (groups, identical bytes); " + "; ".join(parts)

@@ -15,7 +15,8 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 
-__all__ = ["split_summary", "pick_samples", "save_grid", "inspect_dataset", "format_summary"]
+__all__ = ["split_summary", "pick_samples", "save_grid", "inspect_dataset", "format_summary",
+           "default_inspect_dir"]
 
 
 def split_summary(manifest: dict[str, Any], split: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -107,6 +108,12 @@ def save_grid(images: list[np.ndarray], titles: list[str], path: str | Path, sup
     return path
 
 
+def default_inspect_dir(root: str | Path) -> Path:
+    """``./inspect-<dataset folder name>`` in the current working directory: outside the dataset,
+    which stays immutable (``shardkit verify`` re-hashes it)."""
+    return Path.cwd() / f"inspect-{Path(root).resolve().name}"
+
+
 def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str | Path | None = None,
                     n: int = 16, seed: int = 0, decoder: str = "auto",
                     transform_config: Any = None) -> dict[str, Any]:
@@ -115,7 +122,8 @@ def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str 
     Args:
         root: the packed dataset (``OUT`` of ``shardkit pack``).
         split: one split, or None for all splits.
-        out_dir: where the PNGs go (default ``root/inspect``).
+        out_dir: where the PNGs go (default :func:`default_inspect_dir`: ``./inspect-<name>`` in
+            the current directory, never inside the dataset, which ``verify`` re-hashes).
         n: samples per grid (class by class, see :func:`pick_samples`).
         seed: seed of the sample choice and of the train-transform randomness.
         decoder: decoder registry name for the plain grid.
@@ -136,7 +144,7 @@ def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str 
 
     manifest = load_manifest_dict(root)
     classes = list(manifest["classes"])
-    out_dir = Path(out_dir) if out_dir is not None else Path(root) / "inspect"
+    out_dir = Path(out_dir) if out_dir is not None else default_inspect_dir(root)
     report: dict[str, Any] = {"root": str(root), "classes": classes, "splits": {}, "images": {}}
     transform = None
     for name in split_names(manifest, split):

@@ -326,6 +326,37 @@ def test_check_finds_resized_copy_in_other_split(sample_dir, tmp_path):
     assert [w["check"] for w in report["warnings"]].count("near_duplicates") == 1
     res = CliRunner().invoke(check_command, [str(out), "--strict", "--no-transforms"])
     assert res.exit_code == 1 and copy_rel in res.output and orig_rel in res.output
+    lax = CliRunner().invoke(check_command, [str(out), "--no-transforms"])
+    assert lax.exit_code == 0, lax.output                      # warnings keep exit 0...
+    headline = lax.output.strip().splitlines()[-1]             # ...but never a plain OK
+    assert headline.startswith("NO EXACT LEAK (groups, identical bytes); 1 near-duplicate "
+                               "pair(s) across splits: review them (--strict fails on them)")
+    assert "OK" not in headline
+
+
+def _report(**overrides):
+    base = {"root": "/d", "ok": True, "strict": False, "errors": [], "warnings": [],
+            "thresholds": {"phash_hamming": 4, "imbalance_ratio": 10.0}, "group_overlap": [],
+            "sha_overlap": [], "near_duplicates": [], "imbalance": {}, "transform": None}
+    return {**base, **overrides}
+
+
+def test_check_headline_is_not_ok_when_there_are_warnings():
+    from shardkit.doctor_check import format_check_report
+
+    near = [{"check": "near_duplicates", "message": f"near-duplicate {i}"} for i in range(10)]
+    text = format_check_report(_report(near_duplicates=[{}] * 10, warnings=near))
+    assert text.splitlines()[-1] == ("NO EXACT LEAK (groups, identical bytes); 10 near-duplicate "
+                                     "pair(s) across splits: review them (--strict fails on them)")
+    assert format_check_report(_report()).splitlines()[-1] == "OK: no leak found"
+    missing = [{"check": "missing_classes", "message": "split 'val' has no sample of ['a']"},
+               {"check": "transform_drift", "message": "transform drift check not run "
+                "(disabled by the caller)"}]
+    assert format_check_report(_report(warnings=missing)).splitlines()[-1] == (
+        "NO EXACT LEAK (groups, identical bytes); 1 other warning(s) (--strict fails on them); "
+        "not run: transform_drift")
+    failed = _report(ok=False, errors=[{"check": "sha_overlap", "message": "x"}], warnings=near)
+    assert format_check_report(failed).splitlines()[-1] == "FAILED: 1 error(s)"
 
 
 # ---------------------------------------------------------------------------------------- inspect
@@ -374,10 +405,21 @@ def test_inspect_cli_one_split_and_mismatch(clean, tmp_path):
     assert any("num_samples" in m for m in report["splits"]["val"]["manifest_mismatch"])
     bad = CliRunner().invoke(inspect_command, [str(clean), "--split", "nope"])
     assert bad.exit_code == 2 and "'nope'" in bad.output
+
+
+def test_inspect_default_out_is_outside_the_dataset(clean, tmp_path, monkeypatch):
+    """Without --out the grids go to ./inspect-<dataset folder name>, never into the dataset
+    (which stays byte-identical: `shardkit verify` re-hashes it)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    before = sorted(p.relative_to(clean) for p in clean.rglob("*"))
     res = CliRunner().invoke(inspect_command, [str(clean), "--split", "test", "--n", "2"])
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in (clean / "inspect").iterdir()) == [
-        "inspect_test_samples.png", "inspect_test_train_transform.png"]   # default: OUT/inspect
+    assert sorted(p.relative_to(clean) for p in clean.rglob("*")) == before
+    assert not (clean / "inspect").exists()
+    assert sorted(p.name for p in (cwd / f"inspect-{clean.name}").iterdir()) == [
+        "inspect_test_samples.png", "inspect_test_train_transform.png"]
 
 
 # ------------------------------------------------------------------------------ transform drift
