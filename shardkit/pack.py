@@ -5,7 +5,11 @@ Steps of :func:`pack` (on-disk layout and manifest schema: ``docs/DESIGN.md``):
 1. **Scan** (:mod:`shardkit.scan`) an ImageFolder tree or a ``.csv`` list, then apply the group rule
    (``group_by`` regex on the relative path, or ``metadata`` CSV + ``group_column``; a CSV list's own
    ``group`` column counts as a rule). Without a rule every file is its own group and the summary
-   warns about leakage of near-duplicates.
+   warns about leakage of near-duplicates. Files the rule gives no group are checked (step 3)
+   first: those that are not images are quarantined with that reason like any reject; real images
+   without a group raise the rule's error (listing them) before the rest is checked. Entries the
+   scanner ignores (hidden/system files, files beside the class folders, empty class folders) are
+   listed with their reason in ``manifest.source.ignored``.
 2. **Labels** are resolved through :class:`shardkit.labels.LabelMap`; all unknown names are reported
    at once (:class:`~shardkit.errors.UnknownLabelError`) before any file is read.
 3. **Check** every file: read, sha256, full decode (:func:`shardkit.images.check_image`), in a
@@ -30,6 +34,13 @@ Steps of :func:`pack` (on-disk layout and manifest schema: ``docs/DESIGN.md``):
    ``scanned == packed + quarantined`` is checked (raises :class:`PackInvariantError`).
    ``split.group_to_split`` is null when there is no group rule (each file its own group; the
    per-sample ``group`` in the split files says the same without a manifest entry per file).
+   ``split.warnings`` (and the summary) also name classes without samples in a split and a
+   dataset with fewer than two classes.
+
+File names that are not valid UTF-8 (read as str with lone surrogates, Python's surrogateescape)
+are packed: the bytes are read by path, keys do not depend on names, ``path`` metadata keeps the
+name as a ``\\udcXX`` JSON escape (``os.fsencode`` of the loaded str gives the original bytes), and
+the printed summary shows such names with backslash escapes.
 """
 from __future__ import annotations
 
@@ -114,7 +125,24 @@ class PackSummary:
         if len(self.ignored) > 10:
             lines.append(f"    ... and {len(self.ignored) - 10} more ignored entries")
         lines += [f"  warning: {w}" for w in self.warnings]
-        return "\n".join(lines)
+        return _printable("\n".join(lines))
+
+
+def _printable(text: str) -> str:
+    """``text`` with lone surrogates (from file names that are not valid UTF-8) written as
+    ``\\udcXX`` escapes, so printing it never raises UnicodeEncodeError."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _json_line(obj: dict) -> bytes:
+    """One JSON line as UTF-8 bytes. A lone surrogate (a file name that is not valid UTF-8, read
+    with Python's surrogateescape) cannot be encoded as UTF-8: that line is written with
+    ``ensure_ascii=True`` instead, which keeps it as a ``\\udcXX`` escape; ``json.loads`` gives the
+    same str back, and ``os.fsencode`` of it the original bytes."""
+    try:
+        return (json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(obj, ensure_ascii=True, sort_keys=True) + "\n").encode("ascii")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -171,14 +199,14 @@ def _check_one(job: tuple[str, str, int, bool]) -> dict:
     return out
 
 
-def _check_all(jobs: list, workers: int, progress: bool) -> list[dict]:
+def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check") -> list[dict]:
     """Runs :func:`_check_one` over ``jobs`` in input order, in ``workers`` processes.
 
     A process pool that loses a worker (a decoder crashing the process) raises instead of hanging:
     ``ProcessPoolExecutor`` reports ``BrokenProcessPool``, turned into a SourceError here.
     """
     results: list[dict] = []
-    bar = tqdm(total=len(jobs), desc="check", unit="file", disable=not progress)
+    bar = tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress)
     try:
         if workers <= 1 or len(jobs) < 2:
             for job in jobs:
@@ -236,18 +264,32 @@ def _scan(src: Path, group_by, metadata, group_column):
     else:
         raise SourceError(f"source {src} is neither a folder nor a .csv file")
     items = list(result.items)
+    grouped = unmatched = None
+    group_error = None
     if group_by is not None:
-        items, rule = scan.apply_group_regex(items, group_by), {"kind": "regex", "regex": group_by}
+        grouped, unmatched = scan.match_group_regex(items, group_by)
+        rule = {"kind": "regex", "regex": group_by}
+        group_error = lambda rels: scan.unmatched_regex_error(group_by, rels)  # noqa: E731
     elif group_column is not None:
-        items = scan.apply_group_metadata(items, metadata, group_column)
+        grouped, unmatched = scan.match_group_metadata(items, metadata, group_column)
         rule = {"kind": "column", "csv": str(Path(metadata).resolve()), "column": group_column}
+        group_error = lambda rels: scan.lacking_metadata_error(metadata, group_column, rels)  # noqa: E731
     elif any(it.group for it in items):  # a CSV list with its own group column
         rule = {"kind": "column", "csv": str(src), "column": "group"}
     else:
         rule = {"kind": "none"}
-    # no group: the file is its own group (the summary warns about leakage)
-    items = [it if it.group else dataclasses.replace(it, group=it.relpath) for it in items]
-    return items, list(result.ignored), list(result.missing), result.kind, result.root, rule
+    ungrouped: list[int] = []
+    if grouped is not None:
+        # a file the rule gives no group is not an error yet: the packer first checks whether it
+        # is an image at all (a notes.txt is quarantined as "not an image", not a group error)
+        by_rel = {it.relpath: it for it in grouped}
+        ungrouped = [i for i, it in enumerate(items) if it.relpath not in by_rel]
+        items = [by_rel.get(it.relpath, dataclasses.replace(it, group=None)) for it in items]
+    else:
+        # no group: the file is its own group (the summary warns about leakage)
+        items = [it if it.group else dataclasses.replace(it, group=it.relpath) for it in items]
+    return (items, list(result.ignored), list(result.missing), result.kind, result.root, rule,
+            ungrouped, group_error)
 
 
 def _write_one(sink, key: str, it, res: dict, label: int, bar) -> dict:
@@ -264,6 +306,24 @@ def _write_one(sink, key: str, it, res: dict, label: int, bar) -> dict:
             "sha256": res["sha256"], "shard": shard_idx, "offset": int(offset), "size": len(data),
             "ext": res["ext"], "rule": res["rule"], "width": res["width"], "height": res["height"],
             "warnings": res["warnings"]}
+
+
+def _class_warnings(classes, split_manifest: dict[str, dict]) -> list[str]:
+    """Warnings about what was packed: a class without samples in a (non-empty) split, and a
+    dataset with fewer than two classes that have samples."""
+    out = []
+    for name, sm in split_manifest.items():
+        if sm["num_samples"]:  # an empty split has its own warning from the splitter
+            out += [f"class {c!r} has no samples in split {name!r}"
+                    for c, n in zip(classes, sm["class_counts"]) if n == 0]
+    totals = [sum(sm["class_counts"][k] for sm in split_manifest.values())
+              for k in range(len(classes))]
+    with_samples = [c for c, n in zip(classes, totals) if n]
+    if len(with_samples) < 2:
+        head = "only one class" if with_samples else "no class has packed samples"
+        out.append(f"{head}: classification needs at least 2 (classes with packed samples: "
+                   f"{with_samples} of {len(classes)} in the label map)")
+    return out
 
 
 def _reason_kind(reason: str) -> str:
@@ -334,7 +394,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
     if src.is_dir() and (out == src or src in out.parents):
         raise ConfigError(f"output {out} lies inside the source {src}; choose a folder outside it")
 
-    items, ignored, missing, kind, root, group_rule = _scan(src, group_by, metadata, group_column)
+    items, ignored, missing, kind, root, group_rule, ungrouped, group_error = _scan(
+        src, group_by, metadata, group_column)
     if not items and not missing:
         raise SourceError(f"no image files found in {src}")
     label_map = (labels_mod.LabelMap.from_yaml(labels) if labels is not None else
@@ -343,7 +404,20 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
     label_idx = [name_to_idx[it.label] for it in items]
 
     jobs = [(str(it.path), it.relpath, max_pixels, bool(strict)) for it in items]
-    results = _check_all(jobs, int(workers), progress)
+    results: list = [None] * len(items)
+    if ungrouped:
+        # files the group rule gives no group are checked first: those that fail the image check
+        # are quarantined below with their real reason; a real image without a group is an error,
+        # raised before the long check of everything else
+        for i, res in zip(ungrouped, _check_all([jobs[i] for i in ungrouped], int(workers),
+                                                progress, desc="check (no group)")):
+            results[i] = res
+        images_without_group = [items[i].relpath for i in ungrouped if results[i]["ok"]]
+        if images_without_group:
+            raise group_error(images_without_group)
+    rest = [i for i, res in enumerate(results) if res is None]
+    for i, res in zip(rest, _check_all([jobs[i] for i in rest], int(workers), progress)):
+        results[i] = res
     quarantine = [{"path": m.relpath, "reason": "file not found"} for m in missing]
     keep: list[int] = []
     for i, (it, res) in enumerate(zip(items, results)):
@@ -385,8 +459,7 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
         warnings.append("no group rule (--group-by or --metadata/--group-column): every file is its "
                         "own group, so near-duplicates (same subject, burst shots) can leak across splits")
     cleaned = _prepare_out(out, overwrite)  # nothing in OUT is touched before this point
-    manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, "".join(
-        json.dumps(q, ensure_ascii=False, sort_keys=True) + "\n" for q in quarantine).encode())
+    manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, b"".join(_json_line(q) for q in quarantine))
 
     if writer_options is None:
         writer_options = {"wds_cls": True} if (format == "wds" and wds_cls) else {}
@@ -419,6 +492,8 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
     if num_files != num_packed + len(quarantine):
         raise PackInvariantError(f"scanned {num_files} != packed {num_packed} + quarantined "
                                  f"{len(quarantine)}")
+    class_warnings = _class_warnings(label_map.classes, split_manifest)
+    warnings += class_warnings
     manifest = {
         "format": format,
         "created_by": f"shardkit {__version__}",
@@ -431,10 +506,11 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
                                "classes": {s: {label_map.classes[c]: round(v, 6) for c, v in cv.items()}
                                            for s, cv in plan.class_achieved.items()}},
                   "merged_groups": plan.merged_groups, "label_conflicts": conflicts,
-                  "warnings": plan.warnings},
+                  "warnings": plan.warnings + class_warnings},
         "source": {"root": str(root), "kind": kind, "num_files": num_files, "num_packed": num_packed,
                    "num_quarantined": len(quarantine), "num_duplicates": plan.num_duplicates,
-                   "num_ignored": len(ignored)},
+                   "num_ignored": len(ignored),
+                   "ignored": [{"path": path, "reason": why} for path, why in ignored]},
         "normalization": {"rules": dict(images.RULES), "max_pixels": max_pixels,
                           "strict": bool(strict)},
         "splits": split_manifest,
@@ -499,8 +575,8 @@ def pack_command(src, out, fmt, split_spec, seed, group_by, metadata, group_colu
                        progress=not no_progress, wds_cls=wds_cls,
                        on_label_conflict=on_label_conflict, fail_fast=fail_fast)
     except ShardkitError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(_printable(str(e))) from None
     except OSError as e:  # unwritable OUT, full disk, unreadable CSV: no traceback either
-        raise click.ClickException(f"{type(e).__name__}: {e}") from None
+        raise click.ClickException(_printable(f"{type(e).__name__}: {e}")) from None
     if no_progress:
         click.echo(summary.format_text())

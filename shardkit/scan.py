@@ -44,7 +44,8 @@ from pathlib import Path, PurePosixPath
 from shardkit.errors import ConfigError, SourceError
 
 __all__ = ["SourceItem", "ScanResult", "scan_folder", "scan_csv", "apply_group_regex",
-           "apply_group_metadata", "ignore_reason"]
+           "apply_group_metadata", "match_group_regex", "match_group_metadata",
+           "unmatched_regex_error", "lacking_metadata_error", "ignore_reason"]
 
 _SYSTEM_FILES = {"thumbs.db": "Windows thumbnail cache (Thumbs.db)",
                  "desktop.ini": "Windows folder settings (desktop.ini)",
@@ -295,19 +296,13 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None)
     return out
 
 
-def apply_group_regex(items: list[SourceItem], regex: str) -> list[SourceItem]:
-    """Set each item's group from ``re.search(regex, relpath)``.
-
-    The group value is the named group ``group`` if the pattern has one, else the first capture
-    group; e.g. ``r"/(?P<group>[^/_]+)_\\d+\\.jpg$"`` groups ``a/subjA_0001.jpg`` as "subjA".
-
-    Returns:
-        new items (same order) with ``group`` set.
+def match_group_regex(items: list[SourceItem], regex: str
+                      ) -> tuple[list[SourceItem], list[SourceItem]]:
+    """Like :func:`apply_group_regex`, but returns ``(grouped, unmatched)`` instead of raising
+    for items the pattern gives no group (the packer first checks whether those are images at all).
 
     Raises:
         ConfigError: the pattern does not compile or has no capture group.
-        SourceError: relpaths that do not match, or match with an empty group (first 20 listed,
-            with the count).
     """
     try:
         pattern = re.compile(regex)
@@ -325,29 +320,45 @@ def apply_group_regex(items: list[SourceItem], regex: str) -> list[SourceItem]:
         m = pattern.search(item.relpath)
         value = m.group(which) if m else None
         if not value:
-            unmatched.append(item.relpath)
+            unmatched.append(item)
             continue
         out.append(dataclasses.replace(item, group=value))
-    if unmatched:
-        raise SourceError(f"group regex {regex!r} gives no group for "
-                          f"{_listing(unmatched)} path(s)")
-    return out
+    return out, unmatched
 
 
-def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
-                         path_column: str = "path") -> list[SourceItem]:
-    """Set each item's group from ``column`` of a metadata CSV, joined on the NFC relpath.
+def unmatched_regex_error(regex: str, relpaths: list[str]) -> SourceError:
+    """The error for relpaths that ``regex`` gives no group (first 20 listed, with the count)."""
+    return SourceError(f"group regex {regex!r} gives no group for {_listing(relpaths)} path(s)")
 
-    The CSV's ``path_column`` holds paths relative to the source root (posix or Windows
-    separators, any Unicode form). Rows for files that are not items are fine.
+
+def apply_group_regex(items: list[SourceItem], regex: str) -> list[SourceItem]:
+    """Set each item's group from ``re.search(regex, relpath)``.
+
+    The group value is the named group ``group`` if the pattern has one, else the first capture
+    group; e.g. ``r"/(?P<group>[^/_]+)_\\d+\\.jpg$"`` groups ``a/subjA_0001.jpg`` as "subjA".
 
     Returns:
         new items (same order) with ``group`` set.
 
     Raises:
+        ConfigError: the pattern does not compile or has no capture group.
+        SourceError: relpaths that do not match, or match with an empty group (first 20 listed,
+            with the count).
+    """
+    out, unmatched = match_group_regex(items, regex)
+    if unmatched:
+        raise unmatched_regex_error(regex, [i.relpath for i in unmatched])
+    return out
+
+
+def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
+                         path_column: str = "path") -> tuple[list[SourceItem], list[SourceItem]]:
+    """Like :func:`apply_group_metadata`, but returns ``(grouped, lacking)`` instead of raising
+    for items without a row or with an empty group value.
+
+    Raises:
         ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
-        SourceError: the CSV cannot be read; one path has two different groups; items without a
-            row or with an empty group value (first 20 listed, with the count).
+        SourceError: the CSV cannot be read; one path has two different groups.
     """
     csv_s = os.path.abspath(os.fspath(csv_path))
     header, rows = _read_csv(csv_s)
@@ -369,10 +380,36 @@ def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
     for item in items:
         value = groups.get(item.relpath)
         if not value:
-            lacking.append(item.relpath)
+            lacking.append(item)
             continue
         out.append(dataclasses.replace(item, group=value))
+    return out, lacking
+
+
+def lacking_metadata_error(csv_path: str | os.PathLike, column: str,
+                           relpaths: list[str]) -> SourceError:
+    """The error for relpaths without a metadata row or group value (first 20 listed)."""
+    csv_s = os.path.abspath(os.fspath(csv_path))
+    return SourceError(f"metadata CSV {csv_s!r} has no row or an empty {column!r} for "
+                       f"{_listing(relpaths)} file(s)")
+
+
+def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
+                         path_column: str = "path") -> list[SourceItem]:
+    """Set each item's group from ``column`` of a metadata CSV, joined on the NFC relpath.
+
+    The CSV's ``path_column`` holds paths relative to the source root (posix or Windows
+    separators, any Unicode form). Rows for files that are not items are fine.
+
+    Returns:
+        new items (same order) with ``group`` set.
+
+    Raises:
+        ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
+        SourceError: the CSV cannot be read; one path has two different groups; items without a
+            row or with an empty group value (first 20 listed, with the count).
+    """
+    out, lacking = match_group_metadata(items, csv_path, column, path_column)
     if lacking:
-        raise SourceError(f"metadata CSV {csv_s!r} has no row or an empty {column!r} for "
-                          f"{_listing(lacking)} file(s)")
+        raise lacking_metadata_error(csv_path, column, [i.relpath for i in lacking])
     return out

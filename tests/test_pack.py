@@ -96,6 +96,9 @@ def test_sample_packed_in_every_format(packed_sample, sample_dir, fmt):
     assert sorted(man["splits"]) == ["test", "train", "val"]
     assert man["source"]["num_quarantined"] == 0
     assert man["source"]["num_ignored"] == 2  # LICENSE.txt and metadata.csv beside the classes
+    assert man["source"]["ignored"] == [
+        {"path": n, "reason": "file beside the class folders (not a sample)"}
+        for n in ("LICENSE.txt", "metadata.csv")]
     assert sum(man["splits"][s]["num_groups"] for s in man["splits"]) == 120
     with open(sample_dir / "metadata.csv", newline="") as f:
         expected = {r["group_flickr_user"] for r in csv.DictReader(f)}
@@ -449,3 +452,149 @@ def test_default_rollover_by_bytes(sample_dir, tmp_path, monkeypatch):
     for r in recs:
         per_shard[r["shard"]] += r["size"]
     assert len(per_shard) > 1 and max(per_shard.values()) <= 300_000
+
+
+# ------------------------------------------------------------------ new-user reports
+def copy_folder(dst: Path, files: dict[str, Path]) -> Path:
+    """ImageFolder at ``dst`` holding copies: {"class/name.jpg": source path}."""
+    for rel, src in files.items():
+        p = dst / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, p)
+    return dst
+
+
+def _strict_json_lines(path: Path) -> list[dict]:
+    """Lines of a JSONL file, insisting that the file is valid UTF-8."""
+    return [json.loads(line) for line in path.read_bytes().decode("utf-8").splitlines()]
+
+
+def test_non_utf8_file_names_are_packed_quarantined_ignored_and_printed(sample_dir, tmp_path,
+                                                                        capsys):
+    photos = {c: sorted((sample_dir / c).glob("*.jpg"))[:3] for c in ("daisy", "roses", "tulips")}
+    src = copy_folder(tmp_path / "src", {f"{c}/{p.name}": p for c in ("daisy", "roses")
+                                         for p in photos[c]})
+    daisy = os.fsencode(str(src / "daisy"))
+    latin1 = photos["tulips"][0].read_bytes()  # a real photo, bytes unlike any other file here
+    with open(os.path.join(daisy, b"caf\xe9_latin1.jpg"), "wb") as f:
+        f.write(latin1)
+    with open(os.path.join(daisy, b"r\xe9sum\xe9.txt"), "wb") as f:  # quarantined: not an image
+        f.write(b"some notes\n")
+    with open(os.path.join(daisy, b".caf\xe9"), "wb") as f:  # ignored: hidden
+        f.write(b"x")
+    out = tmp_path / "o"
+    summary = pack(src, out, format="wds", split={"train": 1.0}, progress=True)
+    printed = capsys.readouterr().out
+    assert summary.num_packed == 7 and summary.num_quarantined == 1 and summary.num_ignored == 1
+    man = check_packed(out, src, 8)
+    for name in ("manifest.json", "splits/train.jsonl", "quarantine.jsonl"):
+        (out / name).read_bytes().decode("utf-8")  # valid UTF-8 (raises otherwise)
+    json.loads((out / "manifest.json").read_bytes().decode("utf-8"))
+    recs = _strict_json_lines(out / "splits/train.jsonl")
+    by_name = {os.fsencode(r["path"]): r for r in recs}
+    rec = by_name[b"daisy/caf\xe9_latin1.jpg"]
+    assert rec["sha256"] == sha(latin1) and rec["label"] == man["classes"].index("daisy")
+    assert rec["key"].startswith("train_") and rec["key"].isascii() and "." not in rec["key"]
+    reader = formats.open_reader(out, man, "train", rec["shard"])
+    assert bytes(reader.read(rec["key"], rec["offset"], rec["size"])) == latin1
+    reader.close()
+    (q,) = _strict_json_lines(out / "quarantine.jsonl")
+    assert os.fsencode(q["path"]) == b"daisy/r\xe9sum\xe9.txt"
+    assert q["reason"].startswith("not an image") and q["sha256"] == sha(b"some notes\n")
+    (ign,) = man["source"]["ignored"]
+    assert os.fsencode(ign["path"]) == b"daisy/.caf\xe9" and ign["reason"] == "hidden entry (dot-name)"
+    assert "daisy/.caf\\udce9: hidden entry" in printed  # the summary shows the name escaped
+    assert "scanned 8 = packed 7 + quarantined 1" in printed
+
+
+def _group_tree(sample_dir: Path, root: Path) -> Path:
+    """daisy/roses with subjA..subjD_<n>.jpg photos, plus daisy/notes.txt."""
+    files = {}
+    for c, cls in enumerate(("daisy", "roses")):
+        for k, p in enumerate(sorted((sample_dir / cls).glob("*.jpg"))[:4]):
+            files[f"{cls}/subj{'ABCD'[k]}_{c}.jpg"] = p
+    src = copy_folder(root, files)
+    (src / "daisy" / "notes.txt").write_text("taken in May\n")
+    return src
+
+
+def test_non_image_without_group_is_quarantined_not_a_group_error(sample_dir, tmp_path):
+    src = _group_tree(sample_dir, tmp_path / "src")
+    summary = pack(src, tmp_path / "o", split={"train": 0.5, "val": 0.5}, group_by=r"/(subj\w)_",
+                   progress=False)
+    assert [(e["path"], e["reason"]) for e in quarantine(tmp_path / "o")] == [
+        ("daisy/notes.txt", "not an image (sniffed: unknown)")]
+    man = check_packed(tmp_path / "o", src, 9)
+    assert summary.num_packed == 8 and sorted(man["split"]["group_to_split"]) == [
+        "subjA", "subjB", "subjC", "subjD"]
+    # a real image the regex does not match is still an error that names it (and only it)
+    shutil.copyfile(sorted((sample_dir / "tulips").glob("*.jpg"))[0],
+                    src / "daisy" / "my photo with spaces.jpg")
+    with pytest.raises(SourceError, match=r"gives no group for 1: 'daisy/my photo with spaces.jpg'"
+                       r" path\(s\)$"):
+        pack(src, tmp_path / "o2", split={"train": 0.5, "val": 0.5}, group_by=r"/(subj\w)_",
+             progress=False)
+    assert not (tmp_path / "o2").exists()
+
+
+def test_non_image_without_metadata_row_is_quarantined_not_an_error(sample_dir, tmp_path):
+    src = _group_tree(sample_dir, tmp_path / "src")
+    meta = tmp_path / "meta.csv"
+    rows = [f"{p.relative_to(src).as_posix()},{p.stem.split('_')[0]}"
+            for p in sorted(src.glob("*/*.jpg"))]
+    meta.write_text("path,who\n" + "\n".join(rows) + "\n")
+    pack(src, tmp_path / "o", split={"train": 0.5, "val": 0.5}, metadata=meta, group_column="who",
+         workers=2, progress=False)
+    assert [(e["path"], e["reason"]) for e in quarantine(tmp_path / "o")] == [
+        ("daisy/notes.txt", "not an image (sniffed: unknown)")]
+    check_packed(tmp_path / "o", src, 9)
+    shutil.copyfile(sorted((sample_dir / "tulips").glob("*.jpg"))[0], src / "roses" / "extra.jpg")
+    with pytest.raises(SourceError, match=r"no row or an empty 'who' for 1: 'roses/extra.jpg' "):
+        pack(src, tmp_path / "o2", split={"train": 0.5, "val": 0.5}, metadata=meta,
+             group_column="who", progress=False)
+
+
+def test_ignored_entries_are_listed_in_the_manifest(sample_dir, tmp_path):
+    photos = sorted((sample_dir / "daisy").glob("*.jpg"))[:2] + \
+        sorted((sample_dir / "roses").glob("*.jpg"))[:2]
+    src = copy_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    (src / "daisy" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (src / "LICENSE").write_text("CC-BY\n")
+    (src / "__MACOSX" / "daisy").mkdir(parents=True)
+    (src / "__MACOSX" / "daisy" / "._x.jpg").write_bytes(b"\x00\x05\x16\x07")
+    (src / "empty").mkdir()
+    summary = pack(src, tmp_path / "o", split={"train": 1.0}, progress=False)
+    man = check_packed(tmp_path / "o", src, 4)
+    assert man["source"]["num_ignored"] == 4 == summary.num_ignored
+    assert {e["path"]: e["reason"] for e in man["source"]["ignored"]} == {
+        "LICENSE": "file beside the class folders (not a sample)",
+        "__MACOSX": "macOS archive metadata (__MACOSX)",
+        "daisy/.DS_Store": "hidden entry (dot-name)",
+        "empty": "empty class folder (no files)"}
+    assert "empty" not in man["classes"]
+
+
+def test_warns_about_a_class_without_samples_in_a_split(sample_dir, tmp_path):
+    photos = sorted((sample_dir / "daisy").glob("*.jpg"))[:3] + \
+        sorted((sample_dir / "roses").glob("*.jpg"))[:3]
+    src = copy_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    (tmp_path / "labels.yaml").write_text("classes: [daisy, dandelion, roses]\n")
+    summary = pack(src, tmp_path / "o", split={"train": 1.0}, labels=tmp_path / "labels.yaml",
+                   progress=False)
+    man = load_manifest(tmp_path / "o")
+    assert man["splits"]["train"]["class_counts"] == [3, 0, 3]
+    msg = "class 'dandelion' has no samples in split 'train'"
+    assert msg in summary.warnings and msg in man["split"]["warnings"]
+    assert f"  warning: {msg}" in summary.format_text()
+    assert not any("only one class" in w for w in summary.warnings)
+
+
+def test_warns_about_a_single_class(sample_dir, tmp_path):
+    photos = sorted((sample_dir / "daisy").glob("*.jpg"))[:4]
+    src = copy_folder(tmp_path / "src", {f"daisy/{p.name}": p for p in photos})
+    summary = pack(src, tmp_path / "o", split={"train": 1.0}, progress=False)
+    man = load_manifest(tmp_path / "o")
+    assert man["classes"] == ["daisy"]
+    (w,) = [w for w in summary.warnings if "class" in w and "group" not in w]
+    assert w.startswith("only one class: classification needs at least 2")
+    assert w in man["split"]["warnings"] and f"  warning: {w}" in summary.format_text()

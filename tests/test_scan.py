@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from shardkit.errors import ConfigError, SourceError
-from shardkit.scan import (SourceItem, apply_group_metadata, apply_group_regex, scan_csv,
-                           scan_folder)
+from shardkit.scan import (SourceItem, apply_group_metadata, apply_group_regex,
+                           match_group_metadata, match_group_regex, scan_csv, scan_folder)
 
 CAFE_NFC = unicodedata.normalize("NFC", "Café")
 CAFE_NFD = unicodedata.normalize("NFD", "Café")
@@ -236,3 +236,29 @@ def test_csv_windows_separators(tmp_path):
     assert [(i.path, i.relpath) for i in result.items] == [(str(tmp_path / "a/sub/1.jpg"),
                                                             "a/sub/1.jpg")]
     assert [i.relpath for i in result.missing] == ["a/sub/2.jpg"]
+
+
+def test_match_group_rules_return_what_gets_no_group(tmp_path):
+    items = _items("a/subjA_1.jpg", "a/notes.txt", "b/subjB_2.jpg")
+    grouped, unmatched = match_group_regex(items, r"/(subj\w)_")
+    assert [(i.relpath, i.group) for i in grouped] == [("a/subjA_1.jpg", "subjA"),
+                                                       ("b/subjB_2.jpg", "subjB")]
+    assert unmatched == [items[1]]
+    with pytest.raises(ConfigError, match="no capture group"):
+        match_group_regex(items, r"subj")
+    meta = tmp_path / "meta.csv"
+    meta.write_text("path,who\na/subjA_1.jpg,ann\nb/subjB_2.jpg,\n", encoding="utf-8")
+    grouped, lacking = match_group_metadata(items, meta, "who")
+    assert [(i.relpath, i.group) for i in grouped] == [("a/subjA_1.jpg", "ann")]
+    assert [i.relpath for i in lacking] == ["a/notes.txt", "b/subjB_2.jpg"]
+
+
+def test_non_utf8_file_name_round_trips_through_fsencode(tmp_path):
+    folder = tmp_path / "src" / "cat"
+    folder.mkdir(parents=True)
+    with open(os.path.join(os.fsencode(str(folder)), b"caf\xe9_latin1.jpg"), "wb") as f:
+        f.write(b"x")
+    (item,) = scan_folder(tmp_path / "src").items
+    assert os.fsencode(item.relpath) == b"cat/caf\xe9_latin1.jpg"
+    with open(item.path, "rb") as f:
+        assert f.read() == b"x"
