@@ -244,6 +244,57 @@ def _run_config(data, out, **overrides) -> TrainConfig:
     return load_config("cpu-smoke", data=str(data), out=str(out), **overrides)
 
 
+def test_warmup_steps_zero_means_none_and_unset_default_is_clamped():
+    """--warmup-steps 0 is "no warmup" (it was read as unset); the unset default (1 epoch) is cut
+    to 10% of a schedule it would fill, with a note; an explicit too-long warmup is an error
+    naming both step counts."""
+    from shardkit.train.optim import resolve_warmup, schedule_steps
+
+    one_epoch = load_config("default", epochs=1, warmup_steps=0)
+    assert one_epoch.warmup_steps == 0
+    assert schedule_steps(one_epoch, 3) == (3, 0)
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, one_epoch)
+    build_scheduler(opt, one_epoch, steps_per_epoch=3)
+    assert opt.param_groups[0]["lr"] == pytest.approx(one_epoch.lr)   # no warmup: peak LR at once
+
+    plain = load_config("default", epochs=1)                  # `shardkit train --epochs 1`
+    assert plain.warmup_steps is None and plain.warmup_epochs is None
+    assert schedule_steps(plain, 3) == (3, 0)
+    warmup, note = resolve_warmup(plain, 40)
+    assert warmup == 4 and "default 1 epoch (40 steps)" in note and "using 4 steps" in note
+    assert resolve_warmup(load_config("default"), 40) == (40, None)   # 30 epochs: 1 epoch fits
+
+    with pytest.raises(ConfigError, match=r"warmup_steps=3: warmup of 3 steps is not shorter "
+                                          r"than the schedule of 3 steps"):
+        schedule_steps(one_epoch.replace(warmup_steps=3), 3)
+    with pytest.raises(ConfigError, match=r"warmup_epochs=1: warmup of 3 steps .* 3 steps"):
+        schedule_steps(plain.replace(warmup_epochs=1.0), 3)
+    assert schedule_steps(plain.replace(warmup_epochs=0.5, epochs=2), 10) == (20, 5)
+    with pytest.raises(ConfigError, match="warmup_steps=-1"):
+        TrainConfig(warmup_steps=-1)
+
+
+def test_resolve_splits_train_required_val_optional(capsys):
+    from shardkit.train.engine import resolve_splits
+
+    splits = {"train": {}, "test": {}}
+    config = TrainConfig(data="/d")
+    assert resolve_splits(config, splits) == (None, "test")
+    err = capsys.readouterr().err
+    assert err.count("no validation") == 1 and "splits: ['test', 'train']" in err
+    assert resolve_splits(config, {"train": {}, "val": {}, "test": {}}, False) == ("val", "test")
+    assert resolve_splits(config.replace(val_split="test", test_split="test"), splits,
+                          False) == ("test", "test")
+    with pytest.raises(ConfigError, match=r"--train-split 'train': no such split .*"
+                                          r"\['held', 'val'\]"):
+        resolve_splits(config, {"held": {}, "val": {}})
+    with pytest.raises(ConfigError, match=r"--val-split 'dev': no such split .*'test', 'train'"):
+        resolve_splits(config.replace(val_split="dev"), splits)
+    with pytest.raises(ConfigError, match=r"--test-split 'holdout'"):
+        resolve_splits(config.replace(test_split="holdout"), splits)
+
+
 def _support(result: dict) -> int:
     return sum(c["support"] for c in result["per_class"].values())
 
@@ -432,6 +483,47 @@ def test_torchrun_two_process_gloo_merges_one_evaluation(packed_sample, tmp_path
         assert [result["per_class"][c]["support"] for c in manifest["classes"]] == \
             manifest["splits"][split]["class_counts"]
     assert json.loads((run / "eval" / "val_epoch000.json").read_text())["num_samples"] == 30
+    assert proc.stdout.count('"stopped"') == 1, proc.stdout     # summary printed by rank 0 only
+    assert json.loads(proc.stdout[proc.stdout.index("{"):])["step"] == 4
+
+
+def _cli(*args, cwd=ROOT) -> subprocess.CompletedProcess:
+    """``python -m shardkit.cli ARGS`` in a real process (its real exit code)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "shardkit.cli", *map(str, args)], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_cli_without_val_split_trains_and_split_errors_exit_nonzero(sample_dir, tmp_path):
+    """A dataset packed with train/test only: `train` runs without validation (one note), the
+    test split scores the last weights; a missing train split (or a named val split that is not
+    there) exits non-zero naming the dataset's splits."""
+    from shardkit.pack import pack
+
+    data = tmp_path / "tt"
+    pack(sample_dir, data, format="wds", split={"train": 0.8, "test": 0.2}, seed=0,
+         shard_samples=64, workers=1, progress=False)
+    common = ["--config", "cpu-smoke", "--model", "test_resnet", "--image-size", "32"]
+    run = tmp_path / "run"
+    ok = _cli("train", "--data", data, "--out", run, *common, "--max-steps", "2",
+              "--epochs", "1", "--warmup-steps", "0")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stderr.count("no validation") == 1 and "splits: ['test', 'train']" in ok.stderr
+    summary = json.loads(ok.stdout[ok.stdout.index("{"):])
+    assert summary["step"] == 2 and summary["best"] is None and "test" in summary
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert all("val" not in h for h in metrics["history"])
+    assert metrics["test"]["num_samples"] == json.loads(
+        (data / "manifest.json").read_text())["splits"]["test"]["num_samples"]
+    assert (run / "eval" / "test_last.json").is_file()
+    assert not (run / "checkpoints" / "best.pt").exists()
+
+    for flags, needle in ((["--train-split", "training"], "--train-split 'training'"),
+                          (["--val-split", "val"], "--val-split 'val'")):
+        bad = _cli("train", "--data", data, "--out", tmp_path / "bad", *common, *flags)
+        assert bad.returncode != 0, bad.stdout + bad.stderr
+        assert needle in bad.stderr and "splits: ['test', 'train']" in bad.stderr
+        assert "Traceback" not in bad.stderr and bad.stdout == ""
 
 
 def test_options_run_focal_balanced_bf16_sgd_clip_dataset_stats(packed_sample, tmp_path):

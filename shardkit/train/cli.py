@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -35,7 +36,10 @@ def _choice(name: str) -> click.Choice:
 @click.option("--opt", type=_choice("opt"))
 @click.option("--weight-decay", type=float, help="On weights only (not norms or biases).")
 @click.option("--warmup-epochs", type=float, help="Linear warmup length in epochs.")
-@click.option("--warmup-steps", type=int, help="Linear warmup length in steps (wins).")
+@click.option("--warmup-steps", type=int,
+              help="Linear warmup length in steps (wins over --warmup-epochs; 0: no warmup). "
+                   "Neither set: 1 epoch, cut to 10% of a schedule it would fill (with a note); "
+                   "an explicit warmup not shorter than the schedule is an error.")
 @click.option("--label-smoothing", type=float)
 @click.option("--clip-grad", type=float, help="Max global gradient L2 norm.")
 @click.option("--loss", type=_choice("loss"))
@@ -47,7 +51,8 @@ def _choice(name: str) -> click.Choice:
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--channels-last/--no-channels-last", default=None)
 @click.option("--patience", type=int,
-              help="Early stop after N evaluations without improvement (0: off).")
+              help="Early stop after N evaluations without improvement (0: off; ignored, with a "
+                   "note, when there is no val split).")
 @click.option("--monitor", type=_choice("monitor"))
 @click.option("--mean-std", type=_choice("mean_std"),
               help="dataset: the train split's stats from `shardkit stats`.")
@@ -61,11 +66,19 @@ def _choice(name: str) -> click.Choice:
 @click.option("--resume", type=click.Path(exists=True),
               help="Checkpoint file or run folder (continues step count and LR schedule).")
 @click.option("--progress/--no-progress", default=None, help="tqdm bar per epoch.")
+@click.option("--train-split", help="Split to train on (default: train); must exist.")
+@click.option("--val-split",
+              help="Split evaluated every --eval-every epochs for early stopping and best.pt. "
+                   "Default: 'val' if the dataset has it, else no validation: all epochs run, "
+                   "no early stopping, no best.pt, the test split scores the last weights.")
+@click.option("--test-split",
+              help="Split scored once at the end with best.pt (default: 'test' if present).")
 def train_command(config_name, compile_, **flags):
     """Train a timm classifier (hrnet_w18_small by default) from shards packed by `shardkit pack`.
 
     Writes RUN/config.yaml, RUN/metrics.json, RUN/checkpoints/{last,best}.pt, RUN/eval/*.json|png
-    and TensorBoard scalars in RUN/tb/.
+    and TensorBoard scalars in RUN/tb/, then prints a JSON summary (once, from rank 0 under
+    torchrun). Any error exits with a non-zero code (1; 2 for unusable flags).
     """
     from ..errors import ShardkitError
     from .config import load_config
@@ -77,6 +90,8 @@ def train_command(config_name, compile_, **flags):
         metrics = train(config)
     except ShardkitError as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun: every rank returns the same metrics
+        return
     summary = {"step": metrics["step"], "stopped": metrics["stopped"], "best": metrics["best"]}
     if "test" in metrics:
         summary["test"] = {k: metrics["test"].get(k) for k in ("top1", "top5", "macro_f1", "loss")

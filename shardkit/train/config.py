@@ -17,10 +17,13 @@ import yaml
 
 from ..errors import ConfigError
 
-__all__ = ["TrainConfig", "CONFIG_DIR", "CHOICES", "load_config", "resolve_config_path",
+__all__ = ["TrainConfig", "CONFIG_DIR", "DEFAULT_WARMUP_EPOCHS", "DEFAULT_WARMUP_MAX_FRACTION", "CHOICES", "load_config", "resolve_config_path",
            "save_config", "SCHEDULE_FIELDS"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
+
+DEFAULT_WARMUP_EPOCHS = 1.0       # warmup when neither warmup_epochs nor warmup_steps is set
+DEFAULT_WARMUP_MAX_FRACTION = 0.1  # ... cut to at most this fraction of a schedule it would fill
 
 CHOICES = {
     "opt": ("sgd", "adamw"),
@@ -61,8 +64,11 @@ class TrainConfig:
     opt: str = "sgd"                      # sgd (Nesterov momentum) | adamw
     momentum: float = 0.9                 # SGD momentum
     weight_decay: float = 5e-5            # applied to weights only, never to norm layers or biases
-    warmup_epochs: float = 0.0            # linear warmup length in epochs (ignored if warmup_steps)
-    warmup_steps: int = 0                 # linear warmup length in steps (wins over warmup_epochs)
+    warmup_epochs: float | None = None    # linear warmup in epochs (ignored if warmup_steps set)
+    warmup_steps: int | None = None       # linear warmup in steps (wins; 0 = no warmup)
+    # both None: the default warmup of DEFAULT_WARMUP_EPOCHS, cut to at most
+    # DEFAULT_WARMUP_MAX_FRACTION of the schedule when it would not be shorter (with a note);
+    # an explicit value that is not shorter than the schedule is a ConfigError instead.
     min_lr: float = 0.0                   # cosine floor
     label_smoothing: float = 0.1          # 0 <= x < 1
     clip_grad: float | None = None        # max global L2 norm of gradients
@@ -83,9 +89,9 @@ class TrainConfig:
     overfit_batches: int = 0              # >0: train on N fixed eval-transform batches, repeatedly
     eval_every: int = 1                   # evaluate val every N epochs (and always at the end)
     checkpoint_every: int = 1             # write last.pt every N epochs (and at the end)
-    train_split: str = "train"
-    val_split: str = "val"
-    test_split: str = "test"
+    train_split: str = "train"            # must exist in the dataset
+    val_split: str | None = None          # None: "val" if the dataset has it, else no validation
+    test_split: str | None = None         # None: "test" if the dataset has it, else no test
     resume: str | None = None             # checkpoint file, or a run folder (its last.pt)
     progress: bool = True                 # tqdm bar per epoch on rank 0
 
@@ -103,17 +109,29 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r}: expected an integer >= 1")
-        non_negative = ("warmup_steps", "num_workers", "overfit_batches", "seed")
+        non_negative = ("num_workers", "overfit_batches", "seed")
         for name in non_negative:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name}={value!r}: expected an integer >= 0")
+        if self.warmup_steps is not None and (not isinstance(self.warmup_steps, int)
+                                              or isinstance(self.warmup_steps, bool)
+                                              or self.warmup_steps < 0):
+            raise ConfigError(f"warmup_steps={self.warmup_steps!r}: expected an integer >= 0 "
+                              "or null")
+        for name in ("train_split", "val_split", "test_split"):
+            value = getattr(self, name)
+            if not (value is None and name != "train_split") and not (
+                    isinstance(value, str) and value):
+                raise ConfigError(f"{name}={value!r}: expected a split name")
         for name in ("max_steps", "patience", "samples_per_epoch"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}={value!r}: expected an integer >= 1 or null")
         for name in ("lr", "momentum", "weight_decay", "warmup_epochs", "min_lr", "focal_gamma"):
             value = getattr(self, name)
+            if value is None and name == "warmup_epochs":
+                continue
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name}={value!r}: expected a finite number >= 0")
         if self.lr <= 0:

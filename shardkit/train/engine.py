@@ -32,9 +32,9 @@ from .data import (eval_loader, fixed_batches, make_normalizer, resolve_mean_std
 from .dist import all_gather_varlen, barrier, resolve_amp, setup_distributed, teardown_distributed
 from .metrics import EarlyStopping, classification_metrics, save_eval
 from .model import build_model, check_labels, load_pretrained, probe_model, unwrap
-from .optim import build_loss, build_optimizer, build_scheduler
+from .optim import build_loss, build_optimizer, build_scheduler, resolve_warmup
 
-__all__ = ["train", "Trainer", "EvalCountError", "TrainingDivergedError"]
+__all__ = ["train", "Trainer", "resolve_splits", "EvalCountError", "TrainingDivergedError"]
 
 
 class EvalCountError(LoaderError):
@@ -62,6 +62,39 @@ def train(config: TrainConfig) -> dict:
         return Trainer(config, info, device).run()
     finally:
         teardown_distributed()
+
+
+def resolve_splits(config: TrainConfig, splits: dict,
+                   note: bool = True) -> tuple[str | None, str | None]:
+    """``(val_split, test_split)`` of this run, each ``None`` when there is none.
+
+    The train split must exist. An explicitly named val/test split must exist too; unset ones
+    default to ``"val"`` / ``"test"`` when the dataset has them. Without a val split the run
+    trains every epoch without validation: no early stopping (``patience`` is ignored), no
+    ``best.pt``, and the test split (if any) scores the last weights; ``note`` prints that once.
+
+    Raises:
+        ConfigError: the train split, or an explicitly named val/test split, is not in the
+            dataset (the message lists the dataset's splits).
+    """
+    names = sorted(splits)
+    for flag, split in (("--train-split", config.train_split), ("--val-split", config.val_split),
+                        ("--test-split", config.test_split)):
+        if split is not None and split not in splits:
+            raise ConfigError(f"{flag} {split!r}: no such split in {config.data} (splits: "
+                              f"{names}); name one of them with {flag}")
+    val = config.val_split or ("val" if "val" in splits else None)
+    test = config.test_split or ("test" if "test" in splits else None)
+    if val is not None and val == config.train_split:
+        raise ConfigError(f"--val-split {val!r} is also the train split; name another split "
+                          f"(splits: {names})")
+    if val is None and note:
+        print(f"no validation: {config.data} has no 'val' split (splits: {names}) and "
+              "--val-split is not set; training all epochs without per-epoch validation, "
+              + ("patience ignored, " if config.patience else "")
+              + "no best.pt, " + (f"test split {test!r} scored with the last weights"
+                                  if test else "no test split"), file=sys.stderr)
+    return val, test
 
 
 def _sync(device: torch.device) -> None:
@@ -93,11 +126,8 @@ class Trainer:
         self.classes = list(self.manifest["classes"])
         self.num_classes = len(self.classes)
         splits = self.manifest["splits"]
-        for split in (config.train_split, config.val_split):
-            if split not in splits:
-                raise ConfigError(f"split {split!r} is not in {config.data} (splits: "
-                                  f"{sorted(splits)})")
-        self.eval_splits = [s for s in (config.val_split, config.test_split) if s in splits]
+        self.val_split, self.test_split = resolve_splits(config, splits, info.is_main)
+        self.eval_splits = [s for s in (self.val_split, self.test_split) if s is not None]
         random.seed(config.seed)
         np.random.seed(config.seed)
         torch.manual_seed(config.seed)
@@ -125,6 +155,9 @@ class Trainer:
                                     self.classes).to(device)
         self.optimizer = build_optimizer(unwrap(self.model), config)
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
+        _, warmup_note = resolve_warmup(config, self.steps_per_epoch)
+        if warmup_note and info.is_main:
+            print(warmup_note, file=sys.stderr)
         self.scaler = torch.amp.GradScaler(device.type,
                                            enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.epoch_done, self.epoch_batches = 0, 0, False, 0
@@ -204,8 +237,9 @@ class Trainer:
             entry = {"epoch": epoch, "step": self.step, "partial": cut and not self.epoch_done,
                      "train": train_stats}
             last_epoch = epoch == config.epochs - 1 or cut
-            if (epoch + 1) % config.eval_every == 0 or last_epoch:
-                entry["val"] = self.evaluate(config.val_split, f"epoch{epoch:03d}")
+            if self.val_split is not None and ((epoch + 1) % config.eval_every == 0
+                                               or last_epoch):
+                entry["val"] = self.evaluate(self.val_split, f"epoch{epoch:03d}")
                 self.history.append(entry)
                 self.track_best(entry)
             else:
@@ -373,12 +407,12 @@ class Trainer:
     def final_test(self, stopped: str) -> dict:
         """Evaluates the best checkpoint on the test split (when there is one); writes metrics."""
         test = None
-        if self.config.test_split in self.eval_loaders:
+        if self.test_split is not None:
             barrier()
             best = self.out / "checkpoints" / "best.pt"
-            if best.exists():
+            if best.exists():  # no val split: no best.pt, the test scores the last weights
                 self.plain.load_state_dict(load_checkpoint(best)["model"])
-            test = self.evaluate(self.config.test_split, "best")
+            test = self.evaluate(self.test_split, "best" if best.exists() else "last")
         return self.write_metrics(stopped, test)
 
     # ----------------------------------------------------------------- outputs

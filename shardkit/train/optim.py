@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .config import TrainConfig
+from .config import DEFAULT_WARMUP_EPOCHS, DEFAULT_WARMUP_MAX_FRACTION, TrainConfig
 from .model import param_groups
 
-__all__ = ["build_optimizer", "build_scheduler", "schedule_steps", "class_weights", "FocalLoss",
+__all__ = ["build_optimizer", "build_scheduler", "schedule_steps", "resolve_warmup", "class_weights", "FocalLoss",
            "build_loss"]
 
 WARMUP_START_FACTOR = 1e-3  # warmup starts at lr * 1e-3 (timm's warmup_lr default is 1e-5 of 0.01)
@@ -35,24 +35,56 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     return torch.optim.AdamW(groups, lr=config.lr)
 
 
+def resolve_warmup(config: TrainConfig, steps_per_epoch: int) -> tuple[int, str | None]:
+    """``(warmup_steps, note)`` for a schedule of ``config.epochs * steps_per_epoch`` steps.
+
+    ``warmup_steps`` wins when set (0 = no warmup), else ``warmup_epochs`` when set; both are the
+    user's choice and must be shorter than the schedule. With neither set the default warmup of
+    ``DEFAULT_WARMUP_EPOCHS`` applies; when it would not be shorter than the schedule (a 1-epoch
+    run) it is cut to ``DEFAULT_WARMUP_MAX_FRACTION`` of the schedule and ``note`` says so.
+
+    Raises:
+        ConfigError: an explicit warmup not shorter than the schedule (names both step counts).
+    """
+    total = config.epochs * steps_per_epoch
+    if config.warmup_steps is not None:
+        warmup, source = config.warmup_steps, f"warmup_steps={config.warmup_steps}"
+    elif config.warmup_epochs is not None:
+        warmup = round(config.warmup_epochs * steps_per_epoch)
+        source = f"warmup_epochs={config.warmup_epochs:g}"
+    else:
+        warmup = round(DEFAULT_WARMUP_EPOCHS * steps_per_epoch)
+        if warmup < total:
+            return warmup, None
+        clamped = int(total * DEFAULT_WARMUP_MAX_FRACTION)
+        return clamped, (f"warmup: the default {DEFAULT_WARMUP_EPOCHS:g} epoch ({warmup} steps) "
+                         f"is not shorter than the schedule of {total} steps ({config.epochs} "
+                         f"epochs x {steps_per_epoch} steps); using {clamped} steps "
+                         f"({DEFAULT_WARMUP_MAX_FRACTION:.0%}). Set --warmup-steps or "
+                         "--warmup-epochs to choose.")
+    if warmup >= total:
+        raise ConfigError(f"{source}: warmup of {warmup} steps is not shorter than the schedule "
+                          f"of {total} steps ({config.epochs} epochs x {steps_per_epoch} steps); "
+                          "lower it (--warmup-steps 0: no warmup) or raise --epochs")
+    return warmup, None
+
+
 def schedule_steps(config: TrainConfig, steps_per_epoch: int) -> tuple[int, int]:
-    """``(total_steps, warmup_steps)`` of the LR schedule: ``epochs * steps_per_epoch`` in all.
+    """``(total_steps, warmup_steps)`` of the LR schedule: ``epochs * steps_per_epoch`` in all
+    (warmup from :func:`resolve_warmup`).
 
     ``max_steps`` does not change the schedule; it only cuts the run short, so a cut run and its
     resumption follow the same curve as an uninterrupted run.
 
     Raises:
-        ConfigError: the epoch is empty or the warmup is not shorter than the whole schedule.
+        ConfigError: the epoch is empty or an explicit warmup is not shorter than the schedule.
     """
     if steps_per_epoch < 1:
         raise ConfigError(f"the train loader yields {steps_per_epoch} batches per epoch; expected "
                           ">= 1 (is the train split smaller than one batch? the last short batch "
                           "is dropped)")
     total = config.epochs * steps_per_epoch
-    warmup = config.warmup_steps or round(config.warmup_epochs * steps_per_epoch)
-    if warmup >= total:
-        raise ConfigError(f"warmup of {warmup} steps is not shorter than the schedule of {total} "
-                          f"steps ({config.epochs} epochs x {steps_per_epoch} steps)")
+    warmup, _ = resolve_warmup(config, steps_per_epoch)
     return total, warmup
 
 
