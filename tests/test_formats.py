@@ -185,13 +185,28 @@ def test_lmdb_reads_from_read_only_copy(sample_dir, tmp_path):
             p.chmod(0o755)
 
 
-def test_hdf5_layout_is_vlen_uint8_with_nul_bytes(sample_dir, tmp_path):
-    """Case 11: JPEG bytes contain 0x00; stored as vlen uint8 (not strings, not pickles)."""
+def test_hdf5_layout_is_a_uint8_blob_with_offsets_and_nul_bytes(sample_dir, tmp_path):
+    """Case 11: JPEG bytes contain 0x00; stored as one contiguous uint8 blob plus int64 offsets
+    (not strings, not pickles), and plain h5py slicing gives each sample back."""
     files = _jpegs(sample_dir, 3)
     assert all(b"\x00" in p.read_bytes() for p in files)
     records = _write(tmp_path / "out", "hdf5", files)
     with h5py.File(tmp_path / "out" / "shards" / "train-000000.h5", "r") as f:
-        assert h5py.check_vlen_dtype(f["images"].dtype) == np.dtype("uint8")
+        assert f.attrs["shardkit_layout"] == 2
+        images, offsets = f["images"], f["offsets"][:]
+        assert images.dtype == np.uint8 and images.ndim == 1 and images.chunks is None
+        assert offsets.dtype == np.int64
+        assert list(np.diff(offsets)) == [p.stat().st_size for p in files]
         assert f["labels"].dtype == np.int64 and list(f["labels"][:]) == [0, 1, 2]
         assert [k.decode() for k in f["keys"][:]] == [r["key"] for r in records]
-        assert f["images"][1].tobytes() == files[1].read_bytes()
+        assert images[offsets[1]:offsets[2]].tobytes() == files[1].read_bytes()
+        assert all(f[name].dtype.kind != "O" for name in f)  # no object (pickle/vlen) data
+
+
+def test_hdf5_reader_names_a_mismatched_row(sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 3)
+    records = _write(tmp_path / "out", "hdf5", files)
+    reader = open_reader(tmp_path / "out", load_manifest(tmp_path / "out"), "train", 0)
+    with pytest.raises(ShardCorruptError, match=r"train-000000.h5: row 1 holds b'train_00000001', "
+                                                r"expected sample 'train_00000002'"):
+        reader.read("train_00000002", 1, records[1]["size"])

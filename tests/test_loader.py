@@ -255,8 +255,9 @@ def test_skip_policy_counts_and_default_raises_naming_shard_and_key(sample_dir, 
     import h5py
 
     with h5py.File(tmp_path / "shards/train-000000.h5", "r+") as f:
-        size = len(f["images"][2])  # same size, so the shard check passes and decoding fails
-        f["images"][2] = np.frombuffer(b"\xff\xd8\xff\xe0" + b"\x00" * (size - 4), np.uint8)
+        start, stop = f["offsets"][2:4]  # same size, so the shard check passes and decoding fails
+        f["images"][start:stop] = np.frombuffer(b"\xff\xd8\xff\xe0" + b"\x00" * (stop - start - 4),
+                                                np.uint8)
     with pytest.raises(DecodeError, match=r"train-000000\.h5.*'train_00000002'"):
         list(make_loader(tmp_path, "train", 4, num_workers=0, image_size=S, shuffle=False))
     loader = make_loader(tmp_path, "train", 4, num_workers=0, image_size=S, shuffle=False,
