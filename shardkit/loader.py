@@ -28,6 +28,11 @@ so it does not depend on ``num_workers`` or the backend, and is reproducible.
 from __future__ import annotations
 
 import multiprocessing
+import pickle
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterator
 
 import numpy as np
@@ -93,10 +98,11 @@ class BatchDataset(_Planned, IterableDataset):
             pos = int(positions[i])
             try:
                 data = src.read(pos)
-                rng = sample_rng(self.seed, self.epoch, self.rank, sl.start + i)
-                out = self.transform(data, rng, out=rows[i])
-                if out is not None and not np.shares_memory(out, rows[i]):
-                    rows[i] = out
+                rng = sample_rng(self.seed, plan.epoch, plan.rank, sl.start + i)
+                row = rows[i]
+                out = self.transform(data, rng, out=row)
+                if out is not None and out is not row:  # the factory's transforms fill `row`
+                    row[...] = out
             except (ShardkitError, OSError, ValueError, RuntimeError) as e:
                 skipped.append(src.handle_error(e, pos))
                 keep[i] = False
@@ -268,9 +274,6 @@ class _ThreadBackend:
         raise TypeError("a thread-backend ShardLoader cannot be pickled; build one per process")
 
     def _thread_dataset(self, dataset: BatchDataset) -> BatchDataset:
-        import pickle
-        import threading
-
         if self._local is None:
             self._local = threading.local()
         local = self._local
@@ -279,15 +282,10 @@ class _ThreadBackend:
         return local.copy
 
     def _build(self, dataset: BatchDataset, plan, b: int):
-        copy = self._thread_dataset(dataset)
-        copy.epoch = dataset.epoch  # the augmentation RNG reads it; the plan comes from the caller
-        return copy._build(plan, b, pin=self.pin_memory)
+        return self._thread_dataset(dataset)._build(plan, b, pin=self.pin_memory)
 
     def batches(self, dataset: BatchDataset, start: int, describe: Callable[[], str]):
         """Yields ``dataset``'s batches ``start, start + 1, ...`` of the current epoch in order."""
-        from collections import deque
-        from concurrent.futures import ThreadPoolExecutor
-
         dataset._sync_state()
         plan = dataset.plan()
         todo = iter(plan.worker_batches(0, 1, start))
@@ -298,7 +296,7 @@ class _ThreadBackend:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardkit")
         pending: deque = deque()
-        depth = self.num_workers * max(1, self.prefetch_factor or 1)
+        depth = self.num_workers * self.prefetch_factor
         try:
             for b in todo:
                 pending.append(self._pool.submit(self._build, dataset, plan, int(b)))
@@ -311,8 +309,6 @@ class _ThreadBackend:
                 f.cancel()
 
     def _result(self, future, describe):
-        from concurrent.futures import TimeoutError as FutureTimeout
-
         try:
             return future.result(timeout=self.timeout)
         except FutureTimeout:
