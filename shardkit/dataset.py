@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from .errors import ConfigError, DecodeError, LoaderError, ShardkitError
 from .formats import open_reader
 from .manifest import is_url, load_index, load_manifest
-from .sharding import EpochPlan, plan_epoch, sample_rng
+from .sharding import EpochPlan, plan_epoch, rank_count, sample_rng
 
 __all__ = ["ShardDataset", "MapShardDataset", "dist_rank_world", "ON_ERROR", "EVAL_SPLITS"]
 
@@ -177,6 +177,12 @@ class _Planned:
         self.set_streams(streams)
         self.plan(0)  # validates every option now, in the constructor, not in a worker
 
+    def rank_samples(self) -> int:
+        """Samples (pad repeats included) this rank reads per epoch, from manifest counts alone."""
+        total = len(self._source) if self.mode == "exact" or self.samples_per_epoch is None \
+            else self.samples_per_epoch
+        return rank_count(total, self.rank, self.world_size, self.even)
+
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's :class:`~shardkit.sharding.EpochPlan` for ``epoch`` (default: current)."""
         idx = self._source.index
@@ -262,7 +268,7 @@ class ShardDataset(_Planned, IterableDataset):
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all workers together)."""
-        return len(self.plan().positions)
+        return self.rank_samples()
 
     def _sample(self, pos: int, rank_pos: int, valid: bool) -> dict:
         src = self._source

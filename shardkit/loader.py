@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .dataset import EVAL_SPLITS, _Planned, _Source, worker_id_count
 from .errors import ConfigError, LoaderError, ShardkitError
-from .sharding import num_batches, rank_count, sample_rng
+from .sharding import num_batches, sample_rng
 
 __all__ = ["make_loader", "ShardLoader", "DeviceNormalizer", "BatchDataset",
            "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -73,10 +73,7 @@ class BatchDataset(_Planned, IterableDataset):
                         streams=streams)
 
     def __len__(self) -> int:
-        total = len(self._source) if self.mode == "exact" or self.samples_per_epoch is None \
-            else self.samples_per_epoch
-        return num_batches(rank_count(total, self.rank, self.world_size, self.even),
-                           self.batch_size, self.drop_last)
+        return num_batches(self.rank_samples(), self.batch_size, self.drop_last)
 
     def __iter__(self):
         start = self._sync_state()
