@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import multiprocessing
 import shutil
 import zlib
@@ -132,17 +131,6 @@ def _printable(text: str) -> str:
     """``text`` with lone surrogates (from file names that are not valid UTF-8) written as
     ``\\udcXX`` escapes, so printing it never raises UnicodeEncodeError."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _json_line(obj: dict) -> bytes:
-    """One JSON line as UTF-8 bytes. A lone surrogate (a file name that is not valid UTF-8, read
-    with Python's surrogateescape) cannot be encoded as UTF-8: that line is written with
-    ``ensure_ascii=True`` instead, which keeps it as a ``\\udcXX`` escape; ``json.loads`` gives the
-    same str back, and ``os.fsencode`` of it the original bytes."""
-    try:
-        return (json.dumps(obj, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
-    except UnicodeEncodeError:
-        return (json.dumps(obj, ensure_ascii=True, sort_keys=True) + "\n").encode("ascii")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -459,7 +447,7 @@ def pack(src, out, *, format: str = "wds", split: Mapping[str, float] | str | No
         warnings.append("no group rule (--group-by or --metadata/--group-column): every file is its "
                         "own group, so near-duplicates (same subject, burst shots) can leak across splits")
     cleaned = _prepare_out(out, overwrite)  # nothing in OUT is touched before this point
-    manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, b"".join(_json_line(q) for q in quarantine))
+    manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, b"".join(manifest_mod.json_bytes(q, sort_keys=True) + b"\n" for q in quarantine))
 
     if writer_options is None:
         writer_options = {"wds_cls": True} if (format == "wds" and wds_cls) else {}
