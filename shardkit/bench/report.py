@@ -265,9 +265,7 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:
     """Writes ``payload`` (plus ``schema_version``) as indented JSON via a temp file + rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2,
-                              default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    from shardkit.manifest import atomic_write_bytes
+
+    text = json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str)
+    atomic_write_bytes(path, (text + "\n").encode("utf-8"))
