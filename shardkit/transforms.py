@@ -43,8 +43,13 @@ from shardkit.errors import ConfigError
 __all__ = [
     "TransformConfig", "CropParams", "SampleTransform", "make_transform", "sample_crop_params",
     "eval_crop_box", "torchvision_reference", "TorchvisionReference", "normalize_on_device",
-    "TransformInputError",
+    "TransformInputError", "IMAGENET_MEAN", "IMAGENET_STD",
 ]
+
+#: ImageNet per-channel RGB mean and std in 0..1 units: THE constants of shardkit (timm's
+#: ``timm.data.constants.IMAGENET_DEFAULT_MEAN/STD``, the same values torchvision documents).
+IMAGENET_MEAN: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_MEAN)
+IMAGENET_STD: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_STD)
 
 _FILTER_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "nearest": 0.5}  # Pillow Resample.c
 
@@ -73,8 +78,8 @@ class TransformConfig:
     hflip: float = 0.5
     crop_pct: float = 0.875
     interpolation: str = "bilinear"
-    mean: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_MEAN)
-    std: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_STD)
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
     decoder: str = "auto"
     dct_scaling: bool = True
     fast_dct: bool = False
