@@ -2,31 +2,33 @@
 
 Layout (schema version 1; the full schema is in ``docs/DESIGN.md``)::
 
-    OUT/manifest.json              written last and atomically; its presence means "dataset complete"
+    OUT/manifest.json              written last, atomically; its presence means "dataset complete"
     OUT/splits/<split>.jsonl       one JSON object per packed sample (human- and tool-readable)
     OUT/splits/<split>.index.npz   the same as numpy arrays, what readers load (:class:`SplitIndex`)
 
 Readers take class names, counts and sample locations from here only, never by opening a shard
-in the parent process (field cases 8 and 10). ``root`` may be a local folder or an fsspec URL
-(``http://``, ``https://``, ``s3://``) for tar shards.
+in the parent process (field cases 8 and 10). ``root`` may be a local folder, a ``file://`` URL
+of one (any format; :func:`local_path`), or a remote fsspec URL (``http://``, ``https://``,
+``s3://``; tar shards only). :func:`is_url` is the one test of "remote URL or local".
 """
 from __future__ import annotations
 
 import io
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
 from .errors import ManifestError
+from .fsio import atomic_write_bytes  # re-exported: the one atomic writer lives in shardkit.fsio
 
 __all__ = [
-    "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "is_url", "join", "load_manifest",
-    "write_manifest", "write_split_files", "load_index", "read_split_records", "atomic_write_bytes",
-    "json_bytes",
+    "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "is_url", "local_path", "join",
+    "load_manifest", "write_manifest", "write_split_files", "load_index", "read_split_records",
+    "atomic_write_bytes", "json_bytes",
 ]
 
 SCHEMA_VERSION = 1
@@ -35,15 +37,51 @@ INDEX_FIELDS = ("shard", "offset", "size", "label")
 
 
 def is_url(root: str | os.PathLike) -> bool:
-    """True when ``root`` is an fsspec URL (``scheme://...``) rather than a local path."""
-    return "://" in str(root) and not str(root).startswith("file://")
+    """True when ``root`` is a remote fsspec URL (``scheme://...`` with a scheme other than
+    ``file``, e.g. ``https://``, ``s3://``); False for a local path or a ``file://`` URL.
+
+    The one test of "local or remote" in shardkit: only ``wds`` tar shards can be read from a
+    remote URL; a ``file://`` root is local for every format (see :func:`local_path`).
+    """
+    text = os.fspath(root)
+    if not isinstance(text, str):
+        text = os.fsdecode(text)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and bool(scheme) and "/" not in scheme and scheme.lower() != "file"
+
+
+def local_path(root: str | os.PathLike) -> str:
+    """``root`` as a local path: a plain path unchanged, a ``file://`` URL decoded.
+
+    ``file:`` URLs are read as :meth:`pathlib.Path.as_uri` writes them: ``file:///abs/path``
+    (also ``file://localhost/abs/path``) with percent-encoded characters, so
+    ``Path("/tmp/my data").as_uri() == "file:///tmp/my%20data"`` gives ``/tmp/my data``
+    (:func:`urllib.parse.unquote`, surrogate-escaped like ``os.fsdecode`` for non-UTF-8 bytes).
+
+    Raises:
+        ManifestError: ``root`` is a remote URL (see :func:`is_url`) or a ``file://`` URL with
+            a host other than ``localhost`` or without an absolute path.
+    """
+    text = os.fspath(root)
+    if not isinstance(text, str):
+        text = os.fsdecode(text)
+    if is_url(text):
+        raise ManifestError(f"{text} is a remote URL, not a local path")
+    if text[:7].lower() != "file://":
+        return text
+    parts = urlsplit(text)
+    if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+        raise ManifestError(f"{text}: expected a local file URL file:///absolute/path (as "
+                            "Path.as_uri() writes it)")
+    return unquote(parts.path, errors="surrogateescape")
 
 
 def join(root: str | os.PathLike, rel: str) -> str:
-    """Joins a relative (posix) path onto a local folder or a URL."""
+    """Joins a relative (posix) path onto a local folder, a ``file://`` URL (the result is a
+    local path, see :func:`local_path`) or a remote URL (the result is a URL)."""
     if is_url(root):
-        return str(root).rstrip("/") + "/" + rel
-    return str(Path(str(root).removeprefix("file://")) / rel)
+        return os.fspath(root).rstrip("/") + "/" + rel
+    return str(Path(local_path(root)) / rel)
 
 
 def _read_bytes(location: str) -> bytes:
@@ -68,48 +106,6 @@ def json_bytes(obj, **kwargs) -> bytes:
         return json.dumps(obj, ensure_ascii=True, **kwargs).encode("ascii")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path`` via a temporary file in the same folder, fsync and rename.
-
-    A reader sees either the old file or the complete new one, never a partial file. The file
-    gets the usual permissions (``0o666`` minus the umask), not ``mkstemp``'s private ``0o600``,
-    so a dataset can be shared with other users or served over HTTP.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def load_manifest(root: str | os.PathLike) -> dict:
     """Reads and validates ``root/manifest.json``.
 
@@ -122,7 +118,8 @@ def load_manifest(root: str | os.PathLike) -> dict:
         manifest = json.loads(_read_bytes(location))
     except FileNotFoundError:
         raise ManifestError(f"{location} not found: {root} is not a finished shardkit dataset "
-                            "(run `shardkit pack`; an interrupted pack leaves no manifest)") from None
+                            "(run `shardkit pack`; an interrupted pack leaves no manifest)"
+                            ) from None
     except (OSError, ValueError) as e:
         raise ManifestError(f"cannot read {location}: {e}") from e
     version = manifest.get("schema_version")
@@ -138,7 +135,8 @@ def load_manifest(root: str | os.PathLike) -> dict:
 def write_manifest(root: str | os.PathLike, manifest: dict) -> None:
     """Writes ``manifest`` to ``root/manifest.json`` atomically (the last step of a pack)."""
     manifest = {"schema_version": SCHEMA_VERSION, **manifest}
-    atomic_write_bytes(Path(root) / MANIFEST_NAME, json_bytes(manifest, indent=2) + b"\n")
+    atomic_write_bytes(Path(local_path(root)) / MANIFEST_NAME,
+                       json_bytes(manifest, indent=2) + b"\n")
 
 
 @dataclass(frozen=True)
@@ -148,7 +146,8 @@ class SplitIndex:
 
     Attributes (all of length ``len(self)``, in split order):
         shard: int32, index into ``manifest["splits"][split]["shards"]``.
-        offset: int64, byte offset of the image data in a tar shard; row in an HDF5 shard; 0 for LMDB.
+        offset: int64, byte offset of the image data in a tar shard; row in an HDF5 shard;
+            0 for LMDB.
         size: int64, stored image size in bytes.
         label: int64, class index in ``[0, len(manifest["classes"]))``.
         key: fixed-width bytes (numpy ``S``), the sample key (ASCII).
@@ -174,7 +173,7 @@ def write_split_files(root: str | os.PathLike, split: str, records: list[dict]) 
     ``records`` are per-sample dicts in split order with at least ``key``, ``label``, ``shard``,
     ``offset``, ``size`` (see docs/DESIGN.md for the full field list).
     """
-    folder = Path(root) / "splits"
+    folder = Path(local_path(root)) / "splits"
     lines = b"".join(json_bytes(r, sort_keys=True) + b"\n" for r in records)
     atomic_write_bytes(folder / f"{split}.jsonl", lines)
     keys = [r["key"].encode("ascii") for r in records]

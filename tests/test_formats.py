@@ -210,3 +210,92 @@ def test_hdf5_reader_names_a_mismatched_row(sample_dir, tmp_path):
     with pytest.raises(ShardCorruptError, match=r"train-000000.h5: row 1 holds b'train_00000001', "
                                                 r"expected sample 'train_00000002'"):
         reader.read("train_00000002", 1, records[1]["size"])
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_sink_fsyncs_the_shards_folder_before_the_manifest(fmt, sample_dir, tmp_path,
+                                                           monkeypatch):
+    """The renames into shards/ are fsynced (once, at close) before manifest.json exists, so a
+    power cut cannot leave a manifest that lists shards whose names were never made durable."""
+    out = tmp_path / "out"
+    calls = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        calls.append((path, path.is_dir(), (out / "manifest.json").exists()))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    _write(out, fmt, _jpegs(sample_dir, 7), max_samples=3)     # 3 shards, then the manifest
+    shard_dir_syncs = [exists for path, is_dir, exists in calls if path == out / "shards"]
+    assert shard_dir_syncs == [False]                           # once, before the manifest
+    manifest_syncs = [i for i, (p, is_dir, _) in enumerate(calls) if is_dir and p == out]
+    first_shards = next(i for i, (p, _, _) in enumerate(calls) if p == out / "shards")
+    assert manifest_syncs and first_shards < manifest_syncs[-1]  # OUT fsynced after the rename
+    assert (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_file_uri_root_with_a_space_reads_every_format(fmt, sample_dir, tmp_path):
+    """A ``file://`` root as ``Path.as_uri()`` writes it (``my%20data``) is a local path for
+    every format: readers, the split index and the datasets all take it (one is_url test)."""
+    from shardkit.dataset import MapShardDataset, ShardDataset
+
+    files = _jpegs(sample_dir, 5)
+    out = tmp_path / "my data"
+    records = _write(out, fmt, files, max_samples=2)
+    uri = out.as_uri()
+    assert "%20" in uri and uri.startswith("file:///")
+    assert _read_all(uri) == [r["sha256"] for r in records]
+    ds = MapShardDataset(uri, "train", decode=False)
+    assert [ds[i]["image"] for i in range(len(ds))] == [p.read_bytes() for p in files]
+    streamed = list(ShardDataset(uri, "train", decode=False))
+    assert [s["key"] for s in streamed] == [r["key"] for r in records]
+    assert hashlib.sha256(streamed[4]["image"]).hexdigest() == records[4]["sha256"]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_remote_url_refused_for_lmdb_and_hdf5(fmt):
+    manifest = {"format": fmt, "splits": {"train": {"shards": [{"path": "shards/x"}]}}}
+    with pytest.raises(ConfigError, match=rf"format '{fmt}' needs a local path.*s3://b/ds"):
+        open_reader("s3://b/ds", manifest, "train", 0)
+    assert open_reader("file:///data/my%20ds", manifest, "train", 0).location == \
+        "/data/my ds/shards/x"
+
+
+def test_formats_package_has_no_import_cycle():
+    """No module of shardkit.formats imports the package back (``base`` used to import
+    ``FORMATS`` from ``formats/__init__``, which imports ``base``): the import graph of the
+    package's modules, function-level imports included, is acyclic."""
+    import ast
+    from graphlib import CycleError, TopologicalSorter
+
+    import shardkit.formats as package
+
+    folder = Path(package.__file__).parent
+    modules = {p.stem: p for p in folder.glob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets = [node.module] if node.module else [a.name for a in node.names]
+                deps |= {t.split(".")[0] if t.split(".")[0] in modules else "__init__"
+                         for t in targets}
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
+                         else [a.name for a in getattr(node, "names", [])])
+                for full in filter(None, names):
+                    if full == "shardkit.formats":
+                        deps.add("__init__")
+                    elif full.startswith("shardkit.formats."):
+                        deps.add(full.split(".")[2])
+        graph[name] = deps - {name}
+    assert graph["base"] == set() and "__init__" not in set().union(
+        *(d for n, d in graph.items() if n != "__init__"))
+    try:
+        order = list(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        pytest.fail(f"import cycle in shardkit.formats: {e.args[1]}")
+    assert order.index("base") < order.index("registry") < order.index("sink")

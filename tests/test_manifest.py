@@ -70,3 +70,82 @@ def test_loader_rejects_bad_decoder_prefetch_and_foreign_state(packed_sample):
     state = make_loader(root, "train", 8, num_workers=0, image_size=16).state_dict()
     with pytest.raises(LoaderError, match=r"num_batches=18.*num_batches=4"):
         small.load_state_dict(state)
+
+
+def test_is_url_and_local_path_agree_on_file_uris(tmp_path):
+    """One test of "remote URL or local": file:// roots are local (percent-decoded as
+    Path.as_uri() encodes them), every other scheme is remote."""
+    from pathlib import Path
+
+    from shardkit.manifest import is_url, join, local_path
+
+    spaced = tmp_path / "my data" / "été"
+    uri = spaced.as_uri()
+    assert uri.endswith("/my%20data/%C3%A9t%C3%A9")
+    assert not is_url(uri) and local_path(uri) == str(spaced)
+    assert join(uri, "splits/train.jsonl") == str(spaced / "splits" / "train.jsonl")
+    assert local_path("file://localhost/data/a%20b") == "/data/a b"
+    assert local_path(Path("/data/a%20b")) == "/data/a%20b"     # a plain path is not decoded
+    for url in ("s3://bucket/ds", "https://host/ds", "HTTP://host/ds", "simplecache::s3://b/ds"):
+        assert is_url(url), url
+        assert join(url + "/", "manifest.json") == url + "/manifest.json"
+        with pytest.raises(ManifestError, match="remote URL"):
+            local_path(url)
+    assert not is_url("/data/odd://name") and not is_url(Path("/data/ds"))
+    with pytest.raises(ManifestError, match="file:///absolute/path"):
+        local_path("file://otherhost/data")
+
+
+def test_manifest_written_and_read_through_a_file_uri(tmp_path):
+    root = (tmp_path / "my data").as_uri()
+    write_split_files(root, "train", [{"key": "train_00000000", "label": 0, "shard": 0,
+                                       "offset": 0, "size": 3}])
+    write_manifest(root, {"format": "hdf5", "classes": ["a"],
+                          "splits": {"train": {"num_samples": 1, "shards": []}}})
+    assert (tmp_path / "my data" / "manifest.json").is_file()
+    assert load_manifest(root)["format"] == "hdf5" and len(load_index(root, "train")) == 1
+
+
+def test_atomic_write_with_a_file_writer_keeps_the_old_file_on_error(tmp_path):
+    import numpy as np
+
+    from shardkit.fsio import atomic_write_with
+
+    target = tmp_path / "a.npy"
+    atomic_write_with(target, lambda f: np.save(f, np.arange(5)))
+    assert np.load(target).tolist() == [0, 1, 2, 3, 4]
+
+    def failing(f):
+        f.write(b"partial")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_write_with(target, failing)
+    assert np.load(target).tolist() == [0, 1, 2, 3, 4]           # old content intact
+    assert [p.name for p in tmp_path.iterdir()] == ["a.npy"]     # no temp file left
+
+
+def test_failed_folder_fsync_warns_once_per_process(tmp_path, monkeypatch, caplog):
+    """A file system that refuses fsync on a folder (some network/FUSE mounts) is reported
+    once at WARNING naming the folder, not silently ignored, and the write still succeeds."""
+    import logging
+
+    from shardkit import fsio
+
+    real_fsync = os.fsync
+
+    def no_dir_fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(22, "Invalid argument")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_dir_fsync)
+    monkeypatch.setattr(fsio, "_warned_dirs", False)
+    with caplog.at_level(logging.DEBUG, logger="shardkit.fsio"):
+        atomic_write_bytes(tmp_path / "a.json", b"{}")
+        atomic_write_bytes(tmp_path / "b.json", b"[]")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0].getMessage()
+    assert "Invalid argument" in warnings[0].getMessage()
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 1
+    assert (tmp_path / "b.json").read_bytes() == b"[]"

@@ -1,16 +1,21 @@
-"""What every shard format shares: rollover, temporary names, fsync, atomic rename, hashing.
+"""What every shard format shares: the writer and reader interfaces, shard names, hashing.
 
 A format module only moves bytes: its :class:`FormatWriter` appends ``(key, data, ext, label)``
 to one open shard file and returns the offset to record in the split index; its
-:class:`FormatReader` returns the stored bytes of one sample. :class:`ShardSink` owns everything
-else, so every format gets the same crash safety (field case 5):
+:class:`FormatReader` returns the stored bytes of one sample. ``ShardSink``
+(:mod:`shardkit.formats.sink`) owns everything else, so every format gets the same crash safety
+(field case 5):
 
 - a shard is written as ``shards/.<split>-NNNNNN<suffix>.tmp``, flushed, fsynced, then renamed to
   ``shards/<split>-NNNNNN<suffix>``; a killed run leaves only ``*.tmp`` files, which
   :func:`remove_partial` deletes;
 - a shard is opened only when its first sample arrives, so there are never empty shards;
 - rollover happens before a sample that would exceed ``max_samples`` or ``max_bytes`` (a single
-  sample larger than ``max_bytes`` gets a shard of its own).
+  sample larger than ``max_bytes`` gets a shard of its own);
+- after the last rename the ``shards/`` folder is fsynced, before the caller writes the manifest.
+
+This module imports nothing from the rest of the package (format modules import it; the registry
+in :mod:`shardkit.formats.registry` imports the format modules), so there is no import cycle.
 """
 from __future__ import annotations
 
@@ -19,10 +24,8 @@ import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from ..errors import ConfigError
-
-__all__ = ["FormatWriter", "FormatReader", "ShardSink", "sha256_file", "remove_partial",
-           "shard_name"]
+__all__ = ["FormatWriter", "FormatReader", "sha256_file", "remove_partial", "shard_name",
+           "TMP_SUFFIX"]
 
 TMP_SUFFIX = ".tmp"
 
@@ -107,97 +110,6 @@ class FormatReader(ABC):
         state["_handle"] = None
         state["_pid"] = None
         return state
-
-
-class ShardSink:
-    """Writes the samples of one split into rolled-over shards of one format.
-
-    Args:
-        out_dir: the dataset folder (``OUT``); shards go to ``OUT/shards/``.
-        split: split name, used in shard file names.
-        fmt: a format name registered in :data:`shardkit.formats.FORMATS`.
-        max_samples: roll over after this many samples per shard (``None``: no limit).
-        max_bytes: roll over before a shard's stored image bytes would exceed this (``None``: no limit).
-    """
-
-    def __init__(self, out_dir, split: str, fmt: str, max_samples: int | None = None,
-                 max_bytes: int | None = None, writer_options: dict | None = None):
-        from . import FORMATS
-
-        if fmt not in FORMATS:
-            raise ConfigError(f"unknown format {fmt!r}; expected one of {sorted(FORMATS)}")
-        for name, value in (("max_samples", max_samples), ("max_bytes", max_bytes)):
-            if value is not None and value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}")
-        self.out_dir = Path(out_dir)
-        self.split = split
-        self.writer_cls = FORMATS[fmt].Writer
-        self.writer_options = writer_options or {}
-        self.max_samples = max_samples
-        self.max_bytes = max_bytes
-        self.records: list[dict] = []
-        self._writer: FormatWriter | None = None
-        self._count = 0
-        self._bytes = 0
-        (self.out_dir / "shards").mkdir(parents=True, exist_ok=True)
-
-    def _final_path(self, index: int) -> Path:
-        return self.out_dir / "shards" / shard_name(self.split, index, self.writer_cls.suffix)
-
-    def _tmp_path(self, index: int) -> Path:
-        final = self._final_path(index)
-        return final.with_name("." + final.name + TMP_SUFFIX)
-
-    def add(self, key: str, data: bytes, ext: str, label: int) -> tuple[int, int]:
-        """Appends one sample; returns ``(shard_index, offset)`` for the split index."""
-        if self._writer is not None and (
-            (self.max_samples is not None and self._count >= self.max_samples)
-            or (self.max_bytes is not None and self._bytes + len(data) > self.max_bytes)
-        ):
-            self._finish()
-        if self._writer is None:
-            tmp = self._tmp_path(len(self.records))
-            tmp.unlink(missing_ok=True)
-            self._writer = self.writer_cls(tmp, **self.writer_options)
-            self._count = 0
-            self._bytes = 0
-        try:
-            offset = self._writer.add(key, data, ext, label)
-        except BaseException:
-            self.abort()
-            raise
-        self._count += 1
-        self._bytes += len(data)
-        return len(self.records), offset
-
-    def _finish(self) -> None:
-        writer, self._writer = self._writer, None
-        writer.close()
-        index = len(self.records)
-        final = self._final_path(index)
-        os.replace(writer.path, final)
-        self.records.append({
-            "path": final.relative_to(self.out_dir).as_posix(),
-            "num_samples": self._count,
-            "bytes": final.stat().st_size,
-            "sha256": sha256_file(final),
-        })
-
-    def close(self) -> list[dict]:
-        """Finishes the open shard; returns the shard records (``path`` relative to OUT,
-        ``num_samples``, ``bytes``, ``sha256``) in shard order."""
-        if self._writer is not None:
-            self._finish()
-        return self.records
-
-    def abort(self) -> None:
-        """Drops the shard being written (after an error); finished shards stay on disk."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.abort()
-            writer.path.unlink(missing_ok=True)
-            for extra in writer.path.parent.glob(writer.path.name + "*"):
-                extra.unlink(missing_ok=True)
 
 
 def remove_partial(out_dir: str | os.PathLike) -> list[str]:

@@ -1,0 +1,111 @@
+"""``ShardSink``: rollover, temporary names, fsync and atomic rename for every shard format.
+
+See :mod:`shardkit.formats.base` for the crash-safety contract (field case 5). Shards are written
+under a temporary name, fsynced and renamed one by one; :meth:`ShardSink.close` then fsyncs the
+``shards/`` folder once, so the renames are on disk before the caller writes ``manifest.json``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..fsio import fsync_dir
+from .base import TMP_SUFFIX, FormatWriter, sha256_file, shard_name
+from .registry import get_format
+
+__all__ = ["ShardSink"]
+
+
+class ShardSink:
+    """Writes the samples of one split into rolled-over shards of one format.
+
+    Args:
+        out_dir: the dataset folder (``OUT``); shards go to ``OUT/shards/``.
+        split: split name, used in shard file names.
+        fmt: a format name registered in :data:`shardkit.formats.FORMATS`.
+        max_samples: roll over after this many samples per shard (``None``: no limit).
+        max_bytes: roll over before a shard's stored image bytes would exceed this (``None``: no limit).
+    """
+
+    def __init__(self, out_dir, split: str, fmt: str, max_samples: int | None = None,
+                 max_bytes: int | None = None, writer_options: dict | None = None):
+        for name, value in (("max_samples", max_samples), ("max_bytes", max_bytes)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value}")
+        self.out_dir = Path(out_dir)
+        self.split = split
+        self.writer_cls = get_format(fmt).Writer
+        self.writer_options = writer_options or {}
+        self.max_samples = max_samples
+        self.max_bytes = max_bytes
+        self.records: list[dict] = []
+        self._writer: FormatWriter | None = None
+        self._count = 0
+        self._bytes = 0
+        self._renamed = False  # a shard was renamed since the last fsync of shards/
+        (self.out_dir / "shards").mkdir(parents=True, exist_ok=True)
+
+    def _final_path(self, index: int) -> Path:
+        return self.out_dir / "shards" / shard_name(self.split, index, self.writer_cls.suffix)
+
+    def _tmp_path(self, index: int) -> Path:
+        final = self._final_path(index)
+        return final.with_name("." + final.name + TMP_SUFFIX)
+
+    def add(self, key: str, data: bytes, ext: str, label: int) -> tuple[int, int]:
+        """Appends one sample; returns ``(shard_index, offset)`` for the split index."""
+        if self._writer is not None and (
+            (self.max_samples is not None and self._count >= self.max_samples)
+            or (self.max_bytes is not None and self._bytes + len(data) > self.max_bytes)
+        ):
+            self._finish()
+        if self._writer is None:
+            tmp = self._tmp_path(len(self.records))
+            tmp.unlink(missing_ok=True)
+            self._writer = self.writer_cls(tmp, **self.writer_options)
+            self._count = 0
+            self._bytes = 0
+        try:
+            offset = self._writer.add(key, data, ext, label)
+        except BaseException:
+            self.abort()
+            raise
+        self._count += 1
+        self._bytes += len(data)
+        return len(self.records), offset
+
+    def _finish(self) -> None:
+        writer, self._writer = self._writer, None
+        writer.close()
+        index = len(self.records)
+        final = self._final_path(index)
+        os.replace(writer.path, final)
+        self._renamed = True
+        self.records.append({
+            "path": final.relative_to(self.out_dir).as_posix(),
+            "num_samples": self._count,
+            "bytes": final.stat().st_size,
+            "sha256": sha256_file(final),
+        })
+
+    def close(self) -> list[dict]:
+        """Finishes the open shard and fsyncs ``OUT/shards/`` (so every rename is durable before
+        the caller writes the manifest; a failed folder fsync is logged, see
+        :func:`shardkit.fsio.fsync_dir`); returns the shard records (``path`` relative to OUT,
+        ``num_samples``, ``bytes``, ``sha256``) in shard order."""
+        if self._writer is not None:
+            self._finish()
+        if self._renamed:
+            fsync_dir(self.out_dir / "shards")  # the renames are durable before the manifest
+            self._renamed = False
+        return self.records
+
+    def abort(self) -> None:
+        """Drops the shard being written (after an error); finished shards stay on disk."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.abort()
+            writer.path.unlink(missing_ok=True)
+            for extra in writer.path.parent.glob(writer.path.name + "*"):
+                extra.unlink(missing_ok=True)
