@@ -1,16 +1,34 @@
-"""Shared fixtures: real data from ../shared/data (tests skip with a reason when it is absent)."""
+"""Shared fixtures.
+
+Real data comes from two places. ``examples/flowers-sample`` (200 photos) ships in the repository,
+so tests that need a real photo use it and run everywhere (CI included). The full flowers set and
+the 27 awkward files live in ``../shared/data`` (or ``$SHARDKIT_SHARED_DATA``), which CI does not
+have: tests that need those exact files skip with a reason when the folder is absent. Awkward
+files that Pillow can make from a sample photo (EXIF rotation, CMYK, alpha, 16-bit, palette,
+truncated, WebP, TIFF, GIF, AVIF...) come from :func:`make_awkward` in a temp folder instead.
+"""
 from __future__ import annotations
 
+import csv
+import io
 import os
+import random
+import struct
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image, ImageCms, features
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SHARDKIT_SHARED_DATA", ROOT.parent / "shared" / "data"))
 FLOWERS = SHARED_DATA / "flowers"
 AWKWARD = SHARED_DATA / "awkward"
 SAMPLE = ROOT / "examples" / "flowers-sample"
+#: One real photo from the embedded sample: baseline 8-bit YCbCr JPEG, 320x244, no ICC profile.
+SAMPLE_PHOTO = SAMPLE / "daisy" / "538920244_59899a78f8_n.jpg"
+SAMPLE_PHOTO_SIZE = (320, 244)
 
 
 def _need(path: Path) -> Path:
@@ -34,7 +52,147 @@ def awkward_dir() -> Path:
 @pytest.fixture(scope="session")
 def sample_dir() -> Path:
     """The embedded sample shipped in the repo (whole photographer groups, 5 classes)."""
-    return _need(SAMPLE)
+    assert SAMPLE.is_dir(), f"{SAMPLE} is missing: the checkout is incomplete"
+    return SAMPLE
+
+
+@pytest.fixture(scope="session")
+def sample_photo() -> Path:
+    """:data:`SAMPLE_PHOTO`, one real flowers photo that is always present."""
+    assert SAMPLE_PHOTO.is_file(), f"{SAMPLE_PHOTO} is missing: the checkout is incomplete"
+    return SAMPLE_PHOTO
+
+
+# ---- awkward files made from one sample photo ----------------------------------------------
+# (file, expect, upright_size, what): the columns of ../shared/data/awkward/EXPECTED.csv. Where a
+# made file plays the same part as a shared one it has the same name.
+MADE_AWKWARD = [
+    ("truncated_half_photo.jpg", "reject", "", "the sample photo cut at half its bytes"),
+    ("truncated_progressive.jpg", "reject", "", "progressive JPEG cut at 60% of its bytes"),
+    ("corrupt_header.png", "reject", "", "PNG signature followed by 72 random bytes"),
+    ("zero_bytes.jpg", "reject", "", "empty file"),
+    ("junk_bytes_after_comment.jpg", "accept", "200x150",
+     "COM segment, then 5 junk bytes before each of the two DQT markers"),
+    ("cmyk_adobe.jpg", "accept", "200x150", "CMYK JPEG (Pillow writes Adobe APP14, inverted)"),
+    ("grayscale.jpg", "accept", "200x150", "single-channel JPEG"),
+    ("progressive_photo.jpg", "accept", "200x150", "progressive JPEG"),
+    ("exif_orientation_6.jpg", "accept", "150x200", "JPEG stored 200x150 with EXIF orientation 6"),
+    ("png_exif_orientation_3.png", "accept", "200x150", "PNG with eXIf orientation 3"),
+    ("png_16bit_rgb_icc.png", "accept", "200x150",
+     "16-bit RGB PNG (written chunk by chunk) with an sRGB iCCP profile"),
+    ("png_palette_trns.png", "accept", "200x150", "16-colour palette PNG, index 0 transparent"),
+    ("png_rgba.png", "accept", "200x150", "RGBA PNG, alpha ramp 0..255 left to right"),
+    ("png_gray_alpha_LA.png", "accept", "200x150", "LA PNG, same alpha ramp"),
+    ("png_disguised_as.jpg", "accept", "200x150", "PNG bytes behind a .jpg name"),
+    ("jpeg_disguised_as.png", "accept", "200x150", "JPEG bytes behind a .png name"),
+    ("webp_lossy.webp", "accept", "200x150", "lossy WebP"),
+    ("webp_alpha.webp", "accept", "200x150", "lossy WebP with the alpha ramp"),
+    ("gif_animated.gif", "accept", "200x150", "2-frame GIF (second frame flipped)"),
+    ("tiff_rgb.tif", "accept", "200x150", "uncompressed RGB TIFF"),
+    ("tiff_16bit_gray.tiff", "accept", "200x150", "16-bit grayscale (I;16) TIFF"),
+    ("tiff_multipage.tiff", "accept", "200x150", "2-page palette TIFF"),
+    ("avif.avif", "either", "200x150", "AVIF still (needs Pillow's AVIF codec to decode)"),
+]
+
+#: The alpha channel of the made RGBA/LA/WebP files: 0 at the left edge, 255 at the right.
+MADE_ALPHA = np.tile(np.linspace(0, 255, 200).astype(np.uint8), (150, 1))
+
+
+def _save(im: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    """One PNG chunk: length, type, body, CRC-32 of type + body."""
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def png_16bit_rgb(arr: np.ndarray, icc: bytes | None = None) -> bytes:
+    """A 16-bit RGB PNG of ``arr`` (H, W, 3) uint16; Pillow cannot write this mode itself."""
+    h, w, _ = arr.shape
+    rows = arr.astype(">u2")
+    raw = b"".join(b"\x00" + rows[y].tobytes() for y in range(h))  # filter 0 on every row
+    head = png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+    if icc is not None:
+        head += png_chunk(b"iCCP", b"sRGB\x00\x00" + zlib.compress(icc))
+    return (b"\x89PNG\r\n\x1a\n" + head + png_chunk(b"IDAT", zlib.compress(raw))
+            + png_chunk(b"IEND", b""))
+
+
+def made_photo(photo: Path = SAMPLE_PHOTO) -> np.ndarray:
+    """The top-left 200x150 of ``photo`` as (150, 200, 3) uint8: real pixels, no resampling."""
+    with Image.open(photo) as im:
+        return np.ascontiguousarray(np.asarray(im.convert("RGB"))[:150, :200])
+
+
+def made_deep(rgb: np.ndarray) -> np.ndarray:
+    """16-bit version of ``rgb`` for the made 16-bit PNG: ``v * 257 + (index % 200)`` (uint16)."""
+    return (rgb.astype(np.uint16) * 257 + (np.arange(rgb.size).reshape(rgb.shape) % 200)).astype(
+        np.uint16)
+
+
+def make_awkward(photo: Path = SAMPLE_PHOTO) -> dict[str, bytes]:
+    """Every file of :data:`MADE_AWKWARD` as bytes, made with Pillow from ``photo``."""
+    rgb = made_photo(photo)
+    im = Image.fromarray(rgb)
+    gray = im.convert("L")
+    rgba = Image.fromarray(np.dstack([rgb, MADE_ALPHA]))
+    flipped = im.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    jpeg = _save(im, "JPEG", quality=90)
+    progressive = _save(im, "JPEG", quality=90, progressive=True)
+    dqt = [i for i in range(len(jpeg) - 1) if jpeg[i:i + 2] == b"\xff\xdb"]
+    comment = b"\xff\xfe\x00\x06note"  # COM segment: marker, length 6 (itself + 4 bytes)
+    junk = (jpeg[:dqt[0]] + comment + b"junk!" + jpeg[dqt[0]:dqt[1]] + b"junk!"
+            + jpeg[dqt[1]:])
+    orient6, orient3 = Image.Exif(), Image.Exif()
+    orient6[0x0112], orient3[0x0112] = 6, 3
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    png = _save(im, "PNG")
+    files = {
+        "truncated_half_photo.jpg": photo.read_bytes()[: photo.stat().st_size // 2],
+        "truncated_progressive.jpg": progressive[: int(len(progressive) * 0.6)],
+        "corrupt_header.png": b"\x89PNG\r\n\x1a\n" + random.Random(0).randbytes(72),
+        "zero_bytes.jpg": b"",
+        "junk_bytes_after_comment.jpg": junk,
+        "cmyk_adobe.jpg": _save(im.convert("CMYK"), "JPEG", quality=95),
+        "grayscale.jpg": _save(gray, "JPEG", quality=90),
+        "progressive_photo.jpg": progressive,
+        "exif_orientation_6.jpg": _save(im, "JPEG", quality=90, exif=orient6.tobytes()),
+        "png_exif_orientation_3.png": _save(im, "PNG", exif=orient3.tobytes()),
+        "png_16bit_rgb_icc.png": png_16bit_rgb(made_deep(rgb), srgb),
+        "png_palette_trns.png": _save(im.quantize(16), "PNG", transparency=0),
+        "png_rgba.png": _save(rgba, "PNG"),
+        "png_gray_alpha_LA.png": _save(Image.fromarray(np.dstack([gray, MADE_ALPHA]), "LA"), "PNG"),
+        "png_disguised_as.jpg": png,
+        "jpeg_disguised_as.png": jpeg,
+        "webp_lossy.webp": _save(im, "WEBP", quality=80),
+        "webp_alpha.webp": _save(rgba, "WEBP", quality=80),
+        "gif_animated.gif": _save(im, "GIF", save_all=True, append_images=[flipped], duration=100),
+        "tiff_rgb.tif": _save(im, "TIFF"),
+        "tiff_16bit_gray.tiff": _save(Image.fromarray(np.asarray(gray).astype(np.uint16) * 257),
+                                      "TIFF"),
+        "tiff_multipage.tiff": _save(im.quantize(64), "TIFF", save_all=True,
+                                     append_images=[flipped.quantize(64)]),
+        "avif.avif": _save(im, "AVIF", quality=80) if features.check("avif") else
+        b"\0\0\0\x1cftypavif\0\0\0\0avifmif1miaf" + bytes(64),  # header only: rejected anyway
+    }
+    assert list(files) == [row[0] for row in MADE_AWKWARD]
+    return files
+
+
+@pytest.fixture(scope="session")
+def made_awkward_dir(tmp_path_factory) -> Path:
+    """A folder like ../shared/data/awkward made by :func:`make_awkward`, with EXPECTED.csv."""
+    out = tmp_path_factory.mktemp("made-awkward")
+    for name, data in make_awkward().items():
+        (out / name).write_bytes(data)
+    with open(out / "EXPECTED.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["file", "expect", "upright_size", "what"])
+        writer.writerows(MADE_AWKWARD)
+    return out
 
 
 def _pack_factory(tmp_path_factory, name: str, src: Path, defaults: dict):

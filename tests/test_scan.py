@@ -118,7 +118,24 @@ def test_empty_or_classless_root_raises(tmp_path):
         scan_folder(tmp_path / "absent")
 
 
+def test_sample_folder(sample_dir):
+    """The embedded 200-photo sample: classes, files beside them, photographer groups."""
+    result = scan_folder(sample_dir)
+    assert len(result.items) == 200
+    assert result.ignored == [("LICENSE.txt", "file beside the class folders (not a sample)"),
+                              ("metadata.csv", "file beside the class folders (not a sample)")]
+    counts = collections.Counter(i.label for i in result.items)
+    assert counts == {"daisy": 40, "dandelion": 44, "roses": 32, "sunflowers": 40, "tulips": 44}
+    assert [i.relpath for i in result.items] == sorted(i.relpath for i in result.items)
+    grouped = apply_group_metadata(result.items, sample_dir / "metadata.csv",
+                                   "group_flickr_user")
+    assert len({i.group for i in grouped}) == 120
+    assert max(collections.Counter(i.group for i in grouped).values()) == 9
+    assert [i.relpath for i in grouped] == [i.relpath for i in result.items]
+
+
 def test_flowers_folder(flowers_dir):
+    """The full set (../shared/data/flowers): 1,839 photos, 791 photographers."""
     result = scan_folder(flowers_dir)
     assert len(result.items) == 1839
     assert result.ignored == [("LICENSE.txt", "file beside the class folders (not a sample)"),
@@ -126,18 +143,16 @@ def test_flowers_folder(flowers_dir):
     counts = collections.Counter(i.label for i in result.items)
     assert counts == {"daisy": 361, "dandelion": 409, "roses": 276, "sunflowers": 365,
                       "tulips": 428}
-    assert [i.relpath for i in result.items] == sorted(i.relpath for i in result.items)
     grouped = apply_group_metadata(result.items, flowers_dir / "metadata.csv",
                                    "group_flickr_user")
     assert len({i.group for i in grouped}) == 791
     assert max(collections.Counter(i.group for i in grouped).values()) == 54
-    assert [i.relpath for i in grouped] == [i.relpath for i in result.items]
 
 
-def test_flowers_metadata_as_csv_source(flowers_dir):
-    from_csv = scan_csv(flowers_dir / "metadata.csv")
-    from_folder = scan_folder(flowers_dir)
-    assert from_csv.kind == "csv" and from_csv.missing == []
+def test_sample_metadata_as_csv_source(sample_dir):
+    from_csv = scan_csv(sample_dir / "metadata.csv")
+    from_folder = scan_folder(sample_dir)
+    assert from_csv.kind == "csv" and from_csv.missing == [] and len(from_csv.items) == 200
     assert [(i.path, i.relpath, i.label) for i in from_csv.items] == [
         (i.path, i.relpath, i.label) for i in from_folder.items]
 
