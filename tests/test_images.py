@@ -541,7 +541,7 @@ def test_header_over_twice_pillows_limit_gets_our_reason():
     assert Image.MAX_IMAGE_PIXELS == DEFAULT_MAX_PIXELS
 
 
-def test_sixteen_bit_colour_key_becomes_white(tmp_path, flower_rgb):
+def test_sixteen_bit_colour_key_becomes_white(flower_rgb):
     gray = np.asarray(Image.fromarray(flower_rgb).convert("L")).astype(np.uint16) * 257
     gray[:10] = 4242  # the transparent colour key
     buf = io.BytesIO()
