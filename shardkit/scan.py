@@ -43,9 +43,10 @@ from pathlib import Path, PurePosixPath
 
 from shardkit.errors import ConfigError, SourceError
 
-__all__ = ["SourceItem", "ScanResult", "scan_folder", "scan_csv", "apply_group_regex",
-           "apply_group_metadata", "match_group_regex", "match_group_metadata",
-           "unmatched_regex_error", "lacking_metadata_error", "ignore_reason"]
+__all__ = ["SourceItem", "ScanResult", "scan_folder", "scan_csv", "compile_group_regex",
+           "apply_group_regex", "apply_group_metadata", "match_group_regex",
+           "match_group_metadata", "unmatched_regex_error", "lacking_metadata_error",
+           "ignore_reason"]
 
 _SYSTEM_FILES = {"thumbs.db": "Windows thumbnail cache (Thumbs.db)",
                  "desktop.ini": "Windows folder settings (desktop.ini)",
@@ -296,6 +297,25 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None)
     return out
 
 
+def compile_group_regex(regex: str) -> tuple[re.Pattern, int | str]:
+    """Compiles a group regex; returns ``(pattern, which)``, ``which`` being the capture group
+    that holds the group value: ``"group"`` if the pattern names one, else ``1``.
+
+    Raises:
+        ConfigError: the pattern does not compile or has no capture group.
+    """
+    try:
+        pattern = re.compile(regex)
+    except (re.error, TypeError) as e:
+        raise ConfigError(f"group regex {regex!r} does not compile: {e}") from e
+    if "group" in pattern.groupindex:
+        return pattern, "group"
+    if pattern.groups >= 1:
+        return pattern, 1
+    raise ConfigError(f"group regex {regex!r} has no capture group; expected a named group "
+                      f"(?P<group>...) or a first group (...)")
+
+
 def match_group_regex(items: list[SourceItem], regex: str
                       ) -> tuple[list[SourceItem], list[SourceItem]]:
     """Like :func:`apply_group_regex`, but returns ``(grouped, unmatched)`` instead of raising
@@ -304,17 +324,7 @@ def match_group_regex(items: list[SourceItem], regex: str
     Raises:
         ConfigError: the pattern does not compile or has no capture group.
     """
-    try:
-        pattern = re.compile(regex)
-    except re.error as e:
-        raise ConfigError(f"group regex {regex!r} does not compile: {e}") from e
-    if "group" in pattern.groupindex:
-        which: int | str = "group"
-    elif pattern.groups >= 1:
-        which = 1
-    else:
-        raise ConfigError(f"group regex {regex!r} has no capture group; expected a named group "
-                          f"(?P<group>...) or a first group (...)")
+    pattern, which = compile_group_regex(regex)
     out, unmatched = [], []
     for item in items:
         m = pattern.search(item.relpath)

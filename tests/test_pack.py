@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
@@ -11,11 +12,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from shardkit import formats
 from shardkit.errors import LabelError, OutputExistsError, SourceError
 from shardkit.manifest import load_index, load_manifest, read_split_records
-from shardkit.pack import pack, parse_size
+from shardkit.pack import pack, pack_command, parse_size
 from shardkit.verify import verify
 
 FORMATS = sorted(formats.FORMATS)
@@ -378,11 +380,11 @@ def test_max_pixels_limit_quarantines_large_images(awkward_dir, sample_dir, tmp_
 
 
 def test_a_crashing_check_worker_raises_instead_of_hanging(sample_dir, tmp_path, monkeypatch):
-    import shardkit.pack as pack_mod
+    import shardkit.pack_plan as pack_plan
 
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir, 2)})
-    monkeypatch.setattr(pack_mod, "_check_one", _die_in_worker)
+    monkeypatch.setattr(pack_plan, "_check_one", _die_in_worker)
     with pytest.raises(SourceError, match="check worker process died"):
         pack(src, tmp_path / "o", split={"train": 1.0}, workers=2, progress=False)
     assert not (tmp_path / "o").exists()
@@ -470,7 +472,7 @@ def _strict_json_lines(path: Path) -> list[dict]:
 
 
 def test_non_utf8_file_names_are_packed_quarantined_ignored_and_printed(sample_dir, tmp_path,
-                                                                        capsys):
+                                                                        caplog):
     photos = {c: sorted((sample_dir / c).glob("*.jpg"))[:3] for c in ("daisy", "roses", "tulips")}
     src = copy_folder(tmp_path / "src", {f"{c}/{p.name}": p for c in ("daisy", "roses")
                                          for p in photos[c]})
@@ -483,8 +485,9 @@ def test_non_utf8_file_names_are_packed_quarantined_ignored_and_printed(sample_d
     with open(os.path.join(daisy, b".caf\xe9"), "wb") as f:  # ignored: hidden
         f.write(b"x")
     out = tmp_path / "o"
-    summary = pack(src, out, format="wds", split={"train": 1.0}, progress=True)
-    printed = capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="shardkit.pack"):
+        summary = pack(src, out, format="wds", split={"train": 1.0}, progress=True)
+    logged = caplog.text
     assert summary.num_packed == 7 and summary.num_quarantined == 1 and summary.num_ignored == 1
     man = check_packed(out, src, 8)
     for name in ("manifest.json", "splits/train.jsonl", "quarantine.jsonl"):
@@ -503,8 +506,12 @@ def test_non_utf8_file_names_are_packed_quarantined_ignored_and_printed(sample_d
     assert q["reason"].startswith("not an image") and q["sha256"] == sha(b"some notes\n")
     (ign,) = man["source"]["ignored"]
     assert os.fsencode(ign["path"]) == b"daisy/.caf\xe9" and ign["reason"] == "hidden entry (dot-name)"
-    assert "daisy/.caf\\udce9: hidden entry" in printed  # the summary shows the name escaped
-    assert "scanned 8 = packed 7 + quarantined 1" in printed
+    for text in (summary.format_text(), logged):  # the summary shows the name escaped
+        assert "daisy/.caf\\udce9: hidden entry" in text
+        assert "scanned 8 = packed 7 + quarantined 1" in text
+    res = CliRunner().invoke(pack_command, [str(src), str(tmp_path / "cli"), "--split", "train=1"])
+    assert res.exit_code == 0, res.output
+    assert summary.format_text().replace(str(out), str(tmp_path / "cli")) in res.output
 
 
 def _group_tree(sample_dir: Path, root: Path) -> Path:

@@ -1,0 +1,313 @@
+"""Steps 1-4 of :func:`shardkit.pack.pack`: everything decided before ``OUT`` is touched.
+
+Each step takes what the earlier ones returned plus the validated
+:class:`~shardkit.pack.PackOptions` and returns a value: :func:`scan_source` (1) ->
+:class:`ScannedSource`; :func:`resolve_labels` (2) -> label map and per-item class index;
+:func:`check_files` (3) -> :class:`CheckedFiles`; :func:`plan_split` (4, pure: no I/O) ->
+:class:`SplitOutcome`. Steps 5-7 (writing) are in :mod:`shardkit.pack_write`. Notes go to the
+``shardkit.pack`` logger.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from tqdm import tqdm
+
+from shardkit import scan
+from shardkit.errors import LabelError, ShardkitError, SourceError
+from shardkit.labels import LabelMap
+from shardkit.split import SplitPlan, assign_splits
+
+if TYPE_CHECKING:
+    from shardkit.pack import PackOptions
+    from shardkit.scan import SourceItem
+
+__all__ = ["ScannedSource", "CheckedFiles", "SplitOutcome", "scan_source", "resolve_labels",
+           "check_files", "plan_split", "NO_GROUP_RULE_WARNING"]
+
+logger = logging.getLogger("shardkit.pack")
+
+NO_GROUP_RULE_WARNING = ("no group rule (--group-by or --metadata/--group-column): every file is "
+                         "its own group, so near-duplicates (same subject, burst shots) can leak "
+                         "across splits")
+
+
+# ----------------------------------------------------------------------------- 1: scan
+@dataclass(frozen=True)
+class ScannedSource:
+    """What step 1 found in the source.
+
+    Attributes:
+        items: sample candidates sorted by relpath. ``group`` is set on every item except those
+            at the positions in ``ungrouped`` (None there); without a group rule each item is its
+            own group (its relpath), unless a CSV list gave it one.
+        missing: CSV rows and broken links whose file does not exist (quarantined later).
+        ignored: ``(relpath, reason)`` of entries that are not samples.
+        kind, root: ``"folder"`` or ``"csv"``, and the absolute source root.
+        group_rule: the manifest's ``split.group_rule``: ``{"kind": "none"}``,
+            ``{"kind": "regex", "regex"}`` or ``{"kind": "column", "csv", "column"}``.
+        ungrouped: positions in ``items`` that the group rule gives no group.
+        no_group_error: builds the rule's SourceError for a list of relpaths (None without rule).
+    """
+
+    items: list[SourceItem]
+    missing: list[SourceItem]
+    ignored: list[tuple[str, str]]
+    kind: str
+    root: str
+    group_rule: dict
+    ungrouped: list[int] = field(default_factory=list)
+    no_group_error: Callable[[list[str]], ShardkitError] | None = None
+
+    @property
+    def num_files(self) -> int:
+        """Files the source lists: candidates plus missing ones."""
+        return len(self.items) + len(self.missing)
+
+
+def scan_source(src: Path, options: PackOptions) -> ScannedSource:
+    """Step 1: scans ``src`` (folder or ``.csv`` list) and applies the group rule of ``options``.
+
+    Raises:
+        SourceError: ``src`` is neither a folder nor a ``.csv`` file, or holds no files; the
+            scanner's and the metadata CSV's own errors. ConfigError: a bad metadata column.
+    """
+    if src.is_file() and src.suffix.lower() == ".csv":
+        result = scan.scan_csv(src)
+    elif src.is_dir():
+        result = scan.scan_folder(src)
+    else:
+        raise SourceError(f"source {src} is neither a folder nor a .csv file")
+    items, rule, ungrouped, no_group_error = _apply_group_rule(src, list(result.items), options)
+    if not items and not result.missing:
+        raise SourceError(f"no image files found in {src}")
+    logger.info("scanned %s: %d files, %d missing, %d ignored entries, group rule %s", src,
+                len(items), len(result.missing), len(result.ignored), rule["kind"])
+    return ScannedSource(items=items, missing=list(result.missing), ignored=list(result.ignored),
+                         kind=result.kind, root=result.root, group_rule=rule, ungrouped=ungrouped,
+                         no_group_error=no_group_error)
+
+
+def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
+    """``(items, group_rule, ungrouped, no_group_error)`` for the rule of ``options``."""
+    group_by, metadata, column = options.group_by, options.metadata, options.group_column
+    grouped = no_group_error = None
+    if group_by is not None:
+        grouped, _ = scan.match_group_regex(items, group_by)
+        rule = {"kind": "regex", "regex": group_by}
+        no_group_error = lambda rels: scan.unmatched_regex_error(group_by, rels)  # noqa: E731
+    elif column is not None:
+        grouped, _ = scan.match_group_metadata(items, metadata, column)
+        rule = {"kind": "column", "csv": str(Path(metadata).resolve()), "column": column}
+        no_group_error = lambda rels: scan.lacking_metadata_error(  # noqa: E731
+            metadata, column, rels)
+    elif any(it.group for it in items):  # a CSV list with its own group column
+        rule = {"kind": "column", "csv": str(src), "column": "group"}
+    else:
+        rule = {"kind": "none"}
+    if grouped is None:  # no rule: each file is its own group (the summary warns about leakage)
+        items = [it if it.group else dataclasses.replace(it, group=it.relpath) for it in items]
+        return items, rule, [], None
+    # a file the rule gives no group is not an error yet: step 3 first checks whether it is an
+    # image at all (a notes.txt is quarantined as "not an image", not a group error)
+    by_rel = {it.relpath: it for it in grouped}
+    ungrouped = [i for i, it in enumerate(items) if it.relpath not in by_rel]
+    items = [by_rel.get(it.relpath, dataclasses.replace(it, group=None)) for it in items]
+    return items, rule, ungrouped, no_group_error
+
+
+# ----------------------------------------------------------------------------- 2: labels
+def resolve_labels(items: list[SourceItem], labels_yaml) -> tuple[LabelMap, list[int]]:
+    """Step 2: the label map (from ``labels_yaml``, else the sorted item labels) and each item's
+    class index, aligned with ``items``. Reads no image.
+
+    Raises:
+        UnknownLabelError: every label that matches no class, at once. LabelError: a bad YAML.
+    """
+    label_map = (LabelMap.from_yaml(labels_yaml) if labels_yaml is not None else
+                 LabelMap.from_names(sorted({it.label for it in items})))
+    name_to_idx = label_map.resolve_all([it.label for it in items])  # all unknowns at once
+    return label_map, [name_to_idx[it.label] for it in items]
+
+
+# ----------------------------------------------------------------------------- 3: check
+@dataclass
+class CheckedFiles:
+    """What step 3 found out about every file.
+
+    Attributes:
+        results: one dict per item (aligned with ``ScannedSource.items``): ``ok`` and, when the
+            file was readable, ``sha256`` (hex) and ``size`` (bytes); accepted files add ``ext``,
+            ``rule``, ``width``, ``height`` (pixels), ``warnings`` and, when normalised, ``data``
+            (the bytes to store); rejected ones add ``reason``.
+        keep: positions of accepted items, in scan order.
+        quarantine: entries for ``quarantine.jsonl`` (``path``, ``reason``[, ``sha256``,
+            ``size``]): missing files first, then rejects in scan order.
+    """
+
+    results: list[dict]
+    keep: list[int]
+    quarantine: list[dict]
+
+
+def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
+    """Step 3: reads, hashes and fully decodes every item in ``options.workers`` processes.
+
+    Items the group rule gives no group are checked first: a real image among them raises the
+    rule's error before the long check of the rest; non-images among them are quarantined.
+
+    Raises:
+        SourceError: an image without a group; a reject while ``options.fail_fast``; a check
+            process that died.
+    """
+    items = source.items
+    jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict) for it in items]
+    results: list = [None] * len(items)
+    if source.ungrouped:
+        checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
+                             options.progress, desc="check (no group)")
+        for i, res in zip(source.ungrouped, checked):
+            results[i] = res
+        images_without_group = [items[i].relpath for i in source.ungrouped if results[i]["ok"]]
+        if images_without_group:
+            raise source.no_group_error(images_without_group)
+    rest = [i for i, res in enumerate(results) if res is None]
+    for i, res in zip(rest, _check_all([jobs[i] for i in rest], options.workers,
+                                       options.progress)):
+        results[i] = res
+    quarantine = [{"path": m.relpath, "reason": "file not found"} for m in source.missing]
+    keep: list[int] = []
+    for i, (it, res) in enumerate(zip(items, results)):
+        if res["ok"]:
+            keep.append(i)
+            continue
+        entry = {"path": it.relpath, "reason": res["reason"]}
+        entry.update({k: res[k] for k in ("sha256", "size") if k in res})
+        quarantine.append(entry)
+        if options.fail_fast:
+            raise SourceError(f"{it.path}: rejected ({res['reason']}); fail_fast is on, nothing "
+                              "was written")
+    logger.info("checked %d files: %d accepted, %d quarantined", len(items), len(keep),
+                len(quarantine))
+    return CheckedFiles(results=results, keep=keep, quarantine=quarantine)
+
+
+def _check_one(job: tuple[str, str, int, bool]) -> dict:
+    """Worker: read + sha256 + full decode check of one file. Keeps bytes only when normalised."""
+    from shardkit.images import check_image
+
+    path, relpath, max_pixels, strict = job
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return {"ok": False, "reason": f"unreadable: {e.strerror or e}"}
+    out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    try:
+        res = check_image(data, max_pixels=max_pixels, strict=strict)
+    except Exception as e:  # noqa: BLE001 - a checker crash on one file must not stop the pack
+        return {**out, "ok": False, "reason": f"check_failed: {type(e).__name__}: {e}"}
+    if not res.ok:
+        return {**out, "ok": False, "reason": res.reason}
+    out.update(ok=True, ext=res.ext, rule=res.rule, width=int(res.width), height=int(res.height),
+               warnings=list(res.warnings or []))
+    if res.rule != "original":
+        out["data"] = bytes(res.data)
+    return out
+
+
+def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check") -> list[dict]:
+    """Runs :func:`_check_one` over ``jobs`` in input order, in ``workers`` processes.
+
+    A process pool that loses a worker (a decoder crashing the process) raises instead of hanging:
+    ``ProcessPoolExecutor`` reports ``BrokenProcessPool``, turned into a SourceError here.
+    """
+    results: list[dict] = []
+    bar = tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress)
+    try:
+        if workers <= 1 or len(jobs) < 2:
+            for job in jobs:
+                results.append(_check_one(job))
+                bar.update()
+            return results
+        chunk = max(1, min(32, len(jobs) // (workers * 8)))
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context()) as pool:
+            for res in pool.map(_check_one, jobs, chunksize=chunk):
+                results.append(res)
+                bar.update()
+        return results
+    except BrokenProcessPool:
+        raise SourceError(f"a check worker process died near file {len(results)} of {len(jobs)} "
+                          f"({jobs[min(len(results), len(jobs) - 1)][0]} or one of the next "
+                          "files crashed a decoder); rerun with workers=1 to pinpoint it") from None
+    finally:
+        bar.close()
+
+
+# ----------------------------------------------------------------------------- 4: split
+@dataclass
+class SplitOutcome:
+    """What step 4 decided.
+
+    Attributes:
+        plan: the split plan over ``keep`` (plan position ``j`` is item ``keep[j]``).
+        keep: positions of the items to pack, in scan order.
+        quarantined: ``quarantine.jsonl`` entries of label conflicts (policy ``"quarantine"``).
+        conflicts: identical bytes under different labels, as in the manifest's
+            ``split.label_conflicts`` (``sha256``, ``labels``, ``paths``).
+        warnings: the plan's warnings, then the one about a missing group rule.
+    """
+
+    plan: SplitPlan
+    keep: list[int]
+    quarantined: list[dict]
+    conflicts: list[dict]
+    warnings: list[str]
+
+
+def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
+               checked: CheckedFiles, options: PackOptions) -> SplitOutcome:
+    """Step 4 (pure): splits the accepted items with :func:`shardkit.split.assign_splits` and
+    applies ``options.on_label_conflict``.
+
+    Raises:
+        LabelError: identical bytes under different labels with policy ``"error"``.
+    """
+    items, results, keep = source.items, checked.results, checked.keep
+
+    def plan_for(idx):
+        return assign_splits([(items[i].group, int(label_idx[i]), results[i]["sha256"])
+                              for i in idx], options.split, seed=options.seed)
+
+    plan = plan_for(keep)
+    conflicts = [{"sha256": c.sha256, "labels": [label_map.classes[k] for k in c.labels],
+                  "paths": [items[keep[j]].relpath for j in c.indices]}
+                 for c in plan.label_conflicts]
+    quarantined: list[dict] = []
+    if conflicts and options.on_label_conflict == "error":
+        listing = "; ".join(f"{c['paths']} labelled {c['labels']}" for c in conflicts[:10])
+        raise LabelError(f"{len(conflicts)} set(s) of identical bytes carry different labels: "
+                         f"{listing}. Fix the labels, or pass --on-label-conflict quarantine|keep")
+    if conflicts and options.on_label_conflict == "quarantine":
+        bad = {keep[j] for c in plan.label_conflicts for j in c.indices}
+        for i in sorted(bad):
+            others = sorted({label_map.classes[label_idx[j]] for j in bad
+                             if results[j]["sha256"] == results[i]["sha256"]})
+            quarantined.append({"path": items[i].relpath, "sha256": results[i]["sha256"],
+                                "size": results[i]["size"],
+                                "reason": f"label_conflict: identical bytes labelled {others}"})
+        keep = [i for i in keep if i not in bad]
+        plan = plan_for(keep)
+    warnings = list(plan.warnings)
+    if source.group_rule["kind"] == "none":
+        warnings.append(NO_GROUP_RULE_WARNING)
+    return SplitOutcome(plan=plan, keep=keep, quarantined=quarantined, conflicts=conflicts,
+                        warnings=warnings)

@@ -1,0 +1,225 @@
+"""Steps 5-7 of :func:`shardkit.pack.pack`: the output folder, shards, split files, manifest.
+
+:func:`check_output` applies the output rules before the scan (touching nothing);
+:func:`prepare_out` + :func:`write_quarantine` (5) clean ``OUT`` and write the quarantine list;
+:func:`write_shards` (6, with the split files of 7) returns the manifest's ``splits`` section;
+:func:`class_warnings` + :func:`build_manifest` (7) return the manifest, which the caller writes
+last. Inputs are the values returned by :mod:`shardkit.pack_plan` and the validated
+:class:`~shardkit.pack.PackOptions`. Notes go to the ``shardkit.pack`` logger.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tqdm import tqdm
+
+from shardkit import __version__, formats
+from shardkit import manifest as manifest_mod
+from shardkit.errors import ConfigError, OutputExistsError, ShardkitError, SourceError
+from shardkit.labels import LabelMap
+from shardkit.pack_plan import CheckedFiles, ScannedSource, SplitOutcome
+
+if TYPE_CHECKING:
+    from shardkit.pack import PackOptions
+
+__all__ = ["PackInvariantError", "QUARANTINE_NAME", "check_output", "prepare_out",
+           "write_quarantine", "write_shards", "shuffled_members", "class_warnings",
+           "build_manifest"]
+
+logger = logging.getLogger("shardkit.pack")
+
+QUARANTINE_NAME = "quarantine.jsonl"
+_OWNED = ("manifest.json", "shards", "splits", QUARANTINE_NAME)
+
+
+class PackInvariantError(ShardkitError):
+    """The packer's own bookkeeping does not add up (scanned != packed + quarantined); a bug."""
+
+
+# ----------------------------------------------------------------------------- before the scan
+def check_output(src: Path, out: Path, overwrite: bool) -> None:
+    """Fails fast, before the long scan, and touches nothing.
+
+    Raises:
+        OutputExistsError: ``out`` holds ``manifest.json`` and ``overwrite`` is False.
+        ConfigError: ``out`` is the source folder or lies inside it.
+    """
+    if (out / "manifest.json").exists() and not overwrite:
+        raise _exists_error(out)
+    if src.is_dir() and (out == src or src in out.parents):
+        raise ConfigError(f"output {out} lies inside the source {src}; choose a folder outside it")
+
+
+def _exists_error(out: Path) -> OutputExistsError:
+    return OutputExistsError(f"{out} already holds a packed dataset (manifest.json); "
+                             "pass --overwrite (overwrite=True) to replace it")
+
+
+# ----------------------------------------------------------------------------- 5: output folder
+def prepare_out(out: Path, overwrite: bool) -> list[str]:
+    """Step 5: applies the crash-safety rules to ``out``; returns what was removed.
+
+    Raises:
+        OutputExistsError: ``out`` holds ``manifest.json`` and ``overwrite`` is False.
+    """
+    if (out / "manifest.json").exists() and not overwrite:
+        raise _exists_error(out)
+    removed = []
+    for name in _OWNED:  # manifest first: from here on no reader takes OUT as finished
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+            removed.append(name + "/")
+        elif p.exists():
+            p.unlink()
+            removed.append(name)
+    for p in out.glob(".*.tmp") if out.is_dir() else []:
+        p.unlink()
+        removed.append(p.name)
+    out.mkdir(parents=True, exist_ok=True)
+    if removed:
+        logger.info("removed from %s before writing: %s", out, ", ".join(removed))
+    return removed
+
+
+def write_quarantine(out: Path, entries: list[dict]) -> None:
+    """Step 5: writes ``OUT/quarantine.jsonl`` (one sorted-key JSON object per line), atomically."""
+    manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, b"".join(
+        manifest_mod.json_bytes(q, sort_keys=True) + b"\n" for q in entries))
+
+
+# ----------------------------------------------------------------------------- 6: write
+def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked: CheckedFiles,
+                 outcome: SplitOutcome, num_classes: int, options: PackOptions
+                 ) -> dict[str, dict]:
+    """Step 6 (and the split files of step 7): writes every split's shards, then its
+    ``splits/<split>.jsonl`` + ``.index.npz``. Returns the manifest's ``splits`` section:
+    ``{split: {"num_samples", "class_counts", "num_groups", "shards"}}``.
+
+    Raises:
+        SourceError: a source file changed since step 3. OSError: from the shard writers.
+    """
+    split_manifest: dict[str, dict] = {}
+    bar = tqdm(total=len(outcome.keep), desc="write", unit="file", disable=not options.progress)
+    try:
+        for pos, name in enumerate(outcome.plan.names):
+            members = shuffled_members([outcome.keep[j] for j in outcome.plan.indices(name)],
+                                       options.seed, pos, name)
+            records, shards = _write_split(out, name, members, source.items, label_idx,
+                                           checked.results, options, bar)
+            manifest_mod.write_split_files(out, name, records)
+            split_manifest[name] = {
+                "num_samples": len(records),
+                "class_counts": np.bincount([r["label"] for r in records],
+                                            minlength=num_classes).tolist(),
+                "num_groups": len({source.items[i].group for i in members}), "shards": shards}
+            logger.info("split %s: %d samples in %d shards", name, len(records), len(shards))
+    finally:
+        bar.close()
+    return split_manifest
+
+
+def shuffled_members(members: list[int], seed: int, pos: int, name: str) -> list[int]:
+    """``members`` of split ``name`` (at position ``pos``) in the order they are stored: shuffled
+    by a generator seeded with ``(seed, pos, crc32(name))`` so shards are not class-sorted
+    (field case 7)."""
+    rng = np.random.default_rng([int(seed), pos, zlib.crc32(name.encode())])
+    return [members[int(k)] for k in rng.permutation(len(members))]
+
+
+def _write_split(out: Path, name: str, members: list[int], items, label_idx, results,
+                 options: PackOptions, bar) -> tuple[list[dict], list[dict]]:
+    """Writes the shards of one split through :class:`shardkit.formats.ShardSink` (aborted on any
+    error); returns ``(split records, shard entries)``."""
+    sink = formats.ShardSink(out, name, options.format, max_samples=options.shard_samples,
+                             max_bytes=options.shard_byte_limit,
+                             writer_options=options.sink_writer_options)
+    try:
+        records = [_write_one(sink, f"{name}_{n:08d}", items[i], results[i], label_idx[i], bar)
+                   for n, i in enumerate(members)]
+        return records, sink.close()
+    except BaseException:
+        sink.abort()
+        raise
+
+
+def _write_one(sink, key: str, it, res: dict, label: int, bar) -> dict:
+    """Stores one checked sample through ``sink``; returns its split record (docs/DESIGN.md)."""
+    data = res.get("data")
+    if data is None:  # stored as the original bytes: re-read, and make sure they did not change
+        data = Path(it.path).read_bytes()
+        if hashlib.sha256(data).hexdigest() != res["sha256"]:
+            raise SourceError(f"{it.path} changed while packing (its sha256 differs from the "
+                              "checked file); rerun the pack")
+    shard_idx, offset = sink.add(key, data, res["ext"], int(label))
+    bar.update()
+    return {"key": key, "path": it.relpath, "label": int(label), "group": it.group,
+            "sha256": res["sha256"], "shard": shard_idx, "offset": int(offset), "size": len(data),
+            "ext": res["ext"], "rule": res["rule"], "width": res["width"], "height": res["height"],
+            "warnings": res["warnings"]}
+
+
+# ----------------------------------------------------------------------------- 7: manifest
+def class_warnings(classes: list[str], split_manifest: dict[str, dict]) -> list[str]:
+    """Step 7: warnings about what was packed: a class without samples in a (non-empty) split,
+    and a dataset with fewer than two classes that have samples."""
+    out = []
+    for name, sm in split_manifest.items():
+        if sm["num_samples"]:  # an empty split has its own warning from the splitter
+            out += [f"class {c!r} has no samples in split {name!r}"
+                    for c, n in zip(classes, sm["class_counts"]) if n == 0]
+    totals = [sum(sm["class_counts"][k] for sm in split_manifest.values())
+              for k in range(len(classes))]
+    with_samples = [c for c, n in zip(classes, totals) if n]
+    if len(with_samples) < 2:
+        head = "only one class" if with_samples else "no class has packed samples"
+        out.append(f"{head}: classification needs at least 2 (classes with packed samples: "
+                   f"{with_samples} of {len(classes)} in the label map)")
+    return out
+
+
+def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOutcome,
+                   quarantine: list[dict], split_manifest: dict[str, dict],
+                   packed_warnings: list[str], options: PackOptions) -> dict:
+    """Step 7: the ``manifest.json`` content (schema: ``docs/DESIGN.md``), with the resolved
+    ``options`` where the schema has them (format, split seed/ratios, normalization).
+
+    Raises:
+        PackInvariantError: scanned files != packed + quarantined.
+    """
+    from shardkit import images
+
+    plan, classes = outcome.plan, label_map.classes
+    num_packed = sum(s["num_samples"] for s in split_manifest.values())
+    if source.num_files != num_packed + len(quarantine):
+        raise PackInvariantError(f"scanned {source.num_files} != packed {num_packed} + "
+                                 f"quarantined {len(quarantine)}")
+    grouped = source.group_rule["kind"] != "none"
+    return {
+        "format": options.format,
+        "created_by": f"shardkit {__version__}",
+        "classes": list(classes),
+        "label_aliases": dict(label_map.aliases),
+        "split": {"seed": int(options.seed), "ratios": dict(options.split),
+                  "group_rule": source.group_rule,
+                  "group_to_split": plan.group_to_split if grouped else None,
+                  "tolerance": plan.tolerance,
+                  "achieved": {"samples": plan.achieved,
+                               "classes": {s: {classes[c]: round(v, 6) for c, v in cv.items()}
+                                           for s, cv in plan.class_achieved.items()}},
+                  "merged_groups": plan.merged_groups, "label_conflicts": outcome.conflicts,
+                  "warnings": plan.warnings + packed_warnings},
+        "source": {"root": str(source.root), "kind": source.kind, "num_files": source.num_files,
+                   "num_packed": num_packed, "num_quarantined": len(quarantine),
+                   "num_duplicates": plan.num_duplicates, "num_ignored": len(source.ignored),
+                   "ignored": [{"path": path, "reason": why} for path, why in source.ignored]},
+        "normalization": {"rules": dict(images.RULES), "max_pixels": options.max_pixels,
+                          "strict": options.strict},
+        "splits": split_manifest,
+    }
