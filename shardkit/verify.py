@@ -13,6 +13,12 @@ A shard whose size or hash is wrong is reported, and its samples are still read 
 damaged keys) for the ``wds`` and ``hdf5`` formats, whose readers bound-check every access. For
 ``lmdb`` they are not: a corrupt LMDB B-tree page can crash the process that maps it, so only the
 shard is named. Every problem names the split, the shard path and, where known, the sample key.
+
+Damage inside the dataset (a split file that is truncated or does not match, a missing, truncated
+or changed shard, a bad sample) is verify's finding: one ``FAIL`` line each, exit code 1. A
+folder that is no dataset at all (``manifest.json`` missing, not JSON, not a JSON object, of
+another schema) stops it: one ``Error: ManifestError: ...`` line on stderr, exit code 2, as for
+``shardkit check`` / ``stats`` / ``inspect`` (see :mod:`shardkit.doctor.cli`).
 """
 from __future__ import annotations
 
@@ -25,7 +31,10 @@ import click
 
 from shardkit.errors import ShardkitError
 
-__all__ = ["verify", "VerifyReport", "verify_command"]
+__all__ = ["verify", "VerifyReport", "verify_command", "RECORD_FIELDS"]
+
+RECORD_FIELDS = ("key", "shard", "offset", "size", "sha256")
+"""Fields of a ``splits/<split>.jsonl`` row that verify reads (``rule`` and ``path`` optional)."""
 
 
 @dataclass
@@ -89,17 +98,19 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
         a :class:`VerifyReport`; ``report.ok`` is True when every check holds.
 
     Raises:
-        ManifestError: ``manifest.json`` is missing or unreadable (nothing can be verified).
+        ManifestError: ``manifest.json`` is missing, unreadable, not a JSON object or of another
+            schema version (nothing can be verified).
     """
     from shardkit import formats, manifest as manifest_mod
+    from shardkit.doctor.reading import load_manifest_dict, read_rows
 
     root = Path(root)
-    man = manifest_mod.load_manifest(root)
+    man = load_manifest_dict(root)
     report = VerifyReport(root=root)
     for split, info in man["splits"].items():
         shards = info.get("shards", [])
         try:
-            records = manifest_mod.read_split_records(root, split)
+            records = read_rows(root, split, RECORD_FIELDS)
             index = manifest_mod.load_index(root, split, man)
         except ShardkitError as e:
             report._fail(f"split {split!r}: {e}")
@@ -182,11 +193,14 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
 @click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
 def verify_command(root: Path, no_decode: bool) -> None:
-    """Re-hash the shards of ROOT and check every sample against the manifest (exit 1 on failure)."""
-    try:
-        report = verify(root, decode=not no_decode)
-    except ShardkitError as e:
-        raise click.ClickException(str(e)) from None
+    """Re-hash the shards of ROOT and check every sample against the manifest.
+
+    Exit 0 when every check holds; 1 when damage was found (one FAIL line per problem); 2 when
+    ROOT is not a readable dataset (one "Error: ..." line on stderr).
+    """
+    from shardkit.doctor.cli import run_command
+
+    report = run_command(verify, root, decode=not no_decode)
     click.echo(report.format_text())
     if not report.ok:
         raise SystemExit(1)

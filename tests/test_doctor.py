@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image, ImageOps
 
-from shardkit import doctor_leaks as leaks
+from shardkit.doctor import leaks
 from shardkit.doctor import (check_command, check_dataset, compute_stats, inspect_command,
                              inspect_dataset, stats_command)
-from shardkit.doctor_stats import ChannelMoments
+from shardkit.doctor.stats import ChannelMoments
 from shardkit.errors import ConfigError
 
 
@@ -342,7 +342,7 @@ def _report(**overrides):
 
 
 def test_check_headline_is_not_ok_when_there_are_warnings():
-    from shardkit.doctor_check import format_check_report
+    from shardkit.doctor.check import format_check_report
 
     near = [{"check": "near_duplicates", "message": f"near-duplicate {i}"} for i in range(10)]
     text = format_check_report(_report(near_duplicates=[{}] * 10, warnings=near))
@@ -425,8 +425,8 @@ def test_inspect_default_out_is_outside_the_dataset(clean, tmp_path, monkeypatch
 # ------------------------------------------------------------------------------ transform drift
 
 def test_transform_drift_clean_matches_torchvision(packed_sample):
-    from shardkit.doctor_io import load_manifest_dict
-    from shardkit.doctor_transforms import TOLERANCE, check_transform_drift
+    from shardkit.doctor.drift import TOLERANCE, check_transform_drift
+    from shardkit.doctor.reading import load_manifest_dict
 
     root = packed_sample("wds")
     drift = check_transform_drift(root, load_manifest_dict(root), num_samples=3)
@@ -453,8 +453,8 @@ class _Flipped:
 
 
 def test_transform_drift_detects_other_config_and_silent_change(packed_sample):
-    from shardkit.doctor_io import load_manifest_dict
-    from shardkit.doctor_transforms import check_transform_drift
+    from shardkit.doctor.drift import check_transform_drift
+    from shardkit.doctor.reading import load_manifest_dict
     from shardkit.transforms import TransformConfig, make_transform
 
     root = packed_sample("wds")

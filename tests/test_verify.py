@@ -106,8 +106,8 @@ def test_verify_cli_exit_codes(packed_sample, tmp_path):
     assert bad.exit_code == 1
     assert f"FAIL split 'val' shard {shard}: missing" in bad.output
     missing = runner.invoke(main, ["verify", str(tmp_path)])
-    assert missing.exit_code == 1 and "Traceback" not in missing.output
-    assert "manifest.json not found" in missing.output
+    assert missing.exit_code == 2 and "Traceback" not in missing.output
+    assert "Error: ManifestError: " in missing.output and "manifest.json not found" in missing.output
 
 
 @pytest.fixture()

@@ -3,20 +3,31 @@
 Findings are *errors* (the command exits 1) or *warnings* (exit 0 unless ``strict``):
 
 - error: a group with samples in two splits; identical source bytes (sha256) in two splits;
-  train/eval transform drift (see :mod:`shardkit.doctor_transforms`);
+  train/eval transform drift (see :mod:`shardkit.doctor.drift`);
 - warning: near-duplicates across splits (pHash Hamming distance <= threshold, see
-  :mod:`shardkit.doctor_leaks`), a class missing from a split, a split whose max/min class-count
+  :mod:`shardkit.doctor.leaks`), a class missing from a split, a split whose max/min class-count
   ratio exceeds the imbalance threshold. ``strict=True`` turns every warning into an error.
+
+Cost: the group and sha256 checks are dictionary passes, O(N) in the N samples of all splits. The
+near-duplicate search decodes every sample once (the bulk of the run time) and then compares
+*every* pair of samples in different splits (:func:`shardkit.doctor.leaks.near_duplicate_pairs`):
+O(sum over split pairs of n_a * n_b) XOR + popcount operations, i.e. quadratic in the dataset
+size, in chunks of 2048 rows so memory stays O(2048 * n_b).
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
-from shardkit.errors import ConfigError
+from shardkit.doctor import leaks
+from shardkit.doctor.reading import load_manifest_dict, read_rows
+from shardkit.errors import ConfigError, ManifestError
 
 __all__ = ["check_dataset", "format_check_report", "check_headline", "write_json_report"]
+
+log = logging.getLogger(__name__)
 
 
 def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bool = True,
@@ -31,31 +42,32 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
         near_duplicates: run the pHash near-duplicate search (decodes every sample once);
             when False the report says ``"near_duplicates": null`` and a warning says it did not run.
         phash_threshold: max Hamming distance (0-64) of a near-duplicate pair; default
-            :data:`shardkit.doctor_leaks.PHASH_THRESHOLD` (4).
+            :data:`shardkit.doctor.leaks.PHASH_THRESHOLD` (4).
         imbalance_threshold: max/min class-count ratio above which a split is flagged; default
-            :data:`shardkit.doctor_leaks.IMBALANCE_THRESHOLD` (10.0); must be >= 1.
+            :data:`shardkit.doctor.leaks.IMBALANCE_THRESHOLD` (10.0); must be >= 1.
         transforms: run the transform-drift check; when False a warning says it did not run.
-        transform_config: a ``shardkit.transforms.TransformConfig`` (default: the one recorded in
-            the manifest, else ``TransformConfig()``).
-        transform_samples: samples of the first split used for the drift check.
+        transform_config: a ``shardkit.transforms.TransformConfig`` for the drift check
+            (default ``TransformConfig()``; see :func:`shardkit.doctor.drift.load_transform_config`
+            for reading one from a YAML file or a train run's ``config.yaml``).
+        transform_samples: samples used for the drift check (the first ones of ``val``, else
+            ``test``, else the first non-empty split).
         decoder: decoder registry name used for pHashes.
         seed: seed of the train-transform randomness in the drift check.
-        progress: tqdm bars on stderr.
+        progress: tqdm bars on stderr (pHash search and drift check).
 
     Returns:
         A JSON-serialisable report: ``{"root", "ok", "strict", "thresholds", "errors": [{"check",
         "message"}], "warnings": [...], "group_overlap", "sha_overlap", "near_duplicates",
         "missing_classes", "imbalance", "transform"}`` (see the functions of
-        :mod:`shardkit.doctor_leaks` and :mod:`shardkit.doctor_transforms` for each part).
+        :mod:`shardkit.doctor.leaks` and :mod:`shardkit.doctor.drift` for each part).
         ``ok`` is True when ``errors`` is empty.
 
     Raises:
         ConfigError: a threshold is out of range.
-        ManifestError, ShardCorruptError, DecodeError: from reading the dataset.
+        ManifestError: unreadable manifest or split file, or a ``splits/<split>.jsonl`` whose row
+            count differs from the manifest's ``num_samples``.
+        ShardCorruptError, DecodeError: from reading the samples.
     """
-    from shardkit import doctor_leaks as leaks
-    from shardkit.doctor_io import load_manifest_dict, read_rows
-
     phash_threshold = leaks.PHASH_THRESHOLD if phash_threshold is None else phash_threshold
     imbalance_threshold = (leaks.IMBALANCE_THRESHOLD if imbalance_threshold is None
                            else float(imbalance_threshold))
@@ -65,6 +77,12 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     manifest = load_manifest_dict(root)
     classes = list(manifest["classes"])
     rows = {split: read_rows(root, split) for split in manifest["splits"]}
+    for split, split_rows in rows.items():
+        expected = manifest["splits"][split]["num_samples"]
+        if len(split_rows) != expected:
+            raise ManifestError(f"{root}/splits/{split}.jsonl has {len(split_rows)} rows, the "
+                                f"manifest says {expected} (truncated or edited?); run "
+                                "`shardkit verify` on the dataset to list every damaged file")
     errors: list[dict[str, str]] = []
     warnings: list[dict[str, str]] = []
     report: dict[str, Any] = {
@@ -97,6 +115,7 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
                 f"near-duplicate (pHash distance {p['distance']} <= {phash_threshold}): "
                 f"{a['split']}:{a['key']} ({a['path']}) ~ {b['split']}:{b['key']} ({b['path']})")})
     else:
+        log.info("near-duplicate search not run (disabled by the caller)")
         report["near_duplicates"] = None
         warnings.append({"check": "near_duplicates", "message": "near-duplicate search not run "
                          "(disabled by the caller)"})
@@ -118,14 +137,15 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
                 f"{imbalance_threshold:g})")})
 
     if transforms:
-        from shardkit.doctor_transforms import check_transform_drift
+        from shardkit.doctor.drift import check_transform_drift
 
         drift = check_transform_drift(root, manifest, transform_config,
-                                      num_samples=transform_samples, seed=seed)
+                                      num_samples=transform_samples, seed=seed, progress=progress)
         report["transform"] = drift
         for problem in drift["problems"]:
             errors.append({"check": "transform_drift", "message": problem})
     else:
+        log.info("transform drift check not run (disabled by the caller)")
         report["transform"] = None
         warnings.append({"check": "transform_drift", "message": "transform drift check not run "
                          "(disabled by the caller)"})

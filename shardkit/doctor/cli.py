@@ -1,65 +1,83 @@
-"""The data doctor: ``shardkit inspect``, ``shardkit check`` and ``shardkit stats``.
+"""The click commands of the data doctor: ``shardkit inspect``, ``check`` and ``stats``.
 
-Python API (each reads a packed dataset ``OUT`` through the contracts of docs/DESIGN.md):
+Exit codes, shared with ``shardkit verify`` (the convention of ``diff`` and ``grep``: 1 is a
+verdict, 2 is trouble):
 
-- :func:`inspect_dataset` - per-split class counts, class-imbalance ratio, groups, shard sizes, and
-  PNG grids of decoded samples and of the same samples after the train transform;
-- :func:`check_dataset` - leakage between splits (shared groups, identical bytes, pHash
-  near-duplicates), missing classes, extreme imbalance, and train/eval transform drift;
-- :func:`compute_stats` - exact per-channel mean/std of a split's decoded pixels (0-1, RGB),
-  saved under ``manifest["stats"][split]``.
+- 0: fine;
+- 1: the command ran and its verdict is negative: ``check`` found a leak or drift (or, with
+  ``--strict``, any warning); ``verify`` found damage (one ``FAIL`` line per problem on stdout);
+- 2: the command could not run: a bad option, or a dataset that cannot be read (no
+  ``manifest.json``, a manifest that is not a JSON object, a truncated ``splits/<split>.jsonl``, a
+  deleted or damaged shard). One line on stderr, ``Error: <ErrorType>: <message>``, where
+  ``<ErrorType>`` is the :mod:`shardkit.errors` class (``ManifestError``, ``ShardCorruptError``,
+  ``ConfigError``, ...) and the message names the file; never a traceback.
 
-The work is done in ``doctor_io`` (reading), ``doctor_leaks`` and ``doctor_check`` (check),
-``doctor_transforms`` (drift), ``doctor_inspect`` and ``doctor_stats``; this module holds the
-click commands.
-
-Exit codes of the commands: 0 = fine; 1 = ``check`` found a leak or drift (or, with
-``--strict``, any warning); 2 = the dataset or an option could not be used (message on stderr).
+Progress bars (tqdm, on stderr) are on by default when stderr is a terminal and off otherwise
+(pipes, CI logs); ``--progress`` / ``--no-progress`` force them.
 """
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
-from shardkit.doctor_check import check_dataset, format_check_report, write_json_report
-from shardkit.doctor_inspect import format_summary, inspect_dataset
-from shardkit.doctor_stats import compute_stats
+from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
+from shardkit.doctor.inspection import format_summary, inspect_dataset
+from shardkit.doctor.reading import load_manifest_dict
+from shardkit.doctor.stats import compute_stats
 from shardkit.errors import ShardkitError
 
-__all__ = ["inspect_dataset", "check_dataset", "compute_stats", "inspect_command",
-           "check_command", "stats_command"]
+__all__ = ["CommandError", "run_command", "progress_default", "inspect_command", "check_command",
+           "stats_command"]
 
 
-class DoctorError(click.ClickException):
-    """A shardkit error raised while running a doctor command (exit code 2)."""
+class CommandError(click.ClickException):
+    """A :class:`~shardkit.errors.ShardkitError` that stopped a command: exit code 2, one line
+    ``Error: <ErrorType>: <message>`` on stderr (click prints it)."""
 
     exit_code = 2
 
+    def __init__(self, exc: ShardkitError):
+        message = " ".join(str(exc).split())  # one line, whatever the message holds
+        super().__init__(f"{type(exc).__name__}: {message}")
 
-def _run(fn, *args, **kwargs):
+
+def run_command(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, with a ShardkitError turned into a :class:`CommandError`."""
     try:
         return fn(*args, **kwargs)
     except ShardkitError as exc:
-        raise DoctorError(f"{type(exc).__name__}: {exc}") from exc
+        raise CommandError(exc) from None
 
 
-def _load_transform_config(path: str | None):
+def progress_default(flag: bool | None) -> bool:
+    """``flag`` when given (``--progress`` / ``--no-progress``), else whether stderr is a
+    terminal."""
+    if flag is not None:
+        return flag
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _load_transform_config(path: Path | None, root: Path):
     if path is None:
         return None
-    from shardkit.doctor_transforms import load_transform_config
+    from shardkit.doctor.drift import load_transform_config
 
-    return _run(load_transform_config, path)
+    return run_command(load_transform_config, path, run_command(load_manifest_dict, root))
 
 
 _OUT = click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=Path))
 _DECODER = click.option("--decoder", default="auto", show_default=True,
                         help="Decoder registry name (shardkit.decode).")
-_TCFG = click.option("--transform-config", type=click.Path(exists=True, dir_okay=False),
-                     default=None, help="YAML file with TransformConfig fields (or a train "
-                     "config.yaml with a 'transform' section); default: the one recorded in the "
-                     "manifest, else TransformConfig().")
+_TCFG = click.option("--transform-config", type=click.Path(exists=True, path_type=Path),
+                     default=None, help="YAML file of TransformConfig fields (top level or under "
+                     "'transform'), or a `shardkit train` run folder / its config.yaml (the "
+                     "transform that run used); default: TransformConfig().")
+_PROGRESS = click.option("--progress/--no-progress", default=None,
+                         help="tqdm bars on stderr [default: on when stderr is a terminal].")
 
 
 @click.command("inspect")
@@ -73,12 +91,15 @@ _TCFG = click.option("--transform-config", type=click.Path(exists=True, dir_okay
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the summary as JSON.")
+@_PROGRESS
 @_DECODER
 @_TCFG
-def inspect_command(out, split, out_dir, n, seed, json_path, decoder, transform_config):
+def inspect_command(out, split, out_dir, n, seed, json_path, progress, decoder, transform_config):
     """Counts per class and split, imbalance, groups, shard sizes and sample grids of OUT."""
-    report = _run(inspect_dataset, out, split, out_dir=out_dir, n=n, seed=seed, decoder=decoder,
-                  transform_config=_load_transform_config(transform_config))
+    report = run_command(inspect_dataset, out, split, out_dir=out_dir, n=n, seed=seed,
+                         decoder=decoder,
+                         transform_config=_load_transform_config(transform_config, out),
+                         progress=progress_default(progress))
     click.echo(format_summary(report))
     if json_path is not None:
         write_json_report(report, json_path)
@@ -100,7 +121,7 @@ def inspect_command(out, split, out_dir, n, seed, json_path, decoder, transform_
 @click.option("--no-transforms", is_flag=True,
               help="Skip the transform drift check; reported as not run.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--progress/--no-progress", default=False, show_default=True)
+@_PROGRESS
 @_DECODER
 @_TCFG
 def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, no_near_duplicates,
@@ -110,13 +131,13 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
     The last line is the verdict: FAILED (exit 1) on shared groups, identical bytes or transform
     drift; "OK: no leak found" only when nothing was flagged; otherwise "NO EXACT LEAK ..." with
     the warnings to review (near-duplicate pairs, missing classes, imbalance), exit 0 unless
-    --strict.
+    --strict. A dataset that cannot be read exits 2 with one "Error: ..." line on stderr.
     """
-    report = _run(check_dataset, out, strict=strict, near_duplicates=not no_near_duplicates,
-                  phash_threshold=phash_threshold, imbalance_threshold=imbalance_threshold,
-                  transforms=not no_transforms,
-                  transform_config=_load_transform_config(transform_config), decoder=decoder,
-                  seed=seed, progress=progress)
+    report = run_command(check_dataset, out, strict=strict,
+                         near_duplicates=not no_near_duplicates, phash_threshold=phash_threshold,
+                         imbalance_threshold=imbalance_threshold, transforms=not no_transforms,
+                         transform_config=_load_transform_config(transform_config, out),
+                         decoder=decoder, seed=seed, progress=progress_default(progress))
     click.echo(format_check_report(report))
     if json_path is not None:
         write_json_report(report, json_path)
@@ -132,12 +153,12 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
               help="Use only the first N samples of the split (pack-time shuffled order).")
 @click.option("--save/--no-save", default=True, show_default=True,
               help="Store the result in manifest.json under stats/<split>.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@_PROGRESS
 @_DECODER
 def stats_command(out, split, max_samples, save, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels, saved in the manifest."""
-    result = _run(compute_stats, out, split, max_samples=max_samples, decoder=decoder, save=save,
-                  progress=progress)
+    result = run_command(compute_stats, out, split, max_samples=max_samples, decoder=decoder,
+                         save=save, progress=progress_default(progress))
     click.echo(f"{split}: {result['num_samples']} samples")
     click.echo("mean (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["mean"]))
     click.echo("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))

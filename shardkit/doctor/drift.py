@@ -12,6 +12,13 @@ is the reference they must keep matching. On real samples of the dataset this mo
    flip) within the same tolerance;
 4. train and eval outputs have the same shape ``(S, S, 3)`` and dtype uint8.
 
+The config checked is the one given (``shardkit check --transform-config``: a TransformConfig
+YAML, or a train run's ``config.yaml``, see :func:`load_transform_config`), else
+``TransformConfig()``; nothing about training is recorded in the dataset. The command builds both
+transforms from that one config, so check 1 can only fail for callers of
+:func:`check_transform_drift` that pass the transforms their loaders really use (``train_t``,
+``eval_t``).
+
 Metric and tolerance. A DCT-reduced decode (``dct_scaling``, on by default) is a slightly
 different low-pass than decode-then-antialias, so raw pixels legitimately differ from torchvision
 by up to ~6 levels (mean abs, of 255) per image at S = 96 and ~3 at S = 224. Drift that matters
@@ -21,38 +28,57 @@ bicubic) the pooled mean abs difference is at most 0.59 for the correct transfor
 2.9 for ``crop_pct`` 0.875 -> 0.95 (median 9.7-16) and 8.1 for a horizontal mirror (median
 34-41). :data:`TOLERANCE` sits between the two. The raw mean abs difference is reported too.
 A change of ``interpolation`` alone is a high-frequency change this metric does not separate
-from DCT scaling; it is caught by check 1 (config equality).
+from DCT scaling; only check 1 (config equality) catches it, i.e. when the transforms are
+passed in.
 """
 from __future__ import annotations
 
 import io
+import logging
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
+from tqdm import tqdm
 
+from shardkit.doctor.reading import iter_sample_bytes
 from shardkit.errors import ConfigError
+from shardkit.manifest import load_index
 
 __all__ = ["TOLERANCE", "load_transform_config", "train_transform", "check_transform_drift"]
+
+log = logging.getLogger(__name__)
 
 TOLERANCE = {"pool": 8, "pooled_mean_abs": 1.5}
 """Max mean absolute difference (0-255 levels) per image from the torchvision reference, after
 ``pool`` x ``pool`` mean pooling of both images."""
 
 
-def load_transform_config(path: str | Path):
-    """A :class:`~shardkit.transforms.TransformConfig` from a YAML file holding its fields at the
-    top level or under a ``transform`` key.
+def load_transform_config(path: str | Path, manifest: dict[str, Any] | None = None):
+    """The :class:`~shardkit.transforms.TransformConfig` described by a YAML file.
+
+    ``path`` is one of:
+
+    - a YAML mapping of TransformConfig fields, at the top level or under a ``transform`` key;
+    - the ``config.yaml`` that ``shardkit train`` writes in its run folder (a resolved
+      :class:`~shardkit.train.config.TrainConfig`), or the run folder itself: the result is the
+      TransformConfig that run's loaders were built with (``shardkit.train.data.transform_config``:
+      the run's ``image_size``, mean/std from its ``mean_std``; ``mean_std: dataset`` reads
+      ``manifest["stats"][train_split]`` of the dataset being checked, so ``manifest`` is needed).
 
     Raises:
-        ConfigError: unreadable YAML, not a mapping, or unknown fields (names them).
+        ConfigError: unreadable YAML, not a mapping, fields that belong to neither config (names
+            them), or a train config with ``mean_std: dataset`` and no stats in ``manifest``.
     """
-    import yaml
+    from shardkit.transforms import TransformConfig  # imports timm: only when needed
 
-    from shardkit.transforms import TransformConfig
-
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.yaml"
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read transform config {path}: {exc}") from exc
     if isinstance(data, dict) and isinstance(data.get("transform"), dict):
@@ -60,7 +86,30 @@ def load_transform_config(path: str | Path):
     if not isinstance(data, dict):
         raise ConfigError(f"transform config {path} must be a mapping of TransformConfig fields; "
                           f"got {type(data).__name__}")
-    return TransformConfig.from_dict(data)
+    extra = set(data) - {f.name for f in fields(TransformConfig)}
+    if not extra:
+        cfg = TransformConfig.from_dict(data)
+        log.info("transform config from %s: %s", path, cfg)
+        return cfg
+    from shardkit.train.config import TrainConfig
+
+    if extra - {f.name for f in fields(TrainConfig)}:
+        raise ConfigError(f"transform config {path}: unknown transform option(s) {sorted(extra)}; "
+                          f"expected TransformConfig fields {sorted(f.name for f in fields(TransformConfig))}"
+                          " (top level or under 'transform'), or a `shardkit train` run's config.yaml")
+    cfg = _from_train_config(TrainConfig.from_dict(data, source=str(path)), manifest)
+    log.info("transform config of the train run %s: %s", path, cfg)
+    return cfg
+
+
+def _from_train_config(config, manifest: dict[str, Any] | None):
+    from shardkit.train.data import resolve_mean_std, transform_config
+
+    if config.mean_std == "dataset" and manifest is None:
+        raise ConfigError("a train config with mean_std: dataset needs the dataset's manifest "
+                          "to resolve its mean/std")
+    mean, std = resolve_mean_std(config, manifest or {})
+    return transform_config(config, mean, std)
 
 
 def _config(cfg):
@@ -117,7 +166,7 @@ def _eval_split(manifest: dict[str, Any]) -> str:
 
 def check_transform_drift(root: str | Path, manifest: dict[str, Any], cfg=None, *,
                           num_samples: int = 4, seed: int = 0, train_t=None,
-                          eval_t=None) -> dict[str, Any]:
+                          eval_t=None, progress: bool = False) -> dict[str, Any]:
     """Compare train/eval transforms with each other and with torchvision on real samples.
 
     Args:
@@ -129,6 +178,7 @@ def check_transform_drift(root: str | Path, manifest: dict[str, Any], cfg=None, 
         train_t, eval_t: transforms to check (default ``make_transform(cfg, True/False)``);
             any callable ``(bytes, rng) -> (S, S, 3) uint8`` with a ``cfg`` attribute (and, for
             train, ``last_params``) - e.g. the transforms a loader really uses.
+        progress: a tqdm bar on stderr.
 
     Returns:
         ``{"config": cfg.to_dict(), "split", "keys", "same_config": bool, "eval_mean_abs": [per
@@ -140,8 +190,6 @@ def check_transform_drift(root: str | Path, manifest: dict[str, Any], cfg=None, 
     Raises:
         ConfigError: ``num_samples < 1``, a config of the wrong type, or no sample to check.
     """
-    from shardkit.doctor_io import iter_sample_bytes
-    from shardkit.manifest import load_index
     from shardkit.transforms import make_transform, torchvision_reference
 
     if isinstance(num_samples, bool) or int(num_samples) < 1:
@@ -169,7 +217,8 @@ def check_transform_drift(root: str | Path, manifest: dict[str, Any], cfg=None, 
     rng = np.random.default_rng(seed)
     keys = [load_index(root, split, manifest).key_at(i) for i in range(n)]
     eval_diffs, train_diffs, shapes = [], [], {}
-    for pos, data in sorted(iter_sample_bytes(root, manifest, split, range(n))):
+    samples = sorted(iter_sample_bytes(root, manifest, split, range(n)))
+    for pos, data in tqdm(samples, desc=f"transforms {split}", disable=not progress):
         ev, tr = eval_t(data, rng), train_t(data, rng)
         img = _pil_rgb(data)
         shapes = {"train_shape": list(tr.shape), "eval_shape": list(ev.shape),

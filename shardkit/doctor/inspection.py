@@ -1,22 +1,32 @@
 """``shardkit inspect``: per-split counts, imbalance, groups, shard sizes and sample grids.
 
-The grids are PNG files drawn with matplotlib's Agg backend (no display needed):
+The grids are PNG files drawn through matplotlib's object-oriented API on an Agg canvas
+(``Figure`` + ``FigureCanvasAgg``: no display needed, and the process-wide pyplot backend is
+neither read nor switched):
 ``inspect_<split>_samples.png`` shows decoded samples titled with their class name, and
 ``inspect_<split>_train_transform.png`` the same samples after the train transform, so a person
 can look at what the model will see before training.
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from shardkit.doctor.drift import train_transform
+from shardkit.doctor.leaks import class_counts, imbalance
+from shardkit.doctor.reading import (decode_rgb, iter_sample_bytes, load_manifest_dict, read_rows,
+                                     split_names)
 from shardkit.errors import ConfigError
 
 __all__ = ["split_summary", "pick_samples", "save_grid", "inspect_dataset", "format_summary",
            "default_inspect_dir"]
+
+log = logging.getLogger(__name__)
 
 
 def split_summary(manifest: dict[str, Any], split: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -24,13 +34,11 @@ def split_summary(manifest: dict[str, Any], split: str, rows: list[dict[str, Any
 
     Returns:
         ``{"num_samples", "class_counts": {class: n}, "imbalance": {...} (see
-        doctor_leaks.imbalance), "num_groups", "shards": {"count", "bytes_min", "bytes_median",
+        :func:`shardkit.doctor.leaks.imbalance`), "num_groups", "shards": {"count", "bytes_min", "bytes_median",
         "bytes_max", "samples_min", "samples_max"}, "manifest_mismatch": [str, ...]}``; bytes
         are file sizes recorded in the manifest; ``manifest_mismatch`` is empty when the rows
         agree with ``manifest["splits"][split]`` (sample count, class counts, group count).
     """
-    from shardkit.doctor_leaks import class_counts, imbalance
-
     classes = list(manifest["classes"])
     entry = manifest["splits"][split]
     counts = class_counts(rows, len(classes))
@@ -85,16 +93,18 @@ def pick_samples(labels: np.ndarray, n: int, seed: int = 0) -> list[int]:
 
 def save_grid(images: list[np.ndarray], titles: list[str], path: str | Path, suptitle: str) -> Path:
     """Draw ``images`` (each ``(H, W, 3)`` uint8 RGB) in a near-square grid with ``titles`` and
-    save a PNG at ``path`` (matplotlib Agg backend). Returns the path.
-    """
-    import matplotlib
+    save a PNG at ``path``. Returns the path.
 
-    matplotlib.use("Agg", force=False)
+    Draws on a ``matplotlib.figure.Figure`` with its own ``FigureCanvasAgg``: no pyplot, no
+    global backend switch, nothing kept after the call.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     cols = max(1, math.ceil(math.sqrt(len(images))))
     rows = max(1, math.ceil(len(images) / cols))
     fig = Figure(figsize=(2.4 * cols, 2.6 * rows + 0.4), dpi=80)
+    FigureCanvasAgg(fig)  # attaches itself: savefig renders with Agg, no backend lookup
     fig.suptitle(suptitle, fontsize=10)
     for i, (img, title) in enumerate(zip(images, titles)):
         ax = fig.add_subplot(rows, cols, i + 1)
@@ -116,7 +126,7 @@ def default_inspect_dir(root: str | Path) -> Path:
 
 def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str | Path | None = None,
                     n: int = 16, seed: int = 0, decoder: str = "auto",
-                    transform_config: Any = None) -> dict[str, Any]:
+                    transform_config: Any = None, progress: bool = False) -> dict[str, Any]:
     """Summarise a packed dataset and draw sample grids.
 
     Args:
@@ -129,6 +139,7 @@ def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str 
         decoder: decoder registry name for the plain grid.
         transform_config: a ``shardkit.transforms.TransformConfig`` for the train transform
             (default: ``TransformConfig()``).
+        progress: a tqdm bar on stderr (one step per grid sample, per split).
 
     Returns:
         ``{"root", "classes", "splits": {split: split_summary(...)}, "images": {split:
@@ -138,10 +149,6 @@ def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str 
         ConfigError: unknown split or ``n < 1``.
         ManifestError, ShardCorruptError, DecodeError: from reading the dataset.
     """
-    from shardkit.doctor_io import decode_rgb, iter_sample_bytes, load_manifest_dict, read_rows, \
-        split_names
-    from shardkit.doctor_transforms import train_transform
-
     manifest = load_manifest_dict(root)
     classes = list(manifest["classes"])
     out_dir = Path(out_dir) if out_dir is not None else default_inspect_dir(root)
@@ -159,7 +166,7 @@ def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str 
         data = dict(iter_sample_bytes(root, manifest, name, picked))
         rng = np.random.default_rng(seed)
         plain, augmented, titles = [], [], []
-        for p in picked:
+        for p in tqdm(picked, desc=f"inspect {name}", disable=not progress):
             plain.append(decode_rgb(data[p], decoder))
             augmented.append(transform(data[p], rng))
             titles.append(f"{classes[rows[p]['label']]}\n{rows[p]['key']}")

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from shardkit.doctor.reading import decode_rgb, iter_sample_bytes
 from shardkit.errors import ConfigError
 
 __all__ = ["PHASH_THRESHOLD", "IMBALANCE_THRESHOLD", "phash64", "group_overlap", "sha_overlap",
@@ -84,11 +86,10 @@ def split_phashes(root: str | Path, manifest: dict[str, Any], split: str, *, dec
 
     Returns:
         ``(num_samples,)`` uint64 array in split order.
+
+    Raises:
+        ShardCorruptError, DecodeError: a sample cannot be read or decoded.
     """
-    from tqdm import tqdm
-
-    from shardkit.doctor_io import decode_rgb, iter_sample_bytes
-
     n = int(manifest["splits"][split]["num_samples"])
     out = np.zeros(n, dtype=np.uint64)
     for pos, data in tqdm(iter_sample_bytes(root, manifest, split), total=n,

@@ -1,9 +1,11 @@
-"""Read-side helpers shared by ``shardkit inspect``, ``check`` and ``stats`` (the data doctor).
+"""Read-side helpers shared by ``shardkit inspect``, ``check``, ``stats`` and ``verify``.
 
 Everything here goes through the public contracts of docs/DESIGN.md: ``shardkit.manifest``
-(``load_manifest``, ``load_index``, ``write_manifest``), ``shardkit.formats.open_reader`` and
-``shardkit.decode.get_decoder``. Per-sample metadata (path, group, sha256) comes from
-``splits/<split>.jsonl``; byte locations come from the split index.
+(``load_manifest``, ``load_index``, ``read_split_records``, ``write_manifest``),
+``shardkit.formats.open_reader`` and ``shardkit.decode.get_decoder``. Per-sample metadata (path,
+group, sha256) comes from ``splits/<split>.jsonl``; byte locations come from the split index.
+Every failure to read the dataset is raised as a :class:`~shardkit.errors.ShardkitError` whose
+one-line message names the file (the commands turn it into ``Error: <ErrorType>: ...``, exit 2).
 """
 from __future__ import annotations
 
@@ -13,17 +15,23 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import ConfigError, ManifestError
+from shardkit.errors import ConfigError, ManifestError, ShardCorruptError
 
-__all__ = ["load_manifest_dict", "split_names", "read_rows", "iter_sample_bytes", "decode_rgb",
-           "save_manifest_dict"]
+__all__ = ["ROW_FIELDS", "load_manifest_dict", "split_names", "read_rows", "iter_sample_bytes",
+           "decode_rgb", "save_manifest_dict"]
+
+ROW_FIELDS = ("key", "label", "group", "sha256")
+"""Fields of a ``splits/<split>.jsonl`` row that the doctor commands read."""
+
+_VERIFY_HINT = "run `shardkit verify` on the dataset to list every damaged file"
 
 
 def load_manifest_dict(root: str | Path) -> dict[str, Any]:
     """The manifest of the dataset at ``root`` (a dict, schema of docs/DESIGN.md).
 
     Raises:
-        ManifestError: ``root/manifest.json`` is missing, unreadable or of an unknown schema.
+        ManifestError: ``root/manifest.json`` is missing, unreadable, not a JSON object, or of an
+            unknown schema.
     """
     from shardkit.manifest import load_manifest
 
@@ -51,26 +59,32 @@ def split_names(manifest: dict[str, Any], split: str | None = None) -> list[str]
     return [split]
 
 
-def read_rows(root: str | Path, split: str) -> list[dict[str, Any]]:
+def read_rows(root: str | Path, split: str,
+              required: Sequence[str] = ROW_FIELDS) -> list[dict[str, Any]]:
     """The rows of ``root/splits/<split>.jsonl`` (one dict per sample, in split order).
 
+    Args:
+        required: fields every row must have (default :data:`ROW_FIELDS`).
+
     Raises:
-        ManifestError: the file is missing or unreadable, or a row lacks one of ``key``,
-            ``label``, ``group``, ``sha256`` (names the file and row number).
+        ManifestError: the file is missing or unreadable, holds a line that is not JSON (a
+            truncated file), or a row is not an object or lacks one of ``required`` (names the
+            file and row number).
     """
     from shardkit.manifest import read_split_records
 
+    where = f"{root}/splits/{split}.jsonl"
     try:
         rows = read_split_records(root, split)
-    except ValueError as exc:  # json.JSONDecodeError
-        raise ManifestError(f"splits/{split}.jsonl of {root} holds a line that is not JSON: {exc}") \
-            from exc
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ManifestError(f"{where} holds a line that is not JSON (truncated or edited?): "
+                            f"{exc}") from exc
     for i, row in enumerate(rows, 1):
-        missing = [k for k in ("key", "label", "group", "sha256") if k not in row] \
-            if isinstance(row, dict) else ["<JSON object>"]
+        missing = [k for k in required if k not in row] if isinstance(row, dict) \
+            else ["<JSON object>"]
         if missing:
-            raise ManifestError(f"{root}/splits/{split}.jsonl row {i} lacks {missing}; expected the "
-                                "fields of docs/DESIGN.md (key, path, label, group, sha256, ...)")
+            raise ManifestError(f"{where} row {i} lacks {missing}; expected the fields of "
+                                "docs/DESIGN.md (key, path, label, group, sha256, ...)")
     return rows
 
 
@@ -84,7 +98,9 @@ def iter_sample_bytes(root: str | Path, manifest: Any, split: str,
 
     Raises:
         ConfigError: a position is outside ``[0, num_samples)``.
-        ManifestError / ShardCorruptError: from the index loader or the format reader.
+        ManifestError: from the index loader (missing or unreadable index).
+        ShardCorruptError: a shard is missing, unreadable or does not match the index (names the
+            shard and the sample key).
     """
     from shardkit.formats import open_reader
     from shardkit.manifest import load_index
@@ -96,6 +112,7 @@ def iter_sample_bytes(root: str | Path, manifest: Any, split: str,
         raise ConfigError(f"sample positions must lie in [0, {n}) for split {split!r}; "
                           f"got min {pos.min()}, max {pos.max()}")
     order = np.lexsort((np.asarray(index.offset)[pos], np.asarray(index.shard)[pos]))
+    shards = manifest["splits"][split].get("shards", [])
     reader, reader_shard = None, None
     try:
         for p in pos[order]:
@@ -106,7 +123,14 @@ def iter_sample_bytes(root: str | Path, manifest: Any, split: str,
                 reader, reader_shard = open_reader(root, manifest, split, shard), shard
             key = index.key[p]
             key = key.decode("utf-8") if isinstance(key, bytes) else str(key)
-            yield int(p), bytes(reader.read(key, int(index.offset[p]), int(index.size[p])))
+            try:
+                data = reader.read(key, int(index.offset[p]), int(index.size[p]))
+            except OSError as exc:  # a deleted or unreadable shard file
+                path = shards[shard]["path"] if shard < len(shards) else f"#{shard}"
+                raise ShardCorruptError(f"shard {path} of split {split!r} cannot be read for "
+                                        f"sample {key!r}: {type(exc).__name__}: {exc}; "
+                                        f"{_VERIFY_HINT}") from exc
+            yield int(p), bytes(data)
     finally:
         if reader is not None:
             reader.close()
@@ -120,6 +144,9 @@ def decode_rgb(data: bytes, decoder: str = "auto") -> np.ndarray:
 
     Returns:
         ``(H, W, 3)`` uint8 RGB array, values 0-255, C-contiguous (the decoding contract).
+
+    Raises:
+        ConfigError: unknown or unavailable decoder. DecodeError: the bytes do not decode.
     """
     if decoder not in _DECODERS:
         from shardkit.decode import get_decoder

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
+from shardkit.doctor.reading import (decode_rgb, iter_sample_bytes, load_manifest_dict,
+                                     save_manifest_dict, split_names)
 from shardkit.errors import ConfigError
 
 __all__ = ["ChannelMoments", "compute_stats"]
@@ -100,12 +103,9 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
 
     Raises:
         ConfigError: unknown split, ``max_samples < 1``, or the split is empty.
-        ManifestError, ShardCorruptError, DecodeError: from reading the dataset.
+        ManifestError, ShardCorruptError, DecodeError: from reading the dataset (the manifest,
+            the split index and the shards; ``splits/<split>.jsonl`` is not read).
     """
-    from tqdm import tqdm
-
-    from shardkit.doctor_io import decode_rgb, iter_sample_bytes, load_manifest_dict, split_names
-
     if max_samples is not None and (isinstance(max_samples, bool) or int(max_samples) < 1):
         raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")
     manifest = load_manifest_dict(root)
@@ -121,8 +121,6 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
     result = {"mean": list(moments.mean()), "std": list(moments.std()),
               "num_samples": moments.num_images}
     if save:
-        from shardkit.doctor_io import save_manifest_dict
-
         fresh = load_manifest_dict(root)  # re-read: keep fields written since we started
         fresh.setdefault("stats", {})[split] = result
         save_manifest_dict(root, fresh)
