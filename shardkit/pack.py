@@ -314,10 +314,13 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         a :class:`PackSummary` (also logged at INFO to the ``shardkit.pack`` logger).
 
     Raises:
-        ConfigError, SplitError: bad options. SourceError: unusable source, or a reject with
-        ``fail_fast``. UnknownLabelError / LabelError: unknown labels / label conflicts.
+        ConfigError, SplitError: bad options (``options`` not a PackOptions). SourceError:
+        unusable source, or a reject with ``fail_fast``. UnknownLabelError / LabelError:
+        unknown labels / label conflicts.
         OutputExistsError: ``out`` holds a finished dataset and ``overwrite`` is False.
     """
+    if options is not None and not isinstance(options, PackOptions):
+        raise ConfigError(f"options={options!r}; expected a PackOptions or None")
     opts = options.replace(**kwargs) if options is not None else PackOptions(**kwargs)
     src, out = Path(src).resolve(), Path(out).resolve()
     write.check_output(src, out, opts.overwrite)  # fail before the long scan

@@ -1,0 +1,135 @@
+"""shardkit.pack.PackOptions (validated once, resolved values) and the step seams of pack_plan."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit import images, pack_plan
+from shardkit.errors import ConfigError, LabelError, SplitError
+from shardkit.manifest import load_manifest
+from shardkit.pack import DEFAULT_SHARD_BYTES, PackOptions, pack
+
+BAD_OPTIONS = [
+    (dict(format="zip"), ConfigError, "unknown format 'zip'"),
+    (dict(split="train=0.5"), SplitError, "sum to 0.5"),
+    (dict(split={"train": 0.5, "val": -0.5}), SplitError, "ratio of split 'val' is -0.5"),
+    (dict(seed=-1), ConfigError, "seed=-1; expected an integer >= 0"),
+    (dict(seed=True), ConfigError, "seed=True; expected an integer >= 0"),
+    (dict(workers=0), ConfigError, "workers=0; expected an integer >= 1"),
+    (dict(workers=2.5), ConfigError, "workers=2.5; expected an integer >= 1"),
+    (dict(shard_samples=0), ConfigError, "shard_samples=0; expected an integer >= 1"),
+    (dict(shard_bytes="lots"), ConfigError, "size 'lots' is not a size"),
+    (dict(max_pixels=0), ConfigError, "max_pixels=0; expected a pixel count >= 1"),
+    (dict(on_label_conflict="drop"), ConfigError, "on_label_conflict='drop'; expected one of"),
+    (dict(metadata="meta.csv"), ConfigError, "--metadata meta.csv needs --group-column"),
+    (dict(group_column="who"), ConfigError, "--group-column 'who' needs --metadata"),
+    (dict(group_by="(a"), ConfigError, "group regex '(a' does not compile"),
+    (dict(group_by=r"\d+"), ConfigError, r"group regex '\\d+' has no capture group"),
+    (dict(group_by="(a)", metadata="m.csv", group_column="who"), ConfigError, "not both"),
+    (dict(writer_options=[1]), ConfigError, "writer_options=[1]; expected a mapping"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, words", BAD_OPTIONS)
+def test_a_bad_option_raises_one_line_naming_it_before_anything_is_read(sample_dir, tmp_path,
+                                                                        kwargs, error, words):
+    with pytest.raises(error, match=re.escape(words)) as info:
+        PackOptions(**kwargs)
+    assert "\n" not in str(info.value)
+    with pytest.raises(error, match=re.escape(words)):  # pack's keywords: the same validation
+        pack(sample_dir, tmp_path / "o", progress=False, **kwargs)
+    assert not (tmp_path / "o").exists()
+
+
+def test_options_are_resolved_once_and_frozen():
+    opts = PackOptions(split="train=0.7, val=0.3", shard_bytes="64MiB", workers=np.int64(2),
+                       strict=1)
+    assert opts.split == {"train": 0.7, "val": 0.3} and opts.shard_bytes == 64 << 20
+    assert opts.workers == 2 and type(opts.workers) is int and opts.strict is True
+    assert opts.max_pixels == images.DEFAULT_MAX_PIXELS == 89_478_485
+    assert PackOptions().split == {"train": 0.8, "val": 0.1, "test": 0.1}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.seed = 3
+    with pytest.raises(ConfigError, match="seed=-2"):  # replace validates again
+        opts.replace(seed=-2)
+    assert opts.replace(seed=3).seed == 3 and opts.seed == 0
+    with pytest.raises(ConfigError, match="options={'seed': 1}; expected a PackOptions"):
+        pack("src", "out", options={"seed": 1})
+
+
+def test_defaults_that_depend_on_two_options_follow_both():
+    assert PackOptions().shard_byte_limit == DEFAULT_SHARD_BYTES == 256 << 20
+    assert PackOptions(shard_samples=10).shard_byte_limit is None
+    assert PackOptions(shard_samples=10, shard_bytes="1MB").shard_byte_limit == 1_000_000
+    with_cls = PackOptions(format="wds", wds_cls=True)
+    assert with_cls.sink_writer_options == {"wds_cls": True}
+    assert with_cls.replace(format="lmdb").sink_writer_options == {}
+    given = PackOptions(format="wds", wds_cls=True, writer_options={"x": 1})
+    assert given.sink_writer_options == {"x": 1}  # explicit writer options win
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_options_object_keywords_and_overrides_give_the_same_bytes(sample_dir, tmp_path):
+    src = tmp_path / "src"
+    for cls in ("daisy", "roses", "tulips"):
+        (src / cls).mkdir(parents=True)
+        for p in sorted((sample_dir / cls).glob("*.jpg"))[:4]:
+            shutil.copyfile(p, src / cls / p.name)
+    kwargs = dict(format="wds", split="train=0.5,val=0.5", seed=1, shard_samples=3,
+                  progress=False)
+    by_kwargs = pack(src, tmp_path / "a", **kwargs)
+    by_options = pack(src, tmp_path / "b", options=PackOptions(**kwargs))
+    overridden = pack(src, tmp_path / "c", options=PackOptions(**{**kwargs, "seed": 9}), seed=1)
+    tree = _tree(tmp_path / "a")
+    assert len([k for k in tree if k.startswith("shards/")]) == by_kwargs.splits["train"][
+        "shards"] + by_kwargs.splits["val"]["shards"] >= 4
+    assert _tree(tmp_path / "b") == tree == _tree(tmp_path / "c")
+    assert by_options.splits == by_kwargs.splits == overridden.splits
+    man = load_manifest(tmp_path / "a")  # the resolved options, where the schema keeps them
+    assert man["format"] == "wds" and man["split"]["seed"] == 1
+    assert man["split"]["ratios"] == {"train": 0.5, "val": 0.5}
+    assert man["normalization"]["max_pixels"] == 89_478_485
+    assert man["normalization"]["strict"] is False
+
+
+def test_steps_1_to_4_run_without_an_output_folder(sample_dir, tmp_path):
+    """The planning steps are seams: scan/labels/check return values, the split is pure."""
+    src = tmp_path / "src"
+    photos = {c: sorted((sample_dir / c).glob("*.jpg"))[:3] for c in ("daisy", "roses")}
+    for cls, files in photos.items():
+        (src / cls).mkdir(parents=True)
+        for p in files:
+            shutil.copyfile(p, src / cls / p.name)
+    shutil.copyfile(photos["daisy"][0], src / "roses" / "copy.jpg")  # same bytes, other label
+    (src / "roses" / "notes.txt").write_text("not a photo\n")
+    opts = PackOptions(split={"train": 0.5, "val": 0.5}, on_label_conflict="quarantine",
+                       progress=False)
+    source = pack_plan.scan_source(src.resolve(), opts)
+    assert [it.relpath for it in source.items][:3] == [f"daisy/{p.name}" for p in photos["daisy"]]
+    assert source.num_files == 8 and source.group_rule == {"kind": "none"}
+    label_map, label_idx = pack_plan.resolve_labels(source.items, None)
+    assert label_map.classes == ["daisy", "roses"] and label_idx == [0, 0, 0, 1, 1, 1, 1, 1]
+    checked = pack_plan.check_files(source, opts)
+    assert [q["reason"] for q in checked.quarantine] == ["not an image (sniffed: unknown)"]
+    assert len(checked.keep) == 7
+    outcome = pack_plan.plan_split(source, label_map, label_idx, checked, opts)
+    copies = sorted(q["path"] for q in outcome.quarantined)
+    assert copies == [f"daisy/{photos['daisy'][0].name}", "roses/copy.jpg"]
+    assert len(outcome.keep) == 5 and outcome.conflicts[0]["labels"] == ["daisy", "roses"]
+    assert pack_plan.NO_GROUP_RULE_WARNING in outcome.warnings
+    again = pack_plan.plan_split(source, label_map, label_idx, checked, opts)
+    assert again.plan.assignment == outcome.plan.assignment  # pure: same input, same plan
+    with pytest.raises(LabelError, match="1 set\\(s\\) of identical bytes"):
+        pack_plan.plan_split(source, label_map, label_idx, checked, opts.replace(
+            on_label_conflict="error"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing written anywhere
