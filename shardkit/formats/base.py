@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -68,6 +69,10 @@ class FormatWriter(ABC):
             pass
 
 
+#: Guards the lazy open of every reader (rare: once per shard and process).
+_OPEN_LOCK = threading.Lock()
+
+
 class FormatReader(ABC):
     """Reads samples from one finished shard. Opens lazily, once per process (after fork it
     reopens; field cases 8 and 10), and pickles without its handle (spawn start method).
@@ -80,10 +85,13 @@ class FormatReader(ABC):
         self._pid = None
 
     def _get(self):
-        if self._handle is None or self._pid != os.getpid():
-            self._handle = None  # never use (or close) a handle inherited through fork
-            self._handle = self._open()
-            self._pid = os.getpid()
+        pid = os.getpid()
+        if self._handle is None or self._pid != pid:
+            with _OPEN_LOCK:  # decoding threads share readers: open once, never leak a handle
+                if self._handle is None or self._pid != pid:
+                    self._handle = None  # never use (or close) a handle inherited through fork
+                    self._handle = self._open()
+                    self._pid = pid
         return self._handle
 
     @abstractmethod
@@ -98,6 +106,12 @@ class FormatReader(ABC):
             ShardCorruptError: the shard is truncated or the sample is missing or malformed;
                 the message names the shard and the key.
         """
+
+    def read_into(self, key: str, offset: int, size: int, buf: bytearray) -> bytes | memoryview:
+        """As :meth:`read`, but may return a view into ``buf`` (a caller-owned scratch buffer of
+        at least ``size + 512`` bytes) instead of allocating; valid until ``buf`` is reused.
+        The default allocates (``read``); formats that ``pread`` override it."""
+        return self.read(key, offset, size)
 
     def close(self) -> None:
         """Closes this process's handle, if any."""

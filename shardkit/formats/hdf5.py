@@ -94,6 +94,11 @@ class Reader(FormatReader):
         return fd, (base if contiguous else None), offsets, keys
 
     def read(self, key: str, offset: int, size: int) -> bytes:
+        return bytes(self.read_into(key, offset, size, None))
+
+    def read_into(self, key: str, offset: int, size: int, buf: bytearray | None):
+        """The sample's bytes with one ``pread`` (into ``buf`` when given: no allocation, a view
+        valid until ``buf`` is reused); the key stored in the shard's row is checked."""
         fd, base, offsets, keys = self._get()
         if not 0 <= offset < len(keys) or keys[offset] != key.encode("ascii"):
             found = repr(bytes(keys[offset])) if 0 <= offset < len(keys) else "nothing"
@@ -103,7 +108,10 @@ class Reader(FormatReader):
         if stop - start != size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} has {stop - start} bytes, "
                                     f"the index says {size}")
-        if base is not None:
+        if base is not None and buf is not None and len(buf) >= size:
+            data = memoryview(buf)[:size]
+            data = data[:os.preadv(fd, [data], base + start)]
+        elif base is not None:
             data = os.pread(fd, size, base + start)
         else:
             with h5py.File(self.location, "r") as f:

@@ -73,27 +73,37 @@ class Reader(FormatReader):
         return os.open(self.location, os.O_RDONLY)  # int: a file descriptor
 
     def read(self, key: str, offset: int, size: int) -> bytes:
+        return bytes(self.read_into(key, offset, size, None))
+
+    def read_into(self, key: str, offset: int, size: int, buf: bytearray | None):
+        """The member's bytes, read with its 512-byte header in one ``pread`` (into ``buf`` when
+        given: no allocation, a view valid until ``buf`` is reused); the header is checked."""
         handle = self._get()
         header = offset - BLOCK
         if header < 0:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} has offset {offset}, "
                                     f"before the first tar header: the index is corrupt")
-        if isinstance(handle, int):
-            chunk = os.pread(handle, BLOCK + size, header)
+        if not isinstance(handle, int):
+            chunk = memoryview(handle)[header:offset + size]
+        elif buf is None or len(buf) < BLOCK + size:
+            chunk = memoryview(os.pread(handle, BLOCK + size, header))
         else:
-            chunk = handle[header:offset + size]
+            chunk = memoryview(buf)[:BLOCK + size]
+            chunk = chunk[:os.preadv(handle, [chunk], header)]
         if len(chunk) != BLOCK + size:
-            raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes {offset}..{offset + size} "
-                                    f"lies outside the shard: truncated shard?")
-        name = chunk[:100].split(b"\0", 1)[0]
+            raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes "
+                                    f"{offset}..{offset + size} lies outside the shard: "
+                                    "truncated shard?")
+        head = bytes(chunk[:136])
+        name = head[:100].split(b"\0", 1)[0]
         try:
-            stored_size = int(chunk[124:136].split(b"\0", 1)[0].strip() or b"x", 8)
+            stored_size = int(head[124:136].split(b"\0", 1)[0].strip() or b"x", 8)
         except ValueError:
             stored_size = -1
         if not name.startswith(key.encode("ascii") + b".") or stored_size != size:
-            raise ShardCorruptError(f"shard {self.name}: no tar member for sample {key!r} at offset "
-                                    f"{offset} (found header name {name[:40]!r}, size {stored_size}): "
-                                    "the shard does not match the index")
+            raise ShardCorruptError(f"shard {self.name}: no tar member for sample {key!r} at "
+                                    f"offset {offset} (found header name {name[:40]!r}, size "
+                                    f"{stored_size}): the shard does not match the index")
         return chunk[BLOCK:]
 
     def close(self) -> None:

@@ -1,0 +1,27 @@
+"""The read path: packed split -> batches for ``torch.utils.data``.
+
+Seams, one module each:
+
+- :mod:`.source`: :class:`ShardSource`, the split's index and shard readers, shared by threads;
+- :mod:`.state`: :class:`Sampling` (one rank's epoch plans) and :class:`EpochState` (epoch,
+  resume point and streams in shared memory, seen by worker processes);
+- :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and :class:`BatchDataset`;
+- :mod:`.backends`: :class:`ThreadBackend` and :class:`ProcessBackend` (``close()``, ``with``);
+- :mod:`.options`: :class:`SamplingOptions` and :class:`WorkerOptions`;
+- :mod:`.loader`: :func:`make_loader` and :class:`ShardLoader`;
+- :mod:`.device`: :class:`DeviceNormalizer`.
+"""
+from .backends import ProcessBackend, ThreadBackend
+from .datasets import BatchDataset, BatchReport, MapShardDataset, ShardDataset
+from .device import DeviceNormalizer
+from .loader import ShardLoader, make_loader
+from .options import BACKENDS, ON_ERROR, ON_WARNING, SamplingOptions, WorkerOptions
+from .source import EVAL_SPLITS, ShardSource, dist_rank_world, worker_id_count
+from .state import EpochState, Sampling
+
+__all__ = [
+    "make_loader", "ShardLoader", "DeviceNormalizer", "SamplingOptions", "WorkerOptions",
+    "ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport", "ShardSource", "Sampling",
+    "EpochState", "ThreadBackend", "ProcessBackend", "dist_rank_world", "worker_id_count",
+    "BACKENDS", "ON_ERROR", "ON_WARNING", "EVAL_SPLITS",
+]

@@ -1,0 +1,189 @@
+"""Backends that run a :class:`~shardkit.stream.datasets.BatchDataset`'s epoch plan:
+:class:`ThreadBackend` (default) and :class:`ProcessBackend`. Both yield identical batches.
+
+Each has ``batches(start) -> iterator`` (the epoch's batches ``start, start + 1, ...`` in order),
+``close()`` (stops threads or worker processes; the backend can be used again afterwards) and
+context-manager use. :class:`~shardkit.stream.ShardLoader` forwards both.
+"""
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..errors import LoaderError
+from .datasets import BatchDataset
+from .options import WorkerOptions
+
+__all__ = ["ThreadBackend", "ProcessBackend"]
+
+
+class _Backend:
+    num_workers: int
+    prefetch_factor: int
+    pin_memory: bool
+
+    def close(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ThreadBackend(_Backend):
+    """Builds batches in ``num_workers`` threads of the calling process.
+
+    The fused crop-decode-resize (and libjpeg-turbo / Pillow decoding) runs without the GIL, so
+    threads decode in parallel while the per-sample Python work stays short. Compared with worker
+    processes this removes the inter-process transfer of every batch (a fresh shared-memory
+    segment per batch: ~0.19 ms per 224 px image on a 2-core VM, a fifth of the per-image cost)
+    and all fork/spawn hazards; batches land in private (or pinned) memory of the consumer, as in
+    FFCV and DALI. All threads share the dataset's :class:`ShardSource` (shard readers, index);
+    each has its own copy of the transform (decoder handles are not thread-safe) and its own
+    read buffer. ``prefetch_factor`` batches per thread are in flight; they are yielded in
+    batch order. ``num_workers=0`` builds every batch in the consumer's thread.
+    """
+
+    def __init__(self, dataset: BatchDataset, num_workers: int, prefetch_factor: int,
+                 pin_memory: bool, timeout: float):
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        self.timeout = timeout
+        self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()
+
+    def __getstate__(self):
+        raise TypeError("a thread-backend ShardLoader cannot be pickled; build one per process")
+
+    def _transform(self) -> Callable:
+        tf = getattr(self._local, "transform", None)
+        if tf is None:
+            tf = self._local.transform = copy.copy(self.dataset.transform)
+            if hasattr(tf, "_decoder"):
+                tf._decoder = None  # a fresh decoder handle for this thread
+        return tf
+
+    def _build(self, plan, b: int):
+        return self.dataset.build(plan, b, transform=self._transform(), pin=self.pin_memory)
+
+    def batches(self, start: int, describe: Callable[[], str]) -> Iterator[tuple]:
+        """The current epoch's batches ``start, start + 1, ...`` in order."""
+        plan = self.dataset.plan()
+        todo = (int(b) for b in plan.worker_batches(0, 1, start))
+        if self.num_workers == 0:
+            for b in todo:
+                yield self._build(plan, b)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardkit")
+        pending: deque = deque()
+        depth = self.num_workers * self.prefetch_factor
+        try:
+            for b in todo:
+                pending.append(self._pool.submit(self._build, plan, b))
+                if len(pending) >= depth:
+                    yield self._result(pending.popleft(), describe)
+            while pending:
+                yield self._result(pending.popleft(), describe)
+        finally:
+            for f in pending:
+                f.cancel()
+
+    def _result(self, future, describe):
+        try:
+            return future.result(timeout=self.timeout)
+        except FutureTimeout:
+            raise LoaderError(f"{describe()}: no batch within timeout={self.timeout} s; a "
+                              "decoding thread hung (field case 19)") from None
+
+    def describe(self) -> str:
+        return (f"backend=thread, num_workers={self.num_workers}, "
+                f"prefetch_factor={self.prefetch_factor}, pin_memory={self.pin_memory}")
+
+    def close(self) -> None:
+        """Stops the decoding threads (after their current batch) and closes shard readers."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self.dataset.source.close()
+
+
+class ProcessBackend(_Backend):
+    """``torch.utils.data.DataLoader`` worker processes (``batch_size=None``): batch ``b`` is
+    built by worker ``(b - start) % num_workers``, so the DataLoader's round-robin returns
+    batches in order. The epoch, resume point and stream count reach the workers through the
+    dataset's shared :class:`~shardkit.stream.state.EpochState`, read at the start of every
+    worker iteration, so persistent workers see ``set_epoch`` and ``load_state_dict`` too
+    (field case 18)."""
+
+    def __init__(self, dataset: BatchDataset, num_workers: int, prefetch_factor: int,
+                 pin_memory: bool, options: WorkerOptions, world_size: int):
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = bool(pin_memory)
+        kwargs: dict = {"batch_size": None, "num_workers": num_workers, "pin_memory": pin_memory}
+        if num_workers:
+            ctx = options.multiprocessing_context
+            if ctx is None and pin_memory and world_size > 1:
+                ctx = "forkserver"  # field case 19: CUDA state must not be forked
+            if isinstance(ctx, str):
+                ctx = multiprocessing.get_context(ctx)
+            kwargs.update(prefetch_factor=prefetch_factor,
+                          persistent_workers=options.persistent_workers,
+                          timeout=options.timeout, multiprocessing_context=ctx)
+        self.dataloader = DataLoader(dataset, **kwargs)
+
+    @property
+    def start_method(self) -> str | None:
+        """Worker start method (``fork``, ``forkserver``, ``spawn``); None without workers."""
+        if self.num_workers == 0:
+            return None
+        ctx = self.dataloader.multiprocessing_context
+        return ctx.get_start_method() if ctx is not None else multiprocessing.get_start_method()
+
+    def batches(self, start: int, describe: Callable[[], str]) -> Iterator[tuple]:
+        """The current epoch's batches ``start, start + 1, ...`` in order."""
+        it = iter(self.dataloader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except RuntimeError as e:
+                if "timed out" not in str(e):
+                    raise
+                raise LoaderError(f"{describe()}: no batch within timeout="
+                                  f"{self.dataloader.timeout} s ({e}); a worker hung or died "
+                                  "(field case 19)") from e
+            yield batch
+
+    def describe(self) -> str:
+        dl = self.dataloader
+        return (f"backend=process, num_workers={self.num_workers}, "
+                f"start_method={self.start_method}, pin_memory={self.pin_memory}, "
+                f"persistent_workers={dl.persistent_workers}")
+
+    def close(self) -> None:
+        """Stops persistent worker processes (others stop at the end of each epoch)."""
+        it = getattr(self.dataloader, "_iterator", None)
+        if it is not None:
+            # the DataLoader has no public way to stop persistent workers; this is the one
+            # place shardkit reaches for it
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            self.dataloader._iterator = None
+        self.dataset.source.close()

@@ -1,0 +1,320 @@
+"""The three datasets over a packed split, side by side.
+
+- :class:`ShardDataset`: an ``IterableDataset`` of per-sample dicts, exactly-once over
+  ranks x DataLoader workers (field case 2), for a user's own ``DataLoader``;
+- :class:`MapShardDataset`: map-style, ``ds[i]`` for any sampler;
+- :class:`BatchDataset`: whole uint8 batches built in place, the engine of
+  :func:`shardkit.stream.make_loader` (its backends call :meth:`BatchDataset.build`).
+
+All three read through one :class:`~shardkit.stream.source.ShardSource` and, for the iterable
+ones, plan epochs with one :class:`~shardkit.stream.state.Sampling`. Which samples a consumer
+reads is decided from ``(seed, epoch, rank, world_size, worker_id, num_workers)`` explicitly,
+never from a library default; augmentation randomness comes from ``(seed, epoch, rank,
+position)`` only (field case 17), so it does not depend on ``num_workers`` or the backend.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Callable, Iterator, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from ..errors import ConfigError, ShardkitError
+from ..sharding import EpochPlan, num_batches, sample_rng
+from .options import ON_WARNING, SamplingOptions
+from .source import ShardSource, worker_id_count
+from .state import Sampling
+
+__all__ = ["ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport"]
+
+log = logging.getLogger("shardkit.stream")
+
+#: Errors a bad sample may raise while it is read or decoded (handled by ``on_error``).
+SAMPLE_ERRORS = (ShardkitError, OSError, ValueError, RuntimeError)
+
+
+def _check_on_warning(on_warning: str) -> str:
+    if on_warning not in ON_WARNING:
+        raise ConfigError(f"on_warning={on_warning!r} is not one of {list(ON_WARNING)}")
+    return on_warning
+
+
+def _warning_check(source: ShardSource, pos: int, n: int, message, policy: str) -> bool:
+    """Applies the decoder-warning policy to one sample; True to keep it."""
+    if n == 0 or policy == "keep":
+        return True
+    from ..decode import apply_warning_policy
+
+    return apply_warning_policy(n, policy, f"shard {source.shard_name(pos)}: sample "
+                                f"{source.key(pos)!r}", message)
+
+
+class _Iterable(IterableDataset):
+    """What the two iterable datasets share: a source, a sampling, epoch control."""
+
+    source: ShardSource
+    sampling: Sampling
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names from the manifest; label ``i`` is ``classes[i]``."""
+        return self.source.classes
+
+    @property
+    def epoch(self) -> int:
+        return self.sampling.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch used for order and augmentation RNG (call before iterating; reaches
+        persistent worker processes too)."""
+        self.sampling.set_epoch(epoch)
+
+    def set_streams(self, streams: int) -> None:
+        self.sampling.set_streams(streams)
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        return self.sampling.plan(epoch)
+
+    def _worker_batches(self) -> tuple[EpochPlan, np.ndarray]:
+        plan = self.sampling.plan()
+        wid, nw = worker_id_count()
+        return plan, plan.worker_batches(wid, nw, self.sampling.state.start_batch)
+
+
+class ShardDataset(_Iterable):
+    """Iterable dataset over one split (local folder, or fsspec URL for ``wds`` tar shards).
+
+    Yields dicts: ``key`` (str), ``label`` (int in ``[0, num_classes)``), ``index`` (int,
+    position in split order), ``valid`` (bool; False only for ``even="pad"`` repeats) and
+    ``image``: the stored bytes (``decode=False``), a uint8 ``(H, W, 3)`` RGB numpy array
+    (``decode=True``), or ``transform(data, rng)`` when ``transform`` is given (it receives the
+    stored bytes and a ``numpy.random.Generator`` derived from ``(seed, epoch, rank,
+    position)``, field case 17).
+
+    Args:
+        root, split: the packed dataset and split name.
+        sampling: a :class:`~shardkit.stream.SamplingOptions` (``shuffle`` None means off here).
+        seed: order and augmentation seed.
+        batch_size: worker granularity: consecutive runs of ``batch_size`` samples go to one
+            worker, so ``DataLoader(ds, batch_size=batch_size, num_workers=k)`` returns batches
+            in plan order. Use the same value for both.
+        streams: cut this rank's epoch into this many contiguous ranges (range ``w`` read by
+            worker ``w`` when ``streams == num_workers``; with ``block``: whole shards).
+        decode, decoder, transform: what ``image`` is (see above); ``decoder`` is a
+            :data:`shardkit.decode.DECODERS` name or ``"auto"``.
+        on_error: ``"raise"`` (names shard and key) or ``"skip"`` (logged; keys in ``skipped``
+            of the consuming process). on_warning: ``"keep"``, ``"skip"`` or ``"raise"`` for a
+            decode with libjpeg warnings (``decode=True`` only).
+
+    Raises:
+        ManifestError: no finished dataset or unknown split. ConfigError: invalid option.
+        LoaderError: ``mode="stream"`` on a val/test split.
+    """
+
+    def __init__(self, root, split: str, *, sampling: SamplingOptions | None = None,
+                 seed: int = 0, batch_size: int = 1, streams: int = 1, decode: bool = True,
+                 decoder: str = "auto", transform: Callable | None = None,
+                 on_error: str = "raise", on_warning: str = "keep"):
+        self.source = ShardSource(root, split, on_error)
+        sampling = sampling or SamplingOptions()
+        sampling = replace(sampling, shuffle=bool(sampling.shuffle))
+        self.sampling = Sampling(self.source, sampling, seed=seed, batch_size=batch_size,
+                                 train=True, streams=streams)
+        self.decode = bool(decode)
+        self.decoder = decoder
+        self.transform = transform
+        self.on_warning = _check_on_warning(on_warning)
+        self.skipped: list[str] = []
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch (all workers together)."""
+        return self.sampling.rank_samples()
+
+    def _sample(self, plan: EpochPlan, j: int) -> dict | None:
+        src = self.source
+        pos = int(plan.positions[j])
+        data = src.read(pos)
+        if self.transform is not None:
+            image = self.transform(data, sample_rng(self.sampling.seed, plan.epoch, plan.rank, j))
+        elif self.decode:
+            image = src.decode(data, pos, self.decoder)
+            dec = src.decoder(self.decoder)
+            if not _warning_check(src, pos, dec.last_warnings, dec.last_warning,
+                                  self.on_warning):
+                self.skipped.append(src.key(pos))
+                return None
+        else:
+            image = bytes(data)
+        return {"key": src.key(pos), "label": int(src.index.label[pos]), "image": image,
+                "index": pos, "valid": bool(plan.valid[j])}
+
+    def __iter__(self) -> Iterator[dict]:
+        plan, batches = self._worker_batches()
+        for b in batches:
+            sl = plan.batch_slice(int(b))
+            for j in range(sl.start, sl.stop):
+                try:
+                    sample = self._sample(plan, j)
+                except SAMPLE_ERRORS as e:
+                    self.skipped.append(self.source.handle_error(e, int(plan.positions[j])))
+                    continue
+                if sample is not None:
+                    yield sample
+
+
+class MapShardDataset(Dataset):
+    """Map-style dataset over one split, any format (tar shards via the offset index).
+
+    ``ds[i]`` is the dict described in :class:`ShardDataset` for split position ``i``
+    (``valid`` is always True). ``transform(data, rng)`` gets an RNG derived from
+    ``(seed, epoch, 0, i)``. Use a sampler (e.g. ``DistributedSampler``) for order and ranks.
+
+    Raises:
+        IndexError: ``i`` outside ``[-len, len)``. ManifestError / ShardCorruptError /
+        DecodeError as for :class:`ShardDataset` (no ``on_error``: a map-style item must exist).
+    """
+
+    def __init__(self, root, split: str, *, decode: bool = True, transform: Callable | None = None,
+                 seed: int = 0, decoder: str = "auto"):
+        self.source = ShardSource(root, split)
+        self.decode = bool(decode)
+        self.decoder = decoder
+        self.transform = transform
+        self.seed = int(seed)
+        self.epoch = 0
+
+    @property
+    def classes(self) -> list[str]:
+        return self.source.classes
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch for the transform RNG."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i) -> dict:
+        n = len(self.source)
+        if isinstance(i, torch.Tensor):
+            i = int(i)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for split {self.source.split!r} with "
+                             f"{n} samples")
+        pos = i % n
+        src = self.source
+        data = src.read(pos)
+        if self.transform is not None:
+            image = self.transform(data, sample_rng(self.seed, self.epoch, 0, pos))
+        elif self.decode:
+            image = src.decode(data, pos, self.decoder)
+        else:
+            image = bytes(data)
+        return {"key": src.key(pos), "label": int(src.index.label[pos]), "image": image,
+                "index": pos, "valid": True}
+
+
+class BatchReport(NamedTuple):
+    """Per-batch accounting: ``skipped`` keys (left out: ``on_error``/``on_warning="skip"``)
+    and ``warned`` keys (kept although their decode gave libjpeg warnings)."""
+
+    skipped: tuple[str, ...] = ()
+    warned: tuple[str, ...] = ()
+
+
+class BatchDataset(_Iterable):
+    """Iterable of whole batches ``(images, labels, meta, report)`` of one rank.
+
+    ``images``: uint8 ``(n, 3, S, S)`` RGB, ``channels_last`` memory layout, values 0..255;
+    ``labels``: int64 ``(n,)``; ``meta``: ``{"index": int64 (n,) split positions, "valid": bool
+    (n,) (False for ``even="pad"`` repeats)}``; ``report``: a :class:`BatchReport` (skipped rows
+    are left out, so ``n`` can be smaller than the planned batch). Built by
+    :func:`~shardkit.stream.make_loader`; use that.
+    """
+
+    def __init__(self, source: ShardSource, sampling: Sampling, transform: Callable,
+                 image_size: int, on_warning: str = "keep"):
+        self.source = source
+        self.sampling = sampling
+        self.transform = transform
+        self.image_size = int(image_size)
+        self.on_warning = _check_on_warning(on_warning)
+
+    @property
+    def batch_size(self) -> int:
+        return self.sampling.batch_size
+
+    def __len__(self) -> int:
+        s = self.sampling
+        return num_batches(s.rank_samples(), s.batch_size, s.drop_last)
+
+    def __iter__(self):  # the "process" backend: inside a DataLoader worker
+        plan, batches = self._worker_batches()
+        for b in batches:
+            yield self.build(plan, int(b))
+
+    def build(self, plan: EpochPlan, b: int, *, transform: Callable | None = None,
+              pin: bool = False, scratch: bool = True):
+        """Batch ``b`` of ``plan``: every sample read and transformed straight into one
+        preallocated ``(n, S, S, 3)`` buffer (no collation, no copy).
+
+        Args:
+            transform: the calling thread's copy of ``self.transform`` (a transform keeps
+                per-call state such as ``last_warnings``); default ``self.transform``.
+            pin: allocate the batch in pinned memory. scratch: read through the thread's reused
+                buffer (:meth:`ShardSource.read_scratch`); the transform must not keep ``data``.
+        """
+        src, size = self.source, self.image_size
+        tf = transform or self.transform
+        sl = plan.batch_slice(b)
+        n = sl.stop - sl.start
+        images = _batch_buffer(n, size, pin)
+        rows = images.permute(0, 2, 3, 1).numpy()  # (n, S, S, 3) C-contiguous view, same memory
+        positions = plan.positions[sl]
+        keep = np.ones(n, dtype=bool)
+        skipped, warned = [], []
+        read = src.read_scratch if scratch else src.read
+        seed, epoch, rank, policy = self.sampling.seed, plan.epoch, plan.rank, self.on_warning
+        for i in range(n):
+            pos = int(positions[i])
+            try:
+                row = rows[i]
+                out = tf(read(pos), sample_rng(seed, epoch, rank, sl.start + i), out=row)
+                if out is not None and out is not row:  # the factory's transforms fill `row`
+                    row[...] = out
+                nw = getattr(tf, "last_warnings", 0)
+                if nw:
+                    if _warning_check(src, pos, nw, getattr(tf, "last_warning", None), policy):
+                        warned.append(src.key(pos))
+                    else:
+                        skipped.append(src.key(pos))
+                        keep[i] = False
+            except SAMPLE_ERRORS as e:
+                skipped.append(src.handle_error(e, pos))
+                keep[i] = False
+        if skipped:
+            positions = positions[keep]
+            images = images[torch.from_numpy(np.flatnonzero(keep))].contiguous(
+                memory_format=torch.channels_last)
+        labels = torch.from_numpy(src.index.label[positions])
+        meta = {"index": torch.from_numpy(positions.copy()),
+                "valid": torch.from_numpy(plan.valid[sl][keep])}
+        return images, labels, meta, BatchReport(tuple(skipped), tuple(warned))
+
+
+def _batch_buffer(n: int, size: int, pin: bool) -> torch.Tensor:
+    """uint8 ``(n, 3, size, size)`` channels_last, uninitialised. Inside a DataLoader worker it is
+    allocated in shared memory from the start: a worker's batch must cross into the main process,
+    and a private buffer would be copied into a fresh shared segment when it is sent (measured
+    ~0.19 ms per 224 px image here, against ~0.12 ms for writing into shared memory directly)."""
+    shape = (n, 3, size, size)
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if pin or new_shared is None or torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last,
+                           pin_memory=pin)
+    storage = new_shared(n * 3 * size * size)
+    flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+    return flat.view(n, size, size, 3).permute(0, 3, 1, 2)  # channels_last strides

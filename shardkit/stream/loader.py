@@ -1,0 +1,262 @@
+"""The fast batch path: :func:`make_loader` -> :class:`ShardLoader`.
+
+Batches are built WHOLE: every sample of batch ``b`` is decoded and augmented straight into one
+preallocated uint8 buffer ``(N, S, S, 3)`` (each row written through the transform's ``out=``),
+returned as the ``(N, 3, S, S)`` ``channels_last`` view of that buffer plus int64 labels: no
+collation and no copy (the idea of timm's ``fast_collate``, done where the batch is built).
+Floats appear only on the device (:class:`~shardkit.stream.DeviceNormalizer`).
+
+``len(loader)`` is exact (batches this rank yields in a full epoch), whatever ``num_workers``
+and backend. A resume point is ``(epoch, batches consumed)``, valid for any ``num_workers``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..errors import ConfigError, LoaderError
+from .backends import ProcessBackend, ThreadBackend
+from .datasets import BatchDataset
+from .options import SamplingOptions, WorkerOptions
+from .source import EVAL_SPLITS, ShardSource, dist_rank_world
+from .state import Sampling
+
+__all__ = ["make_loader", "ShardLoader"]
+
+log = logging.getLogger("shardkit.stream")
+
+
+class ShardLoader:
+    """Iterable of ``(images, labels)``; ``(images, labels, meta)`` with ``return_meta``, where
+    ``meta = {"index": int64 (N,) split positions, "valid": bool (N,) False for pad repeats}``.
+
+    ``images``: uint8 ``(N, 3, S, S)`` RGB, ``channels_last``, 0..255, CPU (pinned with
+    ``pin_memory`` when CUDA is available); ``labels``: int64 ``(N,)``.
+
+    Attributes:
+        dataset: the :class:`~shardkit.stream.BatchDataset`; ``backend``: the
+            :class:`~shardkit.stream.ThreadBackend` or :class:`~shardkit.stream.ProcessBackend`.
+        skipped: keys left out (``on_error``/``on_warning="skip"``), accumulated over epochs.
+        warned: keys kept although their decode gave libjpeg warnings (``on_warning="keep"``).
+        transform_config: the :class:`~shardkit.transforms.TransformConfig` of the batches (None
+            for a custom transform callable); :class:`DeviceNormalizer` takes its mean/std.
+
+    Use as a context manager (or call :meth:`close`) to stop decoding threads or persistent
+    worker processes deterministically.
+    """
+
+    def __init__(self, dataset: BatchDataset, backend: ThreadBackend | ProcessBackend,
+                 return_meta: bool = False, transform_config=None):
+        self.dataset = dataset
+        self.transform_config = transform_config
+        self.backend = backend
+        self.return_meta = return_meta
+        self.skipped: list[str] = []
+        self.warned: list[str] = []
+        self._epoch = 0
+        self._position = 0  # batches consumed in the current epoch
+        self._resume = False
+
+    @property
+    def backend_name(self) -> str:
+        """``"thread"`` or ``"process"``."""
+        return "thread" if isinstance(self.backend, ThreadBackend) else "process"
+
+    @property
+    def dataloader(self):
+        """The ``torch.utils.data.DataLoader`` of the process backend; None for threads."""
+        return getattr(self.backend, "dataloader", None)
+
+    @property
+    def start_method(self) -> str | None:
+        """Worker start method (``fork``, ``forkserver``, ``spawn``); None for threads or
+        without workers."""
+        return getattr(self.backend, "start_method", None)
+
+    @property
+    def classes(self) -> list[str]:
+        return self.dataset.classes
+
+    def describe(self) -> str:
+        """The loader configuration in one line (used in hang/timeout reports)."""
+        s = self.dataset.sampling
+        return (f"loader(split={self.dataset.source.split!r}, rank={s.rank}/{s.world_size}, "
+                f"epoch={self._epoch}, batch_size={s.batch_size}, {self.backend.describe()})")
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Exact number of batches this rank yields in a full epoch (any ``num_workers``)."""
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch (order and augmentation). A different epoch drops a pending resume."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
+        if int(epoch) != self._epoch:
+            self._epoch, self._position, self._resume = int(epoch), 0, False
+
+    def state_dict(self) -> dict:
+        """``{"epoch", "batches_consumed", "num_batches", "seed", "rank", "world_size",
+        "batch_size", "streams"}``: where to resume; valid for any ``num_workers``."""
+        s = self.dataset.sampling
+        return {"epoch": self._epoch, "batches_consumed": self._position,
+                "num_batches": len(self), "seed": s.seed, "rank": s.rank,
+                "world_size": s.world_size, "batch_size": s.batch_size, "streams": s.streams}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next iteration yields exactly the batches of ``state["epoch"]`` not yet consumed.
+        Adopts the saved ``streams`` (part of the plan), so ``num_workers`` may differ.
+
+        Raises:
+            LoaderError: the state was saved with another seed, rank, world size, batch size or
+                number of batches per epoch (another dataset or split: the plan would differ),
+                or ``batches_consumed`` is out of range.
+        """
+        s = self.dataset.sampling
+        for name, mine in (("seed", s.seed), ("rank", s.rank), ("world_size", s.world_size),
+                           ("batch_size", s.batch_size), ("num_batches", len(self))):
+            if state.get(name, mine) != mine:
+                raise LoaderError(f"cannot resume: state has {name}={state.get(name)!r}, this "
+                                  f"loader has {name}={mine!r}")
+        consumed = int(state["batches_consumed"])
+        if not 0 <= consumed <= len(self):
+            raise LoaderError(f"cannot resume: batches_consumed={consumed} not in [0, {len(self)}]")
+        s.set_streams(int(state.get("streams", 1)))
+        self._epoch, self._position, self._resume = int(state["epoch"]), consumed, True
+
+    def __iter__(self) -> Iterator[tuple]:
+        start = self._position if self._resume else 0
+        self._resume, self._position = False, start
+        state = self.dataset.sampling.state
+        state.epoch, state.start_batch = self._epoch, start
+        for images, labels, meta, report in self.backend.batches(start, self.describe):
+            self._position += 1
+            if report.skipped:
+                self.skipped.extend(report.skipped)
+            if report.warned:
+                if not self.warned:
+                    log.warning("sample %r decoded with libjpeg warnings and was kept "
+                                "(on_warning='keep'; keys in loader.warned)", report.warned[0])
+                self.warned.extend(report.warned)
+            yield (images, labels, meta) if self.return_meta else (images, labels)
+
+    def close(self) -> None:
+        """Stops decoding threads / persistent worker processes and closes shard readers."""
+        self.backend.close()
+
+    def __enter__(self) -> "ShardLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name}={value!r}: expected an int >= {minimum}")
+    return value
+
+
+def _resolve_transform(transform, train: bool, image_size: int | None):
+    """``(callable, S)`` from a ``TransformConfig``, a callable, or None (the default config)."""
+    from ..transforms import TransformConfig, make_transform
+
+    if transform is None:
+        transform = TransformConfig(image_size=224 if image_size is None else image_size)
+    if isinstance(transform, TransformConfig):
+        if image_size is not None and image_size != transform.image_size:
+            raise ConfigError(f"image_size={image_size} disagrees with transform.image_size="
+                              f"{transform.image_size}; give one of them")
+        from ..decode import DECODERS
+
+        if transform.decoder != "auto" and transform.decoder not in DECODERS:
+            raise ConfigError(f"decoder={transform.decoder!r}: expected 'auto' or one of "
+                              f"{sorted(DECODERS)}")
+        return make_transform(transform, train), transform.image_size
+    if not callable(transform):
+        raise ConfigError(f"transform={transform!r}: expected a TransformConfig, a callable "
+                          "(data, rng, out=None) -> (S, S, 3) uint8, or None")
+    if image_size is None:
+        raise ConfigError("a custom transform callable needs image_size= (its output side S)")
+    return transform, image_size
+
+
+def make_loader(root, split: str, batch_size: int, *, train: bool = True,
+                image_size: int | None = None, num_workers: int = 2,
+                prefetch_factor: int | None = 2, pin_memory: bool = False, seed: int = 0,
+                transform=None, sampling: SamplingOptions | None = None,
+                workers: WorkerOptions | None = None, on_error: str = "raise",
+                on_warning: str = "keep", return_meta: bool = False) -> ShardLoader:
+    """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
+
+    The simple call is ``make_loader(root, "train", 64)``; everything else has a default.
+
+    Args:
+        batch_size: samples per batch (the last one is short unless ``sampling.drop_last``).
+        train: training augmentation and defaults (shuffle on, ``even="pad"`` when
+            ``world_size > 1``); ``train=False`` is exactly-once, unshuffled, deterministic (the
+            eval resize + center crop).
+        image_size: output side ``S`` in pixels (default 224, or ``transform.image_size``).
+        num_workers: decoding threads (``backend="thread"``) or DataLoader worker processes;
+            0 builds batches in the calling thread.
+        prefetch_factor: batches in flight per worker (None = 2, as ``DataLoader``).
+        pin_memory: batches in pinned memory (only when CUDA is available).
+        seed: order and augmentation seed.
+        transform: a :class:`shardkit.transforms.TransformConfig` (crop, interpolation, decoder,
+            mean/std used by :class:`DeviceNormalizer` via ``loader.transform_config``), or a
+            callable ``(data, rng, out=None) -> (S, S, 3) uint8`` that replaces the factory.
+        sampling: :class:`SamplingOptions` (shuffle, drop_last, even, mode, balance,
+            samples_per_epoch, block, rank, world_size).
+        workers: :class:`WorkerOptions` (backend, persistent_workers, multiprocessing_context,
+            timeout).
+        on_error: ``"raise"`` (names shard and key) or ``"skip"`` (keys in ``loader.skipped``).
+        on_warning: ``"keep"`` (keys in ``loader.warned``, logged once), ``"skip"`` or
+            ``"raise"`` for samples whose JPEG decode gives libjpeg warnings (field case 12).
+        return_meta: also yield ``{"index": int64 (N,), "valid": bool (N,)}`` per batch.
+
+    Raises:
+        ConfigError, LoaderError: invalid options (the message names the value);
+        ManifestError: no finished dataset at ``root`` or unknown ``split``.
+    """
+    _check_int("batch_size", batch_size, 1)
+    _check_int("num_workers", num_workers, 0)
+    if prefetch_factor is None:  # as DataLoader: "not given" (it does not apply to 0 workers)
+        prefetch_factor = 2
+    _check_int("prefetch_factor", prefetch_factor, 1)
+    sampling = sampling or SamplingOptions()
+    workers = workers or WorkerOptions()
+    if not isinstance(sampling, SamplingOptions) or not isinstance(workers, WorkerOptions):
+        raise ConfigError("sampling= takes a SamplingOptions and workers= a WorkerOptions "
+                          f"(got {type(sampling).__name__}, {type(workers).__name__})")
+    if not train and sampling.even is not None:
+        raise LoaderError(f"even={sampling.even!r} is for training; evaluation (train=False) "
+                          "reads every sample exactly once")
+    if not train and sampling.mode != "exact":
+        raise LoaderError(f"mode={sampling.mode!r} resamples; train=False (split {split!r}) "
+                          "needs mode='exact'")
+    tf, size = _resolve_transform(transform, train, image_size)
+    rank, world_size = dist_rank_world(sampling.rank, sampling.world_size)
+    if sampling.even is None and train and world_size > 1 and split not in EVAL_SPLITS:
+        sampling = replace(sampling, even="pad")
+    sampling = replace(sampling, rank=rank, world_size=world_size)
+    source = ShardSource(root, split, on_error)
+    plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
+    dataset = BatchDataset(source, plan, tf, size, on_warning)
+    if plan.block and plan.mode == "exact" and num_workers > 1:
+        plan.set_streams(num_workers)
+    if source.max_open is not None and workers.backend == "thread":
+        source.max_open = max(source.max_open, 2 * num_workers)  # one shard ahead per thread
+    if workers.backend == "thread":
+        backend = ThreadBackend(dataset, num_workers, prefetch_factor, pin_memory,
+                                workers.timeout)
+    else:
+        backend = ProcessBackend(dataset, num_workers, prefetch_factor, pin_memory, workers,
+                                 plan.world_size)
+    return ShardLoader(dataset, backend, return_meta=return_meta,
+                       transform_config=getattr(tf, "cfg", None))

@@ -1,0 +1,116 @@
+"""Option objects of :func:`shardkit.stream.make_loader`: what each rank reads per epoch
+(:class:`SamplingOptions`) and how batches are built (:class:`WorkerOptions`).
+
+Both are frozen dataclasses validated once, in ``__post_init__`` (as ``TrainConfig``), so a bad
+value fails when the loader is built, with a message naming it, never inside a worker.
+``make_loader(root, split, batch_size)`` needs neither: the defaults are the training defaults.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..sharding import BALANCE, EVEN_RULES, MODES
+
+__all__ = ["SamplingOptions", "WorkerOptions", "BACKENDS", "ON_ERROR", "ON_WARNING"]
+
+#: ``make_loader`` backends: decoding threads in the calling process, or DataLoader processes.
+BACKENDS = ("thread", "process")
+#: What to do with a sample that fails to read or decode (webdataset's vocabulary: reraise /
+#: warn-and-continue): ``"raise"`` names shard and key; ``"skip"`` leaves it out and counts it.
+ON_ERROR = ("raise", "skip")
+#: What to do with a sample whose decode gave libjpeg warnings (a JPEG accepted at pack time with
+#: "Corrupt JPEG data" warnings, field case 12): keep it (counted, logged once), skip it (as
+#: ``on_error="skip"``) or raise :class:`shardkit.decode.DecodeWarningError`.
+ON_WARNING = ("keep", "skip", "raise")
+
+
+def _opt_int(name: str, value, minimum: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < minimum):
+        raise ConfigError(f"{name}={value!r}: expected None or an int >= {minimum}")
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Which samples each rank reads in an epoch, in which order (see :mod:`shardkit.sharding`).
+
+    Attributes:
+        shuffle: reshuffle every epoch; ``None`` = on for ``train=True``, off otherwise.
+            Exactly-once either way.
+        drop_last: drop a final short batch.
+        even: ``None`` (auto: ``"pad"`` for training with ``world_size > 1``, else exactly-once),
+            ``"pad"`` (wrap around, as ``DistributedSampler``) or ``"drop"``; refused for
+            ``train=False``.
+        mode: ``"exact"`` (every sample once per epoch) or ``"stream"`` (resampled with
+            replacement; refused for ``train=False`` and val/test splits).
+        balance: ``None`` or ``"class"`` (class-balanced draws; needs ``mode="stream"``).
+        samples_per_epoch: epoch length in ``mode="stream"`` (all ranks together).
+        block: shard-block order (default: on for remote tar shards): each worker reads one
+            contiguous range of the epoch, so a remote shard is fetched by about one worker.
+        rank, world_size: default to the initialised ``torch.distributed`` group, else ``(0, 1)``.
+
+    Raises:
+        ConfigError: a value outside the documented set.
+    """
+
+    shuffle: bool | None = None
+    drop_last: bool = False
+    even: str | None = None
+    mode: str = "exact"
+    balance: str | None = None
+    samples_per_epoch: int | None = None
+    block: bool | None = None
+    rank: int | None = None
+    world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("even", EVEN_RULES), ("mode", MODES), ("balance", BALANCE)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
+        _opt_int("samples_per_epoch", self.samples_per_epoch, 1)
+        _opt_int("rank", self.rank, 0)
+        _opt_int("world_size", self.world_size, 1)
+        if (self.rank is None) != (self.world_size is None):
+            raise ConfigError(f"give both rank and world_size or neither (got rank={self.rank!r}, "
+                              f"world_size={self.world_size!r})")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How batches are built (``num_workers``, ``prefetch_factor`` and ``pin_memory`` are
+    :func:`~shardkit.stream.make_loader` arguments of their own, as in ``DataLoader``).
+
+    Attributes:
+        backend: ``"thread"`` (default: ``num_workers`` decoding threads in this process; the fused
+            decode releases the GIL and batches land in this process's memory) or ``"process"``
+            (``torch.utils.data.DataLoader`` worker processes; for a custom transform that holds
+            the GIL). Both yield identical batches.
+        persistent_workers: keep worker processes between epochs (``"process"`` only; threads
+            always live as long as the loader).
+        multiprocessing_context: start method name (``"fork"``, ``"forkserver"``, ``"spawn"``) or
+            context; default ``"forkserver"`` with ``pin_memory`` under DDP (field case 19), else
+            the platform's.
+        timeout: seconds to wait for one batch before failing loudly (field case 19); > 0.
+
+    Raises:
+        ConfigError: a value outside the documented set.
+    """
+
+    backend: str = "thread"
+    persistent_workers: bool = False
+    multiprocessing_context: object = None
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend={self.backend!r}: expected one of {list(BACKENDS)}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
+                or not self.timeout > 0:
+            raise ConfigError(f"timeout={self.timeout!r}: expected seconds > 0 (a hang must fail "
+                              "loudly)")
+        ctx = self.multiprocessing_context
+        if isinstance(ctx, str) and ctx not in multiprocessing.get_all_start_methods():
+            raise ConfigError(f"multiprocessing_context={ctx!r}: expected one of "
+                              f"{multiprocessing.get_all_start_methods()}")
