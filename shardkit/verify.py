@@ -125,8 +125,8 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
         for rec in records:
             per_shard.setdefault(int(rec["shard"]), []).append(rec)
         for extra in sorted(set(per_shard) - set(range(len(shards)))):
-            report._fail(f"split {split!r}: {len(per_shard[extra])} records point to shard {extra}, "
-                         f"which the manifest does not list (it has {len(shards)})",
+            report._fail(f"split {split!r}: {len(per_shard[extra])} records point to shard "
+                         f"{extra}, which the manifest does not list (it has {len(shards)})",
                          key=per_shard[extra][0]["key"])
         for idx, shard in enumerate(shards):
             report.num_shards += 1
@@ -180,7 +180,8 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
                 digest = hashlib.sha256(data).hexdigest()
                 if digest != rec["sha256"]:
                     report._fail(f"{where}: sample {key!r} ({rec.get('path')}) sha256 "
-                                 f"{digest[:16]}... differs from the source's {rec['sha256'][:16]}...",
+                                 f"{digest[:16]}... differs from the source's "
+                                 f"{rec['sha256'][:16]}...",
                                  shard=path, key=key)
             elif decode and (err := _decodes(data)) is not None:
                 report._fail(f"{where}: sample {key!r} ({rec.get('path')}, rule {rec['rule']}) "

@@ -18,7 +18,8 @@ from PIL import Image, ImageOps
 
 from shardkit.doctor import leaks
 from shardkit.doctor import (check_command, check_dataset, compute_stats, inspect_command,
-                             inspect_dataset, stats_command)
+                             inspect_dataset, load_transform_config, stats_command)
+from shardkit.doctor.reading import load_manifest_dict
 from shardkit.doctor.stats import ChannelMoments
 from shardkit.errors import ConfigError
 
@@ -33,8 +34,8 @@ def _copy(packed: Path, tmp_path: Path) -> Path:
 
 
 def _rows(root: Path, split: str) -> list[dict]:
-    return [json.loads(line) for line in (root / "splits" / f"{split}.jsonl").read_text().splitlines()
-            if line.strip()]
+    text = (root / "splits" / f"{split}.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _write_rows(root: Path, split: str, rows: list[dict]) -> None:
@@ -61,7 +62,8 @@ def clean(packed_sample, tmp_path) -> Path:
 
 def test_channel_moments_match_numpy_and_are_order_free():
     rng = np.random.default_rng(3)
-    imgs = [rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8) for h, w in [(7, 5), (64, 33), (1, 1)]]
+    imgs = [rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+            for h, w in [(7, 5), (64, 33), (1, 1)]]
     imgs.append(np.full((50, 40, 3), 255, np.uint8))          # extreme values
     m1, m2 = ChannelMoments(), ChannelMoments()
     for im in imgs:
@@ -159,7 +161,8 @@ def test_check_passes_on_clean_pack(clean, tmp_path):
     assert res.exit_code == 0, res.output
     assert "OK: no leak found" in res.output
     saved = json.loads((tmp_path / "r.json").read_text())
-    assert saved["ok"] is True and saved["thresholds"] == {"phash_hamming": 4, "imbalance_ratio": 10.0}
+    assert saved["ok"] is True
+    assert saved["thresholds"] == {"phash_hamming": 4, "imbalance_ratio": 10.0}
 
 
 @pytest.mark.parametrize("plant", ["group+sha", "group", "sha"])
@@ -370,7 +373,8 @@ def test_inspect_counts_match_manifest_and_writes_pngs(clean, tmp_path):
         assert list(got["class_counts"].values()) == entry["class_counts"]
         assert list(got["class_counts"]) == manifest["classes"]
         assert got["num_samples"] == entry["num_samples"]
-        assert got["num_groups"] == entry["num_groups"] == len({r["group"] for r in _rows(clean, split)})
+        groups = {r["group"] for r in _rows(clean, split)}
+        assert got["num_groups"] == entry["num_groups"] == len(groups)
         assert got["shards"]["count"] == len(entry["shards"])
         sizes = sorted(s["bytes"] for s in entry["shards"])
         assert (got["shards"]["bytes_min"], got["shards"]["bytes_max"]) == (sizes[0], sizes[-1])
@@ -426,7 +430,6 @@ def test_inspect_default_out_is_outside_the_dataset(clean, tmp_path, monkeypatch
 
 def test_transform_drift_clean_matches_torchvision(packed_sample):
     from shardkit.doctor.drift import TOLERANCE, check_transform_drift
-    from shardkit.doctor.reading import load_manifest_dict
 
     root = packed_sample("wds")
     drift = check_transform_drift(root, load_manifest_dict(root), num_samples=3)
@@ -454,7 +457,6 @@ class _Flipped:
 
 def test_transform_drift_detects_other_config_and_silent_change(packed_sample):
     from shardkit.doctor.drift import check_transform_drift
-    from shardkit.doctor.reading import load_manifest_dict
     from shardkit.transforms import TransformConfig, make_transform
 
     root = packed_sample("wds")
@@ -495,3 +497,78 @@ def test_check_cli_transform_config_file(clean, tmp_path):
     bad.write_text("image_sise: 160\n")
     res = CliRunner().invoke(check_command, [str(clean), "--transform-config", str(bad)])
     assert res.exit_code == 2 and "image_sise" in res.output
+
+
+def test_transform_config_from_a_train_run_folder(clean, tmp_path):
+    """`--transform-config RUN` uses the TransformConfig that run's loaders were built with (its
+    image_size; mean/std from mean_std, `dataset` = the manifest's stats of its train split)."""
+    from shardkit.train.config import TrainConfig, save_config
+    from shardkit.transforms import IMAGENET_MEAN
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_config(TrainConfig(data=str(clean), out=str(run), image_size=96), run / "config.yaml")
+    res = CliRunner().invoke(check_command, [str(clean), "--no-near-duplicates",
+                                             "--transform-config", str(run),
+                                             "--json", str(tmp_path / "r.json")])
+    assert res.exit_code == 0, res.output
+    transform = json.loads((tmp_path / "r.json").read_text())["transform"]
+    assert transform["config"]["image_size"] == 96 and transform["eval_shape"] == [96, 96, 3]
+    assert transform["config"]["mean"] == pytest.approx(IMAGENET_MEAN)
+    assert transform["problems"] == []
+    save_config(TrainConfig(data=str(clean), out=str(run), image_size=64, mean_std="dataset"),
+                run / "config.yaml")
+    no_stats = CliRunner().invoke(check_command, [str(clean), "--transform-config",
+                                                  str(run / "config.yaml")])
+    assert no_stats.exit_code == 2 and no_stats.stderr.startswith("Error: ConfigError: ")
+    assert "shardkit stats" in no_stats.stderr
+    stats = compute_stats(clean, "train", max_samples=8)
+    report = inspect_dataset(clean, "val", out_dir=tmp_path / "grids", n=2,
+                             transform_config=load_transform_config(run, load_manifest_dict(clean)))
+    assert report["images"]["val"]["keys"]
+    cfg = load_transform_config(run / "config.yaml", load_manifest_dict(clean))
+    assert cfg.image_size == 64 and list(cfg.mean) == pytest.approx(stats["mean"])
+
+
+def test_progress_bars_follow_the_terminal_rule(clean, monkeypatch):
+    from shardkit.doctor.cli import progress_default
+
+    class Tty:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    monkeypatch.setattr("sys.stderr", Tty(True))
+    assert progress_default(None) is True and progress_default(False) is False
+    monkeypatch.setattr("sys.stderr", Tty(False))
+    assert progress_default(None) is False and progress_default(True) is True
+    monkeypatch.undo()
+    args = [str(clean), "--no-near-duplicates"]
+    quiet = CliRunner().invoke(check_command, args)             # CliRunner's stderr is no tty
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    bars = CliRunner().invoke(check_command, args + ["--progress"])
+    assert bars.exit_code == 0 and "transforms val" in bars.stderr
+    grids = CliRunner().invoke(inspect_command, [str(clean), "--split", "test", "--n", "2",
+                                                 "--out", str(clean.parent / "g"), "--progress"])
+    assert grids.exit_code == 0 and "inspect test" in grids.stderr
+
+
+def test_inspect_switches_no_matplotlib_backend_and_check_logs_notes(clean, tmp_path,
+                                                                     monkeypatch, caplog):
+    import matplotlib
+
+    def no_global_switch(*args, **kwargs):
+        raise AssertionError("matplotlib.use called: a process-wide backend switch")
+
+    monkeypatch.setattr(matplotlib, "use", no_global_switch)
+    report = inspect_dataset(clean, "test", out_dir=tmp_path / "g", n=3)
+    with Image.open(report["images"]["test"]["samples"]) as im:
+        assert im.format == "PNG" and im.width > 200
+    with caplog.at_level("INFO", logger="shardkit.doctor"):
+        check_dataset(clean, near_duplicates=False, transforms=False)
+    notes = [r for r in caplog.records if r.name.startswith("shardkit.doctor")]
+    assert {r.getMessage() for r in notes} == {
+        "near-duplicate search not run (disabled by the caller)",
+        "transform drift check not run (disabled by the caller)"}

@@ -1,8 +1,11 @@
 """shardkit.verify and the `shardkit pack` / `shardkit verify` command lines."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,7 +80,8 @@ def test_verify_names_truncated_and_missing_shards(packed_sample, tmp_path, fmt)
     report = verify(root)
     assert sorted(report.bad_shards) == sorted([first["path"], last["path"]])
     text = "\n".join(report.problems)
-    assert f"{first['path']}: {first['bytes'] // 2} bytes, the manifest says {first['bytes']}" in text
+    assert f"{first['path']}: {first['bytes'] // 2} bytes, the manifest says {first['bytes']}" \
+        in text
     assert f"{last['path']}: missing" in text
 
 
@@ -107,7 +111,8 @@ def test_verify_cli_exit_codes(packed_sample, tmp_path):
     assert f"FAIL split 'val' shard {shard}: missing" in bad.output
     missing = runner.invoke(main, ["verify", str(tmp_path)])
     assert missing.exit_code == 2 and "Traceback" not in missing.output
-    assert "Error: ManifestError: " in missing.output and "manifest.json not found" in missing.output
+    assert missing.stderr.startswith("Error: ManifestError: ")
+    assert "manifest.json not found" in missing.stderr
 
 
 @pytest.fixture()
@@ -124,8 +129,8 @@ def test_pack_cli_summary_overwrite_and_errors(small_src, tmp_path):
     runner = CliRunner()
     out = tmp_path / "out"
     (small_src / "notes.txt").write_text("not a sample")
-    args = ["pack", str(small_src), str(out), "--split", "train=0.5,val=0.5", "--shard-samples", "4",
-            "--no-progress"]
+    args = ["pack", str(small_src), str(out), "--split", "train=0.5,val=0.5", "--shard-samples",
+            "4", "--no-progress"]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "scanned 20 = packed 20 + quarantined 0" in res.output
@@ -159,7 +164,8 @@ def test_pack_cli_unknown_labels_listed_with_closest(small_src, tmp_path):
                                     "--no-progress"])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "2 label(s) match no class" in res.output
-    assert "'dasiy' (closest: 'daisy')" in res.output and "'Tulip' (closest: 'tulips')" in res.output
+    assert "'dasiy' (closest: 'daisy')" in res.output
+    assert "'Tulip' (closest: 'tulips')" in res.output
     assert not out.exists()  # nothing written before the labels are known
 
 
@@ -202,3 +208,87 @@ def test_flowers_verify_passes_then_names_damaged_shards(packed_flowers, tmp_pat
     assert f"{gone}: missing" in text
     res = CliRunner().invoke(main, ["verify", str(root)])
     assert res.exit_code == 1 and flip in res.output
+
+
+# ------------------------------------------------- broken datasets: one error line, documented code
+def _no_manifest(root: Path) -> str:
+    (root / "manifest.json").unlink()
+    return "manifest.json not found"
+
+
+def _manifest_not_object(root: Path) -> str:
+    (root / "manifest.json").write_text('["schema_version", 1]\n')
+    return "manifest.json is valid JSON but not a JSON object"
+
+
+def _truncated_jsonl(root: Path) -> str:
+    path = root / "splits" / "val.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2 + 7])                 # cut inside a line
+    return "splits/val.jsonl holds a line that is not JSON"
+
+
+def _deleted_shard(root: Path) -> str:
+    (shard,) = load_manifest(root)["splits"]["val"]["shards"]  # every command needs it
+    (root / shard["path"]).unlink()
+    return shard["path"]
+
+
+# case -> (damage, {command: (exit code, error type on stderr or None)}); exit codes of
+# shardkit.doctor.cli: 2 = cannot run (one "Error: <ErrorType>: ..." line on stderr),
+# 1 = verify's verdict "damaged" (one FAIL line per problem on stdout), 0 = not affected
+# (stats reads the manifest, the index and the shards, never splits/*.jsonl).
+BROKEN = {
+    "no manifest": (_no_manifest, {c: (2, "ManifestError")
+                                   for c in ("verify", "check", "stats", "inspect")}),
+    "manifest not an object": (_manifest_not_object, {c: (2, "ManifestError")
+                                                      for c in ("verify", "check", "stats",
+                                                                "inspect")}),
+    "truncated split jsonl": (_truncated_jsonl, {"verify": (1, None), "check": (2, "ManifestError"),
+                                                 "stats": (0, None),
+                                                 "inspect": (2, "ManifestError")}),
+    "deleted shard": (_deleted_shard, {"verify": (1, None), "check": (2, "ShardCorruptError"),
+                                       "stats": (2, "ShardCorruptError"),
+                                       "inspect": (2, "ShardCorruptError")}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_dataset_gives_one_line_and_the_documented_exit_code(packed_sample, tmp_path,
+                                                                      case):
+    root = copy_of(packed_sample("wds"), tmp_path)
+    damage, expected = BROKEN[case]
+    needle = damage(root)
+    args = {"verify": [], "check": ["--no-transforms"], "stats": ["--split", "val", "--no-save"],
+            "inspect": ["--split", "val", "--n", "2", "--out", str(tmp_path / "grids")]}
+    for command, (code, error_type) in expected.items():
+        res = CliRunner().invoke(main, [command, str(root), *args[command]])
+        where = f"{command} on {case}: exit {res.exit_code}\n{res.output}"
+        assert res.exit_code == code, where
+        assert res.exception is None or isinstance(res.exception, SystemExit), where
+        assert "Traceback" not in res.output, where
+        if code == 2:
+            (line,) = res.stderr.splitlines()
+            assert line.startswith(f"Error: {error_type}: ") and needle in line, where
+            assert res.stdout == "", where
+        else:
+            assert res.stderr == "", where
+        if command == "verify" and code == 1:
+            (fail,) = [ln for ln in res.stdout.splitlines() if ln.startswith("FAIL ")]
+            assert needle in fail, where
+        if command == "stats" and code == 0:
+            assert res.stdout.startswith("val: ")
+            assert json.loads(res.stdout.splitlines()[-1])["num_samples"] == \
+                load_manifest(root)["splits"]["val"]["num_samples"]
+
+
+def test_broken_dataset_error_through_the_installed_command(packed_sample, tmp_path):
+    """The real process (not CliRunner): one stderr line, exit code 2, no traceback."""
+    root = copy_of(packed_sample("wds"), tmp_path)
+    shard = _deleted_shard(root)
+    proc = subprocess.run([sys.executable, "-m", "shardkit.cli", "check", str(root),
+                           "--no-transforms"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("Error: ShardCorruptError: shard ") and shard in line
+    assert proc.stdout == ""

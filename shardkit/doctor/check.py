@@ -40,7 +40,8 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
         root: the packed dataset (``OUT`` of ``shardkit pack``).
         strict: treat warnings (near-duplicates, missing classes, imbalance) as errors.
         near_duplicates: run the pHash near-duplicate search (decodes every sample once);
-            when False the report says ``"near_duplicates": null`` and a warning says it did not run.
+            when False the report says ``"near_duplicates": null`` and a warning says it did not
+            run.
         phash_threshold: max Hamming distance (0-64) of a near-duplicate pair; default
             :data:`shardkit.doctor.leaks.PHASH_THRESHOLD` (4).
         imbalance_threshold: max/min class-count ratio above which a split is flagged; default
@@ -87,7 +88,8 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     warnings: list[dict[str, str]] = []
     report: dict[str, Any] = {
         "root": str(root), "strict": bool(strict),
-        "thresholds": {"phash_hamming": int(phash_threshold), "imbalance_ratio": imbalance_threshold},
+        "thresholds": {"phash_hamming": int(phash_threshold),
+                       "imbalance_ratio": imbalance_threshold},
     }
 
     groups = leaks.group_overlap(rows)
@@ -180,11 +182,13 @@ def format_check_report(report: dict[str, Any]) -> str:
     near = report["near_duplicates"]
     lines.append(f"  groups in two splits: {len(report['group_overlap'])}; identical bytes across "
                  f"splits: {len(report['sha_overlap'])}; near-duplicates (pHash <= "
-                 f"{report['thresholds']['phash_hamming']}): {'not run' if near is None else len(near)}")
+                 f"{report['thresholds']['phash_hamming']}): "
+                 f"{'not run' if near is None else len(near)}")
     for split, imb in report["imbalance"].items():
         ratio = imb["ratio"]
         lines.append(f"  {split}: imbalance max/min = "
-                     + ("-" if ratio is None else "inf" if ratio == float("inf") else f"{ratio:.2f}"))
+                     + ("-" if ratio is None else "inf" if ratio == float("inf")
+                        else f"{ratio:.2f}"))
     if report["transform"] is not None:
         lines.append(f"  transforms: {report['transform']['summary']}")
     for level in ("errors", "warnings"):

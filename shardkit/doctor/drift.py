@@ -1,8 +1,9 @@
 """Transform drift check of ``shardkit check`` (and the train transform ``shardkit inspect`` draws).
 
 The fast transforms of :mod:`shardkit.transforms` decode only a crop window, at a DCT reduction,
-and resize with Pillow; torchvision's v2 pipeline (:func:`shardkit.transforms.torchvision_reference`)
-is the reference they must keep matching. On real samples of the dataset this module checks:
+and resize with Pillow; torchvision's v2 pipeline
+(:func:`shardkit.transforms.torchvision_reference`) is the reference they must keep matching. On
+real samples of the dataset this module checks:
 
 1. train and eval transforms carry the *same* :class:`~shardkit.transforms.TransformConfig` (a
    val loader built from another config is silent drift), equal to the one asked for;
@@ -94,9 +95,10 @@ def load_transform_config(path: str | Path, manifest: dict[str, Any] | None = No
     from shardkit.train.config import TrainConfig
 
     if extra - {f.name for f in fields(TrainConfig)}:
+        known = sorted(f.name for f in fields(TransformConfig))
         raise ConfigError(f"transform config {path}: unknown transform option(s) {sorted(extra)}; "
-                          f"expected TransformConfig fields {sorted(f.name for f in fields(TransformConfig))}"
-                          " (top level or under 'transform'), or a `shardkit train` run's config.yaml")
+                          f"expected TransformConfig fields {known} (top level or under "
+                          "'transform'), or a `shardkit train` run's config.yaml")
     cfg = _from_train_config(TrainConfig.from_dict(data, source=str(path)), manifest)
     log.info("transform config of the train run %s: %s", path, cfg)
     return cfg
@@ -118,13 +120,14 @@ def _config(cfg):
     if cfg is None:
         return TransformConfig()
     if not isinstance(cfg, TransformConfig):
-        raise ConfigError(f"transform_config must be a shardkit.transforms.TransformConfig or None; "
-                          f"got {type(cfg).__name__}")
+        raise ConfigError("transform_config must be a shardkit.transforms.TransformConfig or "
+                          f"None; got {type(cfg).__name__}")
     return cfg
 
 
 def train_transform(cfg=None):
-    """``shardkit.transforms.make_transform(cfg, train=True)``; ``cfg`` None = ``TransformConfig()``.
+    """``shardkit.transforms.make_transform(cfg, train=True)``; ``cfg`` None means
+    ``TransformConfig()``.
 
     The result maps ``(encoded bytes, numpy Generator)`` to an ``(S, S, 3)`` uint8 RGB array.
     """

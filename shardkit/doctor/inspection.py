@@ -29,12 +29,14 @@ __all__ = ["split_summary", "pick_samples", "save_grid", "inspect_dataset", "for
 log = logging.getLogger(__name__)
 
 
-def split_summary(manifest: dict[str, Any], split: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def split_summary(manifest: dict[str, Any], split: str,
+                  rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts of one split, from its jsonl rows, compared with the manifest.
 
     Returns:
         ``{"num_samples", "class_counts": {class: n}, "imbalance": {...} (see
-        :func:`shardkit.doctor.leaks.imbalance`), "num_groups", "shards": {"count", "bytes_min", "bytes_median",
+        :func:`shardkit.doctor.leaks.imbalance`), "num_groups", "shards": {"count",
+        "bytes_min", "bytes_median",
         "bytes_max", "samples_min", "samples_max"}, "manifest_mismatch": [str, ...]}``; bytes
         are file sizes recorded in the manifest; ``manifest_mismatch`` is empty when the rows
         agree with ``manifest["splits"][split]`` (sample count, class counts, group count).
@@ -124,9 +126,10 @@ def default_inspect_dir(root: str | Path) -> Path:
     return Path.cwd() / f"inspect-{Path(root).resolve().name}"
 
 
-def inspect_dataset(root: str | Path, split: str | None = None, *, out_dir: str | Path | None = None,
-                    n: int = 16, seed: int = 0, decoder: str = "auto",
-                    transform_config: Any = None, progress: bool = False) -> dict[str, Any]:
+def inspect_dataset(root: str | Path, split: str | None = None, *,
+                    out_dir: str | Path | None = None, n: int = 16, seed: int = 0,
+                    decoder: str = "auto", transform_config: Any = None,
+                    progress: bool = False) -> dict[str, Any]:
     """Summarise a packed dataset and draw sample grids.
 
     Args:
@@ -193,7 +196,8 @@ def format_summary(report: dict[str, Any]) -> str:
         lines.append(f"{c:<{width}}" + "".join(f"{v:>10}" for v in counts) + f"{sum(counts):>10}")
     lines.append("-" * len(head))
     totals = [report["splits"][s]["num_samples"] for s in splits]
-    lines.append(f"{'samples':<{width}}" + "".join(f"{v:>10}" for v in totals) + f"{sum(totals):>10}")
+    lines.append(f"{'samples':<{width}}" + "".join(f"{v:>10}" for v in totals)
+                 + f"{sum(totals):>10}")
     lines.append(f"{'groups':<{width}}"
                  + "".join(f"{report['splits'][s]['num_groups']:>10}" for s in splits))
     ratios = [report["splits"][s]["imbalance"]["ratio"] for s in splits]

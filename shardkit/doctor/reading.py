@@ -35,7 +35,11 @@ def load_manifest_dict(root: str | Path) -> dict[str, Any]:
     """
     from shardkit.manifest import load_manifest
 
-    return load_manifest(root)
+    try:
+        return load_manifest(root)
+    except AttributeError as exc:  # load_manifest calls .get on whatever JSON value it read
+        raise ManifestError(f"{root}/manifest.json is valid JSON but not a JSON object; expected "
+                            "the manifest object of docs/DESIGN.md") from exc
 
 
 def save_manifest_dict(root: str | Path, manifest: dict[str, Any]) -> None:
@@ -77,8 +81,9 @@ def read_rows(root: str | Path, split: str,
     try:
         rows = read_split_records(root, split)
     except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        reason = getattr(exc, "msg", None) or str(exc)  # JSONDecodeError: no "line 1 col N"
         raise ManifestError(f"{where} holds a line that is not JSON (truncated or edited?): "
-                            f"{exc}") from exc
+                            f"{reason}") from exc
     for i, row in enumerate(rows, 1):
         missing = [k for k in required if k not in row] if isinstance(row, dict) \
             else ["<JSON object>"]

@@ -47,7 +47,8 @@ class ChannelMoments:
         if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.ndim != 3 \
                 or img.shape[2] != 3:
             desc = f"{img.dtype} {img.shape}" if isinstance(img, np.ndarray) else type(img).__name__
-            raise ConfigError(f"ChannelMoments.update expects an (H, W, 3) uint8 RGB array; got {desc}")
+            raise ConfigError(f"ChannelMoments.update expects an (H, W, 3) uint8 RGB array; "
+                              f"got {desc}")
         flat = img.reshape(-1, 3).astype(np.int64)
         sums = flat.sum(axis=0)                          # <= 255 * H * W: exact in int64
         sum_sq = np.einsum("ij,ij->j", flat, flat)       # <= 65025 * H * W: exact in int64
@@ -84,7 +85,8 @@ class ChannelMoments:
 
 
 def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | None = None,
-                  decoder: str = "auto", save: bool = True, progress: bool = False) -> dict[str, Any]:
+                  decoder: str = "auto", save: bool = True,
+                  progress: bool = False) -> dict[str, Any]:
     """Per-channel mean/std of ``split``'s decoded pixels, optionally saved in ``manifest.json``.
 
     Args:
