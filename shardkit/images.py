@@ -8,8 +8,10 @@ nvJPEG) sees the same upright RGB pixels (field case 15):
   PNG named ``.jpg`` is handled as a PNG.
 * The pixel count is read from the header *before* anything is decoded; images over
   ``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS`, Pillow's own limit) are rejected with a
-  reason. Pillow's global ``Image.MAX_IMAGE_PIXELS`` and ``ImageFile.LOAD_TRUNCATED_IMAGES`` are
-  never changed: the limit is passed per call.
+  reason. The header is read by :func:`shardkit.imageopen.open_image`, the same function (and
+  limit) every decoder uses at read time, so what packs under ``--max-pixels N`` reads under
+  ``normalization.max_pixels = N``. Pillow's global ``Image.MAX_IMAGE_PIXELS`` and
+  ``ImageFile.LOAD_TRUNCATED_IMAGES`` are never changed: the limit is passed per call.
 * The whole image is decoded (not just opened). JPEGs are fully decoded with libjpeg-turbo
   (PyTurboJPEG, RGB output), the decoder every shardkit reader uses; Pillow decodes them a second
   time only when their pixels must be normalised. libjpeg-turbo's recoverable warnings are
@@ -39,24 +41,19 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, features
 
 from shardkit.errors import ConfigError, DecodeError
+from shardkit.imageopen import (
+    DEFAULT_MAX_PIXELS, MEDIA_TYPES, PIL_FORMATS, PixelLimitError, open_image, resolve_max_pixels,
+    sniff,
+)
 
 __all__ = ["DEFAULT_MAX_PIXELS", "BACKGROUND", "PNG_COMPRESS_LEVEL", "RULES", "MEDIA_TYPES",
            "ImageResult", "sniff", "check_image", "decode_reference"]
-
-#: Default pixel limit (width * height): Pillow's own ``PIL.Image.MAX_IMAGE_PIXELS``,
-#: ``int(1024 * 1024 * 1024 // 4 // 3)`` (src/PIL/Image.py, "1024*1024*1024 // 4 // 3"; a 1 GiB
-#: budget at 4 bytes per pixel over 3). Copied, not read, so that changes to Pillow's global by
-#: other code do not change what shardkit accepts.
-DEFAULT_MAX_PIXELS = 89_478_485
 
 #: Background that transparent pixels are composited onto (8-bit RGB white).
 BACKGROUND = (255, 255, 255)
 
 #: zlib level of the normalised PNGs (1..9). 6 is Pillow's and libpng's default.
 PNG_COMPRESS_LEVEL = 6
-
-#: Every media type :func:`sniff` can return.
-MEDIA_TYPES = ("jpeg", "png", "webp", "gif", "tiff", "bmp", "avif", "heif", "unknown")
 
 #: Normalisation steps; ``ImageResult.rule`` is ``"original"`` or a "+"-joined sequence of the others.
 RULES: dict[str, str] = {
@@ -79,13 +76,8 @@ RULES: dict[str, str] = {
     "png": f"stored as lossless 8-bit RGB PNG (zlib level {PNG_COMPRESS_LEVEL}), no metadata",
 }
 
-_PIL_FORMAT = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "tiff": "TIFF",
-               "bmp": "BMP", "avif": "AVIF"}
 _ORIENTATION_TAG = 0x0112
 _TJCS_CMYK, _TJCS_YCCK = 3, 4  # libjpeg-turbo TJCS enum (turbojpeg.h)
-_HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs",
-                b"mif1", b"msf1"}
-_BMP_DIB_SIZES = {12, 16, 40, 52, 56, 64, 108, 124}
 
 
 @dataclass(frozen=True)
@@ -127,38 +119,6 @@ class _Reject(Exception):
         self.size = size
 
 
-def sniff(data: bytes) -> str:
-    """Media type of ``data`` from its magic bytes only (the file name is never consulted).
-
-    Returns one of :data:`MEDIA_TYPES`: "jpeg" (FF D8 FF), "png" (the 8-byte PNG signature),
-    "gif" (GIF87a/GIF89a), "webp" (RIFF....WEBP), "tiff" (II*\\0, MM\\0*, or BigTIFF), "bmp"
-    ("BM" plus a known DIB header size), "avif"/"heif" (ISO-BMFF ``ftyp`` box brands), else
-    "unknown" (also for empty input).
-    """
-    head = bytes(data[:64])
-    if head[:3] == b"\xff\xd8\xff":
-        return "jpeg"
-    if head[:8] == b"\x89PNG\r\n\x1a\n":
-        return "png"
-    if head[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
-        return "tiff"
-    if head[:2] == b"BM" and len(head) >= 18 and int.from_bytes(head[14:18], "little") in _BMP_DIB_SIZES:
-        return "bmp"
-    if head[4:8] == b"ftyp" and len(head) >= 12:
-        box = min(int.from_bytes(head[:4], "big"), len(head))
-        major = head[8:12]
-        compatible = {head[i:i + 4] for i in range(16, box - 3, 4)}
-        if major in (b"avif", b"avis") or (major in (b"mif1", b"msf1") and b"avif" in compatible):
-            return "avif"
-        if major in _HEIF_BRANDS or compatible & _HEIF_BRANDS:
-            return "avif" if b"avif" in compatible else "heif"
-    return "unknown"
-
-
 @functools.lru_cache(maxsize=1)
 def _turbo():
     from turbojpeg import TurboJPEG
@@ -170,23 +130,16 @@ def _turbo():
                           f"(Debian: apt-get install libturbojpeg0)") from e
 
 
-def _open(data: bytes, media: str) -> Image.Image:
-    """Open with the Pillow plugin of the sniffed type, without Pillow's global pixel check.
-
-    ``Image.open`` applies ``Image.MAX_IMAGE_PIXELS`` (a process-wide setting); shardkit applies
-    its own per-call limit instead, so the plugin factory registered in ``Image.OPEN`` is called
-    directly (the same call ``Image.open`` makes). Raises _Reject if the header cannot be parsed.
-    """
-    fmt = _PIL_FORMAT[media]
-    if fmt not in Image.OPEN:
-        Image.init()
-    if fmt not in Image.OPEN:
-        raise _Reject(f"{media.upper()} not decodable: this Pillow build has no {fmt} plugin")
-    factory, _accept = Image.OPEN[fmt]
+def _open(data: bytes, media: str, max_pixels: int) -> Image.Image:
+    """:func:`shardkit.imageopen.open_image` (the readers' own header read and pixel limit),
+    with its errors turned into rejection reasons."""
     try:
-        return factory(io.BytesIO(data), "")
-    except Exception as e:  # noqa: BLE001 - any parser failure means a corrupt header
-        raise _Reject(f"corrupt {media.upper()} header: {type(e).__name__}: {e}") from e
+        return open_image(data, max_pixels, media)
+    except PixelLimitError as e:
+        raise _Reject(f"over --max-pixels: {e.width}x{e.height} = {e.pixels} > {e.max_pixels}",
+                      (e.width, e.height)) from e
+    except DecodeError as e:
+        raise _Reject(str(e)) from e
 
 
 def _decode_failure(media: str, who: str, e: Exception) -> _Reject:
@@ -277,11 +230,8 @@ def _png_bytes(im: Image.Image) -> bytes:
 
 
 def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> ImageResult:
-    im = _open(data, media)
+    im = _open(data, media, max_pixels)
     width, height = im.size
-    if width * height > max_pixels:
-        raise _Reject(f"over --max-pixels: {width}x{height} = {width * height} > {max_pixels}",
-                      im.size)
     icc = bool(im.info.get("icc_profile"))
     cmyk = _check_jpeg(data, im, messages) if media == "jpeg" else False
     if media == "jpeg" and not cmyk and im.mode in ("RGB", "L") and _orientation(im) == 1:
@@ -337,8 +287,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
             ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` was set to True by other code.
         DecodeError: PyTurboJPEG cannot find the libjpeg-turbo library.
     """
-    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels <= 0:
-        raise ConfigError(f"max_pixels must be a positive int, got {max_pixels!r}")
+    resolve_max_pixels(max_pixels)  # ConfigError unless a positive int
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise ConfigError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True (set by other code in this "
                           "process); it makes Pillow pad truncated images silently, so shardkit "
@@ -377,30 +326,33 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
                        result.width, result.height, found, result.icc)
 
 
-def decode_reference(data: bytes) -> np.ndarray:
+def decode_reference(data: bytes, max_pixels: int | None = None) -> np.ndarray:
     """Decode stored bytes the way every shardkit reader must: the reference pixels.
 
     Pillow decode of the bytes as stored (no EXIF rotation: stored pixels are upright by
     construction), converted with ``Image.convert("RGB")`` (grayscale expanded to 3 channels).
+    ``max_pixels``: the readers' pixel limit (None = :data:`DEFAULT_MAX_PIXELS`; pass the
+    dataset's ``normalization.max_pixels``).
 
     Returns:
         numpy uint8 array of shape (H, W, 3), C-contiguous, HWC, RGB order, values 0..255.
 
     Raises:
-        DecodeError: the bytes are not an image Pillow can decode.
+        DecodeError: the bytes are not an image Pillow can decode (PixelLimitError, a
+            DecodeError, when over ``max_pixels``).
     """
     data = bytes(data)
     media = sniff(data)
-    if media not in _PIL_FORMAT:
+    if media not in PIL_FORMATS:
         raise DecodeError(f"not a decodable image (sniffed: {media}, {len(data)} bytes)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            im = _open(data, media)
+            im = open_image(data, max_pixels, media)
             im.load()
             rgb = im.convert("RGB")
-        except _Reject as r:
-            raise DecodeError(r.reason) from None
+        except DecodeError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise DecodeError(f"{media.upper()} cannot be decoded: {type(e).__name__}: {e}") from e
     return np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8))

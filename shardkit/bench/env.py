@@ -64,25 +64,21 @@ def describe_pil(version: str | None = None, distributions: list[str] | None = N
 
     Returns:
         ``{"version", "distributions", "simd", "libjpeg_turbo", "jpeg_library_path"}``; ``simd``
-        is True when the version carries a ``.postN`` tag (Pillow-SIMD's release scheme, for
-        example ``9.5.0.post1``) or a distribution named Pillow-SIMD provides ``PIL``.
+        is decided by :func:`shardkit.decode.pil.pil_flavor`, the one rule shardkit uses (a
+        ``.postN`` version tag, Pillow-SIMD's release scheme, or a distribution named
+        Pillow-SIMD providing ``PIL``).
     """
-    import PIL
     from PIL import features
 
-    if version is None:
-        version = PIL.__version__
-    if distributions is None:
-        distributions = sorted(metadata.packages_distributions().get("PIL", []))
-    simd = bool(re.search(r"\.post\d+", version)) or any(
-        d.lower().replace("_", "-") == "pillow-simd" for d in distributions)
+    from shardkit.decode.pil import pil_flavor
+
+    flavor = pil_flavor(version, distributions)
     try:
         turbo = features.version("libjpeg_turbo")
     except (ValueError, KeyError):  # very old Pillow: no such feature
         turbo = None
     libs = mapped_libraries("libjpeg")
-    return {"version": version, "distributions": distributions, "simd": simd,
-            "libjpeg_turbo": turbo, "jpeg_library_path": libs[0] if libs else None}
+    return {**flavor, "libjpeg_turbo": turbo, "jpeg_library_path": libs[0] if libs else None}
 
 
 def pil_mismatches(pil: dict, expect: str) -> list[str]:

@@ -22,6 +22,9 @@
  *   crop_resize(data, x, y, w, h, scale_num, flags, box, out, out_w, out_h, flip, filter)
  *       -> (n_warnings, last_warning or None): decode() of the window, then resize() of the
  *       box (window coordinates) into out, in one call without the GIL.
+ *   simd_level() -> (level in use, best level supported here): SIMD_SCALAR, SIMD_SSE41 or
+ *       SIMD_AVX2 (the resize's horizontal pass; see _resample.h).
+ *   _set_simd(level) -> level now in use (min(level, best)); for tests only.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jpeglib.h>
+
+#include "_resample.h"
 
 #define ROI_FAST_DCT 1
 #define ROI_FAST_UPSAMPLE 2
@@ -214,13 +219,6 @@ static PyObject *roi_decode(PyObject *self, PyObject *args) {
     return Py_BuildValue("(NNll)", out, warn, sw, sh);
 }
 
-/* Pillow-exact RGB resize, defined in _resample.c (see there). 0 on success, -1 out of memory. */
-int rs_resize(const unsigned char *src, int sw, int sh, const float box[4], unsigned char *dst,
-              int ow, int oh, int flip, int filter);
-#define RS_BOX 4
-#define RS_BILINEAR 2
-#define RS_BICUBIC 3
-
 static PyObject *roi_resize(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     int sw, sh, ow, oh, flip, filter, rc;
@@ -231,8 +229,7 @@ static PyObject *roi_resize(PyObject *self, PyObject *args) {
         return NULL;
     if (sw < 1 || sh < 1 || ow < 1 || oh < 1 || src.len < (Py_ssize_t)sw * sh * 3 ||
         dst.len != (Py_ssize_t)ow * oh * 3 || !(box[0] >= 0 && box[1] >= 0 && box[2] <= sw &&
-        box[3] <= sh && box[0] < box[2] && box[1] < box[3]) ||
-        (filter != RS_BOX && filter != RS_BILINEAR && filter != RS_BICUBIC)) {
+        box[3] <= sh && box[0] < box[2] && box[1] < box[3]) || !RS_FILTER_OK(filter)) {
         PyErr_Format(PyExc_ValueError,
                      "resize: bad arguments (src %dx%d, %zd bytes; box %.3f,%.3f,%.3f,%.3f; "
                      "out %dx%d, %zd bytes; filter %d; expected packed RGB buffers, box inside "
@@ -265,8 +262,7 @@ static PyObject *roi_crop_resize(PyObject *self, PyObject *args) {
         return NULL;
     if (m < 1 || m > 8 || w < 1 || h < 1 || ow < 1 || oh < 1 ||
         dst.len != (Py_ssize_t)ow * oh * 3 || !(box[0] >= 0 && box[1] >= 0 && box[2] <= w &&
-        box[3] <= h && box[0] < box[2] && box[1] < box[3]) ||
-        (filter != RS_BOX && filter != RS_BILINEAR && filter != RS_BICUBIC)) {
+        box[3] <= h && box[0] < box[2] && box[1] < box[3]) || !RS_FILTER_OK(filter)) {
         PyErr_Format(PyExc_ValueError,
                      "crop_resize: bad arguments (window %ldx%ld, scale %d/8, box %.3f,%.3f,%.3f,"
                      "%.3f, out %dx%d with %zd bytes, filter %d)", w, h, m, box[0], box[1],
@@ -293,6 +289,19 @@ static PyObject *roi_crop_resize(PyObject *self, PyObject *args) {
     return roi_warnings(&err);
 }
 
+static PyObject *roi_simd_level(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return Py_BuildValue("(ii)", rs_simd_get(), rs_simd_best());
+}
+
+static PyObject *roi_set_simd(PyObject *self, PyObject *args) {
+    int level;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "i", &level)) return NULL;
+    return PyLong_FromLong(rs_simd_set(level));
+}
+
 static PyMethodDef roi_methods[] = {
     {"header", roi_header, METH_VARARGS,
      "header(data) -> (width, height, num_components, jpeg_color_space, progressive)"},
@@ -306,6 +315,11 @@ static PyMethodDef roi_methods[] = {
     {"resize", roi_resize, METH_VARARGS,
      "resize(src, src_w, src_h, (x0, y0, x1, y1), out, out_w, out_h, flip, filter) -> None; "
      "Pillow-exact RGB resize of box into out (filter: PIL BOX=4, BILINEAR=2, BICUBIC=3)"},
+    {"simd_level", roi_simd_level, METH_NOARGS,
+     "simd_level() -> (level in use, best supported): SIMD_SCALAR | SIMD_SSE41 | SIMD_AVX2"},
+    {"_set_simd", roi_set_simd, METH_VARARGS,
+     "_set_simd(level) -> level in use, min(level, best supported); tests only (not while "
+     "another thread resizes)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef roi_module = {PyModuleDef_HEAD_INIT, "_jpegroi",
@@ -322,5 +336,9 @@ PyMODINIT_FUNC PyInit__jpegroi(void) {
 #endif
     PyModule_AddIntConstant(m, "FAST_DCT", ROI_FAST_DCT);
     PyModule_AddIntConstant(m, "FAST_UPSAMPLE", ROI_FAST_UPSAMPLE);
+    PyModule_AddIntConstant(m, "SIMD_SCALAR", RS_SIMD_SCALAR);
+    PyModule_AddIntConstant(m, "SIMD_SSE41", RS_SIMD_SSE41);
+    PyModule_AddIntConstant(m, "SIMD_AVX2", RS_SIMD_AVX2);
+    rs_simd_init(); /* CPU feature detection, once per process */
     return m;
 }

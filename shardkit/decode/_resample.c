@@ -1,22 +1,36 @@
 /*
- * _resample.c: Pillow-exact resize for shardkit's _jpegroi extension (linked into it).
+ * _resample.c: Pillow-exact resize for shardkit's _jpegroi extension (linked into it; interface
+ * and filter codes in _resample.h).
  *
  * Pillow's two-pass separable convolution (Pillow 13 src/libImaging/Resample.c:
  * precompute_coeffs, normalize_coeffs_8bpc, ImagingResample{Horizontal,Vertical}_8bpc,
  * ImagingResampleInner's pass order), for packed RGB uint8, with the same float box, the same
  * 22-bit fixed point and rounding, writing straight into a caller buffer with an optional
  * horizontal flip. Output equals Image.resize(size, filter, box) (mirrored when flipped) bit for
- * bit; tests/test_decode.py checks it. SSE4.1 / AVX2 paths (runtime-dispatched) do the same
- * integer arithmetic in vector lanes.
+ * bit; tests/test_decode.py checks it.
+ *
+ * Portability: the scalar C code below builds on every architecture (aarch64, ppc64le, ...).
+ * The hand-written SSE4.1 / AVX2 horizontal passes are compiled only for x86 with GCC or clang
+ * (compile-time guard RS_X86; AVX2 needs x86-64) and chosen at run time from the CPU's features
+ * (rs_simd_init). They do the same integer arithmetic in vector lanes, so every path gives the
+ * same bytes (tests/test_cext.py compares them, and compiles this file with the x86 macros
+ * undefined to keep the scalar-only build honest).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "_resample.h"
+
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#define RS_X86 1
+#include <immintrin.h>
+#if defined(__x86_64__)
+#define RS_X86_64 1 /* the AVX2 path uses 64-bit moves (_mm_cvtsi64_si128) */
+#endif
+#endif
+
 #define RS_PRECISION_BITS (32 - 8 - 2)
-#define RS_BOX 4
-#define RS_BILINEAR 2
-#define RS_BICUBIC 3
 
 static double rs_filter(int filter, double x) {
     if (filter == RS_BOX) return (x > -0.5 && x <= 0.5) ? 1.0 : 0.0;
@@ -82,7 +96,9 @@ static inline unsigned char rs_clip8(int v) {
     return (unsigned char)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__clang__)
+/* GCC on x86 + glibc: let the compiler also emit an AVX2 clone of the plain loops, picked by
+ * ifunc at load time (integer arithmetic: same bytes). musl has no ifunc; clang has no need. */
+#if defined(RS_X86) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 #define RS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define RS_CLONES
@@ -113,9 +129,7 @@ RS_CLONES static void rs_hpass(const unsigned char *src, int sw, int rows, const
     }
 }
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#include <immintrin.h>
-#define RS_HAVE_SSE41_PATH 1
+#ifdef RS_X86
 /* The same horizontal pass, one pixel (R, G, B, next byte ignored) per 4-lane int32 vector:
  * identical integer arithmetic, so identical output. Pixels whose 4-byte load would pass the
  * end of the buffer use the scalar code. */
@@ -162,8 +176,9 @@ __attribute__((target("sse4.1"))) static void rs_hpass_sse41(
         }
     }
 }
-#endif
+#endif /* RS_X86 */
 
+#ifdef RS_X86_64
 /* AVX2 variant: four rows at once (same taps for every row), two rows per 8-lane vector.
  * Same integer arithmetic as rs_hpass, hence identical output. Rows left over (rows % 4) and
  * pixels whose 4-byte loads would pass the end of the buffer go to rs_hpass_sse41. */
@@ -212,24 +227,55 @@ __attribute__((target("avx2"))) static int rs_hpass_avx2(
     }
     return yy;
 }
+#endif /* RS_X86_64 */
+
+static int rs_level = -1, rs_best = -1; /* -1: not detected yet */
+
+int rs_simd_init(void) {
+    int best = RS_SIMD_SCALAR;
+#ifdef RS_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.1")) best = RS_SIMD_SSE41;
+#ifdef RS_X86_64
+    if (best == RS_SIMD_SSE41 && __builtin_cpu_supports("avx2")) best = RS_SIMD_AVX2;
+#endif
+#endif
+    rs_best = rs_level = best;
+    return best;
+}
+
+int rs_simd_best(void) {
+    if (rs_best < 0) rs_simd_init();
+    return rs_best;
+}
+
+int rs_simd_set(int level) {
+    int best = rs_simd_best();
+    rs_level = level < RS_SIMD_SCALAR ? RS_SIMD_SCALAR : level > best ? best : level;
+    return rs_level;
+}
+
+int rs_simd_get(void) { return rs_level < 0 ? rs_simd_best() : rs_level; }
 
 static void rs_hpass_any(const unsigned char *src, int sw, int rows, const int *bh,
                          const int *kh, int ksh, unsigned char *dst, int ow, int flip) {
-#ifdef RS_HAVE_SSE41_PATH
-    static int sse41 = -1, avx2 = -1;
-    if (sse41 < 0) sse41 = __builtin_cpu_supports("sse4.1") ? 1 : 0;
-    if (avx2 < 0) avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-    if (avx2) {
+    int level = rs_level;
+    if (level < 0) level = rs_simd_init();
+#ifdef RS_X86_64
+    if (level >= RS_SIMD_AVX2) {
         int done = rs_hpass_avx2(src, sw, rows, bh, kh, ksh, dst, ow, flip);
         src += (size_t)done * sw * 3;
         dst += (size_t)done * ow * 3;
         rows -= done;
     }
-    if (sse41) {
+#endif
+#ifdef RS_X86
+    if (level >= RS_SIMD_SSE41) {
         rs_hpass_sse41(src, sw, rows, bh, kh, ksh, dst, ow, flip);
         return;
     }
 #endif
+    (void)level;
     rs_hpass(src, sw, rows, bh, kh, ksh, dst, ow, flip);
 }
 
@@ -258,8 +304,8 @@ RS_CLONES static void rs_vpass(const unsigned char *src, int w, int y_off, const
 /* src: sh rows of sw packed RGB pixels; dst: oh rows of ow packed RGB pixels. 0 on success.
  * Pass order follows Pillow 13 (ImagingResampleInner): vertical first only when the height
  * shrinks by more than twice as many pixels as the width; otherwise horizontal first. */
-int rs_resize(const unsigned char *src, int sw, int sh, const float box[4],
-                     unsigned char *dst, int ow, int oh, int flip, int filter) {
+int rs_resize(const unsigned char *src, int sw, int sh, const float box[4], unsigned char *dst,
+              int ow, int oh, int flip, int filter) {
     int *bh = NULL, *kh = NULL, *bv = NULL, *kv = NULL;
     int ksh, ksv, y0, y1;
     int hfirst = !((sh - oh) > 0 && (sh - oh) > (sw - ow) * 2);

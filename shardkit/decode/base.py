@@ -16,17 +16,23 @@ Decoder warnings (libjpeg's "Corrupt JPEG data: N extraneous bytes before marker
 of JPEG file", ...) are never printed: each decode stores how many it saw in
 ``decoder.last_warnings`` and the last text in ``decoder.last_warning``; the caller applies its
 policy with :func:`apply_warning_policy` (field case 12).
+
+Pixel limit: every decoder refuses images whose header size is over ``max_pixels`` (constructor
+option; None = ``shardkit.imageopen.DEFAULT_MAX_PIXELS``) with a
+:class:`~shardkit.imageopen.PixelLimitError`, whatever the format or backend, and opens
+non-JPEG data with :func:`shardkit.imageopen.open_image`: the function and limit the packer
+uses, never Pillow's process-wide ``Image.MAX_IMAGE_PIXELS``.
 """
 from __future__ import annotations
 
-import io
 from fractions import Fraction
 from typing import ClassVar, NamedTuple
 
 import numpy as np
-from PIL import Image
 
-from shardkit.errors import DecodeError
+from shardkit.decode.resize import resize_into
+from shardkit.errors import ConfigError, DecodeError
+from shardkit.imageopen import check_pixels, open_image, resolve_max_pixels
 
 __all__ = [
     "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
@@ -107,15 +113,33 @@ _ONE = Fraction(1)
 
 def apply_warning_policy(n_warnings: int, policy: str, what: str = "image",
                          message: str | None = None) -> bool:
-    """Apply a decoder-warning policy to one sample.
+    """Apply a decoder-warning policy to one decoded sample (field case 12).
 
-    Returns True to keep the sample, False to skip it (``policy="skip"`` and warnings > 0).
-    Raises :class:`DecodeWarningError` (``policy="raise"``, naming ``what`` and the last warning)
-    and :class:`shardkit.errors.ConfigError` for a policy outside ``WARNING_POLICIES``.
+    Meant for the read path, right after a decode: ``n_warnings`` is the decoder's (or the
+    transform's) ``last_warnings`` of that sample, ``message`` the decoder's ``last_warning``
+    when known.
+
+    Args:
+        n_warnings: libjpeg warnings counted for this sample (int >= 0; 0 = clean). Pillow does
+            not report warnings, so the "pil" decoder always gives 0.
+        policy: one of :data:`WARNING_POLICIES`: "keep" (use the pixels), "skip" (drop the
+            sample), "raise" (stop).
+        what: how to name the sample in the error, e.g. ``"shard-00003.tar:key-7"``.
+        message: the last warning's text, quoted in the error (None when unknown).
+    Returns:
+        True to keep the sample: no warnings, or ``policy="keep"``; False to skip it
+        (``policy="skip"`` and ``n_warnings > 0``).
+    Raises:
+        DecodeWarningError: ``policy="raise"`` and ``n_warnings > 0`` (names ``what``, the count
+            and ``message``).
+        ConfigError: ``policy`` not in :data:`WARNING_POLICIES`, or ``n_warnings`` not an
+            int >= 0.
     """
     if policy not in WARNING_POLICIES:
-        from shardkit.errors import ConfigError
         raise ConfigError(f"warning policy {policy!r} is not one of {WARNING_POLICIES}")
+    if isinstance(n_warnings, bool) or not isinstance(n_warnings, int) or n_warnings < 0:
+        raise ConfigError(f"n_warnings must be an int >= 0 (a decoder's last_warnings), got "
+                          f"{n_warnings!r}")
     if n_warnings == 0 or policy == "keep":
         return True
     if policy == "skip":
@@ -137,26 +161,29 @@ def loaded_library_path(fragment: str) -> str | None:
     return None
 
 
-def pil_probe(data: bytes | memoryview) -> tuple[int, int]:
-    """(width, height) from the header via Pillow; raises DecodeError if unreadable."""
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            return im.size
-    except Exception as exc:  # Pillow raises several unrelated types here
-        raise DecodeError(f"cannot read image header ({len(data)} bytes): {exc}") from exc
+def pil_probe(data: bytes | memoryview, max_pixels: int | None = None) -> tuple[int, int]:
+    """(width, height) from the header via :func:`shardkit.imageopen.open_image`.
+
+    Raises DecodeError if unreadable, PixelLimitError (a DecodeError) over ``max_pixels``
+    (None = the default limit)."""
+    with open_image(data, max_pixels) as im:
+        return im.size
 
 
-def pil_decode_rgb(data: bytes | memoryview, reduce: int = 1) -> np.ndarray:
+def pil_decode_rgb(data: bytes | memoryview, reduce: int = 1,
+                   max_pixels: int | None = None) -> np.ndarray:
     """Decode any Pillow-readable image to RGB uint8 (H, W, 3), C-contiguous.
 
     ``reduce`` (1, 2, 4 or 8) asks libjpeg for a 1/reduce DCT-scaled decode via ``Image.draft``
     (JPEG only); the result is then ``ceil(W / reduce) x ceil(H / reduce)`` (checked).
     Palette/alpha/16-bit inputs are converted with Pillow's ``convert("RGB")``; the packer is
     where they are normalised properly (field case 15). Raises DecodeError on any failure,
-    including truncated data (Pillow's ``LOAD_TRUNCATED_IMAGES`` is never changed).
+    including truncated data (Pillow's ``LOAD_TRUNCATED_IMAGES`` is never changed), and
+    PixelLimitError (a DecodeError) when the header size is over ``max_pixels`` (None = the
+    default limit; opened with :func:`shardkit.imageopen.open_image`).
     """
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with open_image(data, max_pixels) as im:
             if reduce > 1:
                 w, h = im.size
                 if im.format != "JPEG":
@@ -181,21 +208,30 @@ def pil_decode_rgb(data: bytes | memoryview, reduce: int = 1) -> np.ndarray:
 class Decoder:
     """Base class (and protocol) of every decoder in :data:`shardkit.decode.DECODERS`.
 
-    Subclasses implement :meth:`probe`, :meth:`_decode_scaled` and may override
+    Subclasses implement :meth:`_probe`, :meth:`_decode_scaled` and may override
     :meth:`decode_region` (the ROI decoder does). Instances are cheap, hold their native handle
     lazily, and are created per process (never pickled with an open handle).
+
+    Args:
+        fast_dct, fast_upsample: libjpeg speed flags (see ``shardkit.decode.get_decoder``).
+        max_pixels: refuse images whose header ``width * height`` is over this (positive int;
+            None = ``shardkit.imageopen.DEFAULT_MAX_PIXELS``). Pass the dataset's
+            ``normalization.max_pixels`` so that what was packed can be read.
 
     Attributes:
         last_warnings: number of decoder warnings of the most recent call (0 when clean).
         last_warning: text of the last warning of the most recent call, or None.
+        max_pixels: the resolved pixel limit (int).
     """
 
     name: ClassVar[str] = "base"
     supports_roi: ClassVar[bool] = False
 
-    def __init__(self, fast_dct: bool = False, fast_upsample: bool = False):
+    def __init__(self, fast_dct: bool = False, fast_upsample: bool = False,
+                 max_pixels: int | None = None):
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
+        self.max_pixels = resolve_max_pixels(max_pixels)
         self.last_warnings = 0
         self.last_warning: str | None = None
 
@@ -204,13 +240,27 @@ class Decoder:
         """Whether this backend can run in this environment."""
         return True
 
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why :meth:`available` is False here (one line), or None when it is available."""
+        return None if cls.available() else f"decoder {cls.name!r} is unavailable"
+
     def info(self) -> dict:
         """Backend name, library versions and paths (for benchmark and bug reports)."""
         return {"name": self.name}
 
     def probe(self, data: bytes | memoryview) -> ImageProbe:
-        """Read the header only; returns original size and usable DCT reductions."""
-        w, h = pil_probe(data)
+        """Read the header only; returns original size and usable DCT reductions.
+
+        Raises DecodeError (unreadable header) and PixelLimitError (a DecodeError) when
+        ``width * height > self.max_pixels``, for every format and backend."""
+        probe = self._probe(data)
+        check_pixels(probe.width, probe.height, self.max_pixels)
+        return probe
+
+    def _probe(self, data: bytes | memoryview) -> ImageProbe:
+        """Backend header read (no limit check); the default reads it with Pillow."""
+        w, h = pil_probe(data, self.max_pixels)
         return ImageProbe(w, h, False, (Fraction(1),))
 
     def decode(self, data: bytes | memoryview) -> np.ndarray:
@@ -236,7 +286,7 @@ class Decoder:
             raise DecodeError(f"DCT scale {factor} not supported for this image by {self.name}; "
                               f"supported: {[str(f) for f in probe.factors]}")
         if not probe.is_jpeg:
-            return pil_decode_rgb(data)
+            return pil_decode_rgb(data, max_pixels=self.max_pixels)
         arr = self._decode_scaled(data, factor)
         want = scaled_size(probe.width, probe.height, factor)
         if arr.shape != (want[1], want[0], 3):
@@ -271,7 +321,6 @@ class Decoder:
         ``(H, W, 3)``), mirrored left-right when ``flip``. Returns ``out``. Pixels equal Pillow's
         ``resize(box=...)`` of the decoded region (see ``shardkit.decode.resize_into``).
         Updates ``last_warnings``; raises DecodeError."""
-        from shardkit.decode.roi import resize_into
         arr = self.decode_region(data, region, factor, probe)
         return resize_into(arr, box, out, flip, interpolation)
 

@@ -16,16 +16,16 @@ from fractions import Fraction
 
 import numpy as np
 
+from shardkit.decode import _ext
 from shardkit.decode.base import (
     DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, loaded_library_path,
-    pil_decode_rgb, pil_probe,
+    pil_probe,
 )
+from shardkit.decode.resize import RESIZE_FILTERS, resize_into, simd_level
 from shardkit.errors import DecodeError
 
-try:
-    from shardkit.decode import _jpegroi
-except ImportError:  # the optional extension was not built
-    _jpegroi = None
+# the optional extension; None (with the reason) when it was not built
+_jpegroi, _JPEGROI_REASON = _ext.load()
 
 __all__ = ["ROIDecoder", "resize_into", "RESIZE_FILTERS"]
 
@@ -59,6 +59,12 @@ class ROIDecoder(Decoder):
     def available(cls) -> bool:
         return _jpegroi is not None
 
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if _jpegroi is not None:
+            return None
+        return _JPEGROI_REASON or "_jpegroi not loaded (shardkit.decode.roi._jpegroi is None)"
+
     def _flags(self) -> int:
         return ((_jpegroi.FAST_DCT if self.fast_dct else 0)
                 | (_jpegroi.FAST_UPSAMPLE if self.fast_upsample else 0))
@@ -69,11 +75,12 @@ class ROIDecoder(Decoder):
                 "library_path": loaded_library_path("libjpeg.so"),
                 "scaling_factors": [str(f) for f in DCT_REDUCTIONS],
                 "scaling_factors_used": [str(f) for f in FAST_DCT_REDUCTIONS],
-                "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample}
+                "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample,
+                "resize_simd": simd_level(), "max_pixels": self.max_pixels}
 
-    def probe(self, data: bytes | memoryview) -> ImageProbe:
+    def _probe(self, data: bytes | memoryview) -> ImageProbe:
         if not is_jpeg(data):
-            w, h = pil_probe(data)
+            w, h = pil_probe(data, self.max_pixels)
             return ImageProbe(w, h, False, (Fraction(1),))
         try:
             w, h, _ncomp, cs, _prog = _jpegroi.header(data)
@@ -128,40 +135,3 @@ class ROIDecoder(Decoder):
         if not probe.is_jpeg:
             return super().decode_region(data, box, factor, probe)
         return self._run(data, tuple(int(v) for v in box), factor)
-
-
-#: interpolation name -> Pillow filter code (``PIL.Image.Resampling``).
-RESIZE_FILTERS = {"nearest": 0, "bilinear": 2, "bicubic": 3, "box": 4}
-
-
-def resize_into(src: np.ndarray, box: tuple[float, float, float, float], out: np.ndarray,
-                flip: bool = False, interpolation: str = "bilinear") -> np.ndarray:
-    """Resize the float ``box`` of ``src`` into ``out`` (optionally mirrored left-right).
-
-    Args:
-        src: RGB uint8 ``(h, w, 3)``. box: ``(x0, y0, x1, y1)`` in src pixels (floats, inside src).
-        out: writable RGB uint8 ``(H, W, 3)``; receives the result. flip: mirror horizontally.
-        interpolation: "bilinear" | "bicubic" | "box" | "nearest".
-    Returns:
-        ``out``. The pixels equal Pillow's ``Image.resize((W, H), filter, box=box)`` (then
-        mirrored) bit for bit on stock Pillow 13 (the C path reimplements Pillow's
-        ``Resample.c``: same float box, 22-bit fixed point, pass order); "nearest", a missing
-        extension, or a non-contiguous ``out`` use Pillow itself.
-    Raises:
-        ValueError: box outside src, bad shapes, or unknown interpolation.
-    """
-    from PIL import Image
-
-    if interpolation not in RESIZE_FILTERS:
-        raise ValueError(f"interpolation {interpolation!r} not in {sorted(RESIZE_FILTERS)}")
-    code = RESIZE_FILTERS[interpolation]
-    h, w = src.shape[:2]
-    oh, ow = out.shape[:2]
-    if _jpegroi is not None and code != 0 and out.flags.c_contiguous and out.flags.writeable:
-        _jpegroi.resize(np.ascontiguousarray(src), w, h, tuple(float(v) for v in box), out,
-                        ow, oh, int(bool(flip)), code)
-        return out
-    img = Image.frombuffer("RGB", (w, h), np.ascontiguousarray(src), "raw", "RGB", 0, 1)
-    res = np.asarray(img.resize((ow, oh), code, box=tuple(box)))
-    np.copyto(out, res[:, ::-1] if flip else res)
-    return out

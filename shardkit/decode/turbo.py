@@ -33,12 +33,17 @@ class TurboJPEGDecoder(Decoder):
 
     @classmethod
     def available(cls) -> bool:
+        return cls.unavailable_reason() is None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
         try:
             import turbojpeg
             turbojpeg.TurboJPEG()
-        except Exception:  # module missing or libturbojpeg not found
-            return False
-        return True
+        except Exception as exc:  # module missing or libturbojpeg not found
+            return (f"PyTurboJPEG or libturbojpeg is missing ({type(exc).__name__}: {exc}; "
+                    f"Debian: apt-get install libturbojpeg0)")
+        return None
 
     def _tj(self):
         tj = self.__dict__.get("_handle")
@@ -60,9 +65,9 @@ class TurboJPEGDecoder(Decoder):
                 "scaling_factors_used": [str(f) for f in self._factors],
                 "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample}
 
-    def probe(self, data: bytes | memoryview) -> ImageProbe:
+    def _probe(self, data: bytes | memoryview) -> ImageProbe:
         if not is_jpeg(data):
-            w, h = pil_probe(data)
+            w, h = pil_probe(data, self.max_pixels)
             return ImageProbe(w, h, False, (Fraction(1),))
         tj = self._tj()
         try:
