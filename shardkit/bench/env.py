@@ -68,17 +68,11 @@ def describe_pil(version: str | None = None, distributions: list[str] | None = N
         ``.postN`` version tag, Pillow-SIMD's release scheme, or a distribution named
         Pillow-SIMD providing ``PIL``).
     """
-    from PIL import features
+    from shardkit.decode.pil import pil_flavor, pil_info
 
-    from shardkit.decode.pil import pil_flavor
-
-    flavor = pil_flavor(version, distributions)
-    try:
-        turbo = features.version("libjpeg_turbo")
-    except (ValueError, KeyError):  # very old Pillow: no such feature
-        turbo = None
     libs = mapped_libraries("libjpeg")
-    return {**flavor, "libjpeg_turbo": turbo, "jpeg_library_path": libs[0] if libs else None}
+    return {**pil_flavor(version, distributions), "libjpeg_turbo": pil_info()["libjpeg_turbo"],
+            "jpeg_library_path": libs[0] if libs else None}
 
 
 def pil_mismatches(pil: dict, expect: str) -> list[str]:
