@@ -12,11 +12,13 @@ __version__ = "0.1.0"
 
 # Public names, imported lazily so that `shardkit --help` and worker start-up stay cheap.
 _LAZY = {
-    "ShardDataset": "shardkit.dataset",
-    "MapShardDataset": "shardkit.dataset",
-    "make_loader": "shardkit.loader",
-    "ShardLoader": "shardkit.loader",
-    "DeviceNormalizer": "shardkit.loader",
+    "ShardDataset": "shardkit.stream",
+    "MapShardDataset": "shardkit.stream",
+    "make_loader": "shardkit.stream",
+    "ShardLoader": "shardkit.stream",
+    "DeviceNormalizer": "shardkit.stream",
+    "SamplingOptions": "shardkit.stream",
+    "WorkerOptions": "shardkit.stream",
     "TransformConfig": "shardkit.transforms",
     "load_manifest": "shardkit.manifest",
     "load_index": "shardkit.manifest",

@@ -24,7 +24,9 @@ crop S (``timm/data/transforms_factory.py``, ``transforms_imagenet_eval``), fuse
 of the center box plus filter-support margin (same sampling grid as resize-then-crop; mean
 absolute difference to the torchvision v2 reference < 0.01 on flowers, from float rounding).
 
-Normalisation happens on the device: :func:`normalize_on_device` (timm ``PrefetchLoader`` style).
+Normalisation happens on the device: :func:`normalize_on_device` (timm ``PrefetchLoader`` style),
+with ``TransformConfig.mean/std`` (:class:`shardkit.stream.DeviceNormalizer` takes them from the
+loader's config).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from shardkit.errors import ConfigError
 __all__ = [
     "TransformConfig", "CropParams", "SampleTransform", "make_transform", "sample_crop_params",
     "eval_crop_box", "torchvision_reference", "TorchvisionReference", "normalize_on_device",
-    "TransformInputError", "IMAGENET_MEAN", "IMAGENET_STD",
+    "TransformInputError", "IMAGENET_MEAN", "IMAGENET_STD", "scaled_mean_std",
 ]
 
 #: ImageNet per-channel RGB mean and std in 0..1 units: THE constants of shardkit (timm's
@@ -188,7 +190,8 @@ class SampleTransform:
     train means a fresh OS-seeded generator). ``out``: optional writable (S, S, 3) uint8 array;
     when given the result is written there and ``out`` is returned. Raises DecodeError on
     undecodable data, TransformInputError on a bad ``out``. After each call ``last_warnings``
-    holds the decoder warning count of that sample (policy is the caller's).
+    holds the decoder warning count of that sample and ``last_warning`` the last text (the
+    policy is the caller's: :func:`shardkit.decode.apply_warning_policy`).
     """
 
     def __init__(self, cfg: TransformConfig, train: bool):
@@ -196,6 +199,7 @@ class SampleTransform:
         self.train = bool(train)
         self._decoder = None
         self.last_warnings = 0
+        self.last_warning: str | None = None
         self.last_params: CropParams | None = None
 
     def __getstate__(self) -> dict:
@@ -245,7 +249,7 @@ class SampleTransform:
         target = out if out is not None else np.empty((s, s, 3), np.uint8)
         dec.decode_resize(data, region, factor, rel, target, p.flip, self.cfg.interpolation,
                           probe)
-        self.last_warnings = dec.last_warnings
+        self.last_warnings, self.last_warning = dec.last_warnings, dec.last_warning
         return target
 
 
@@ -302,14 +306,18 @@ def torchvision_reference(cfg: TransformConfig, train: bool) -> TorchvisionRefer
     return TorchvisionReference(cfg, train)
 
 
-def normalize_on_device(batch, mean, std):
-    """Normalise a uint8 image batch on its device (timm ``PrefetchLoader`` style).
+def normalize_on_device(batch, mean=IMAGENET_MEAN, std=IMAGENET_STD, *, channels_last=None):
+    """THE normalisation of shardkit: uint8 images to float32 on their own device (timm
+    ``PrefetchLoader`` style, ``timm/data/loader.py``), ``(batch / 255 - mean) / std``.
 
     Args:
         batch: ``torch.uint8`` tensor ``(N, 3, H, W)`` RGB 0..255, any device and memory format.
-        mean, std: 3 values each in 0..1 units (e.g. ``cfg.mean``, ``cfg.std``).
+        mean, std: 3 values each in 0..1 units (default ImageNet's), or float32 tensors
+            ``(1, 3, 1, 1)`` already in 0..255 units on ``batch``'s device (as
+            :func:`scaled_mean_std` returns; pass those to avoid a host-to-device copy per batch).
+        channels_last: output memory format; None keeps the input's.
     Returns:
-        ``torch.float32`` ``(batch / 255 - mean) / std``, same device and memory format.
+        ``torch.float32`` ``(N, 3, H, W)``, same device, roughly zero-mean / unit-variance.
     Raises:
         TransformInputError: wrong dtype or shape.
     """
@@ -318,6 +326,23 @@ def normalize_on_device(batch, mean, std):
     if batch.dtype != torch.uint8 or batch.ndim != 4 or batch.shape[1] != 3:
         raise TransformInputError(f"batch must be uint8 (N, 3, H, W), got {batch.dtype} "
                                   f"{tuple(batch.shape)}")
-    m = torch.tensor([v * 255 for v in mean], device=batch.device).view(1, 3, 1, 1)
-    sd = torch.tensor([v * 255 for v in std], device=batch.device).view(1, 3, 1, 1)
-    return batch.float().sub_(m).div_(sd)
+    if not isinstance(mean, torch.Tensor):
+        mean, std = scaled_mean_std(mean, std, batch.device)
+    fmt = (torch.preserve_format if channels_last is None
+           else torch.channels_last if channels_last else torch.contiguous_format)
+    return batch.to(dtype=torch.float32, memory_format=fmt).sub_(mean).div_(std)
+
+
+def scaled_mean_std(mean, std, device):
+    """``(mean * 255, std * 255)`` as float32 ``(1, 3, 1, 1)`` tensors on ``device``.
+
+    Raises:
+        TransformInputError: not 3 values each, or a std <= 0.
+    """
+    import torch
+
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise TransformInputError(f"mean={mean!r}, std={std!r}: expected 3 values each, std > 0")
+    m = torch.tensor([255.0 * v for v in mean], dtype=torch.float32, device=device)
+    sd = torch.tensor([255.0 * v for v in std], dtype=torch.float32, device=device)
+    return m.view(1, 3, 1, 1), sd.view(1, 3, 1, 1)

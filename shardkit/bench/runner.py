@@ -48,21 +48,24 @@ def dataset_info(root: str | Path) -> dict:
 
 
 def shardkit_factory(setting: Setting, cfg: RunConfig):
-    """Builds ``shardkit.make_loader(..., backend=setting.backend)`` for ``setting``
-    (construction errors propagate).
+    """Builds ``shardkit.make_loader(...)`` with ``WorkerOptions(backend=setting.backend)`` for
+    ``setting`` (construction errors propagate).
 
     ``prefetch_factor=None`` is not passed, so both backends get ``make_loader``'s default
     (2 batches in flight per worker, the DataLoader default too).
     """
-    from shardkit import make_loader
+    from shardkit.stream import WorkerOptions, make_loader
+    from shardkit.transforms import TransformConfig
 
     extra = {} if setting.prefetch_factor is None else {"prefetch_factor": setting.prefetch_factor}
     return make_loader(setting.data, cfg.split, cfg.batch_size,
-                       num_workers=setting.num_workers,
-                       pin_memory=setting.pin_memory, train=cfg.train,
-                       image_size=cfg.image_size, decoder=setting.decoder,
-                       persistent_workers=setting.persistent_workers,
-                       backend=setting.backend, **extra)
+                       num_workers=setting.num_workers, pin_memory=setting.pin_memory,
+                       train=cfg.train,
+                       transform=TransformConfig(image_size=cfg.image_size,
+                                                 decoder=setting.decoder),
+                       workers=WorkerOptions(backend=setting.backend,
+                                             persistent_workers=setting.persistent_workers),
+                       **extra)
 
 
 def _epochs(loader):
@@ -115,6 +118,7 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
             continue
         finally:
             _shutdown(loader)
+            loader = None  # a baseline DataLoader's persistent workers stop with it
         rec.update(status="ok", batch_size=cfg.batch_size, num_batches=n, **res)
         if n is not None and n - cfg.warmup < cfg.batches:
             rec["note"] = _join(rec["note"], f"loader has {n} batches: {n - cfg.warmup} timed "
@@ -138,19 +142,12 @@ def _len(loader) -> int | None:
 
 
 def _shutdown(loader) -> None:
-    """Stops persistent workers and the thread backend's decoding threads, so the next row starts
-    with the machine to itself."""
-    threads = getattr(loader, "threads", None)
-    pool = getattr(threads, "_pool", None)
-    if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=True)
-        threads._pool = None
-    it = getattr(loader, "_iterator", None)
-    if it is not None and hasattr(it, "_shutdown_workers"):
-        it._shutdown_workers()
-    inner = getattr(loader, "loader", None) or getattr(loader, "dataloader", None)
-    if inner is not None and inner is not loader:
-        _shutdown(inner)
+    """Stops the loader's decoding threads or worker processes, so the next row starts with the
+    machine to itself: ``close()`` for a shardkit loader; a plain ``DataLoader`` (the baseline)
+    stops its workers when its last reference goes, which the caller drops."""
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()
 
 
 def _join(a: str, b: str) -> str:

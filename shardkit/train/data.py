@@ -9,19 +9,17 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..transforms import IMAGENET_MEAN, IMAGENET_STD
 from .config import TrainConfig
 from .dist import DistInfo
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "resolve_mean_std", "transform_config",
-           "train_loader", "eval_loader", "fixed_batches", "make_normalizer"]
-
-# ImageNet RGB mean/std on the 0-1 scale (torchvision's and timm's IMAGENET_DEFAULT_MEAN/STD).
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+__all__ = ["resolve_mean_std", "transform_config", "train_loader", "eval_loader",
+           "fixed_batches", "make_normalizer"]
 
 
 def resolve_mean_std(config: TrainConfig, manifest: dict) -> tuple[tuple, tuple]:
-    """RGB ``(mean, std)`` on the 0-1 scale: ImageNet's, or the train split's manifest ``stats``.
+    """RGB ``(mean, std)`` on the 0-1 scale: ImageNet's (:data:`shardkit.transforms.IMAGENET_MEAN`
+    / ``IMAGENET_STD``, from timm), or the train split's manifest ``stats``.
 
     Raises:
         ConfigError: ``mean_std=dataset`` and the manifest has no stats for the train split.
@@ -50,17 +48,18 @@ def transform_config(config: TrainConfig, mean, std):
 def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool, even,
             balance=None, mode: str = "exact", samples_per_epoch: int | None = None,
             num_workers: int | None = None, drop_last: bool = False):
-    from ..loader import make_loader
+    from ..stream import SamplingOptions, WorkerOptions, make_loader
 
     workers = config.num_workers if num_workers is None else num_workers
+    sampling = SamplingOptions(drop_last=drop_last, even=even, mode=mode, balance=balance,
+                               samples_per_epoch=samples_per_epoch, rank=info.rank,
+                               world_size=info.world_size)
     return make_loader(
-        config.data, split, config.batch_size, num_workers=workers,
-        prefetch_factor=config.prefetch_factor if workers > 0 else None,
-        pin_memory=torch.cuda.is_available() and config.device != "cpu", train=train,
-        image_size=config.image_size, seed=config.seed, rank=info.rank,
-        world_size=info.world_size, even=even, balance=balance, mode=mode,
-        samples_per_epoch=samples_per_epoch, transform_config=tc,
-        persistent_workers=workers > 0, drop_last=drop_last)
+        config.data, split, config.batch_size, train=train, image_size=config.image_size,
+        num_workers=workers, prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        pin_memory=torch.cuda.is_available() and config.device != "cpu", seed=config.seed,
+        transform=tc, sampling=sampling,
+        workers=WorkerOptions(persistent_workers=workers > 0))
 
 
 def train_loader(config: TrainConfig, info: DistInfo, tc):
@@ -104,9 +103,9 @@ def fixed_batches(config: TrainConfig, info: DistInfo,
 
 def make_normalizer(mean, std, device: torch.device, channels_last: bool):
     """``wrap(batches)``: an iterable of uint8 ``(N, 3, S, S)`` images and int64 ``(N,)`` labels
-    -> :class:`shardkit.loader.DeviceNormalizer` yielding float32 ``(x / 255 - mean) / std`` images
+    -> :class:`shardkit.stream.DeviceNormalizer` yielding float32 ``(x / 255 - mean) / std`` images
     and int64 labels on ``device`` (channels_last when asked; side-stream copies on CUDA)."""
-    from ..loader import DeviceNormalizer
+    from ..stream import DeviceNormalizer
 
     def wrap(batches):
         return DeviceNormalizer(batches, device, mean=mean, std=std, channels_last=channels_last)
