@@ -198,6 +198,9 @@ class SampleTransform:
         self.cfg = cfg
         self.train = bool(train)
         self._decoder = None
+        #: pixel limit for the decoder (None: shardkit's default); the loader sets the
+        #: dataset's ``normalization.max_pixels``, the limit pack applied
+        self.max_pixels: int | None = None
         self.last_warnings = 0
         self.last_warning: str | None = None
         self.last_params: CropParams | None = None
@@ -211,8 +214,30 @@ class SampleTransform:
     def decoder(self):
         if self._decoder is None:
             self._decoder = get_decoder(self.cfg.decoder, fast_dct=self.cfg.fast_dct,
-                                        fast_upsample=self.cfg.fast_upsample)
+                                        fast_upsample=self.cfg.fast_upsample,
+                                        max_pixels=self.max_pixels)
         return self._decoder
+
+    def crop_box(self, data, rng: np.random.Generator | None = None, probe=None):
+        """The crop of one sample without decoding it: ``(box, flip, probe)``.
+
+        ``box``: ``(x0, y0, x1, y1)`` in original pixels (ints in train: the RandomResizedCrop
+        window; floats in eval: :func:`eval_crop_box`); ``flip``: bool; ``probe``: the header's
+        :class:`~shardkit.decode.ImageProbe`. Draws from ``rng`` exactly as :meth:`__call__`
+        does, so a batched device decode (:func:`shardkit.decode.nvjpeg.decode_crop_batch`) gets
+        the same crops as the CPU path. Sets ``last_params``.
+        """
+        probe = probe or self.decoder.probe(data)
+        if self.train:
+            p = sample_crop_params(probe.width, probe.height, self.cfg,
+                                   rng if rng is not None else np.random.default_rng())
+            box = (p.left, p.top, p.left + p.width, p.top + p.height)
+        else:
+            box = eval_crop_box(probe.width, probe.height, self.cfg)
+            p = CropParams(int(box[1]), int(box[0]), int(box[3] - box[1]), int(box[2] - box[0]),
+                           False)
+        self.last_params = p
+        return box, p.flip, probe
 
     def __call__(self, data, rng: np.random.Generator | None = None,
                  out: np.ndarray | None = None) -> np.ndarray:
@@ -222,18 +247,9 @@ class SampleTransform:
             raise TransformInputError(f"out must be a writable ({s}, {s}, 3) uint8 array, got "
                                       f"{out.shape} {out.dtype}")
         dec = self.decoder
-        probe = dec.probe(data)
-        if self.train:
-            p = sample_crop_params(probe.width, probe.height, self.cfg,
-                                   rng if rng is not None else np.random.default_rng())
-            box = (p.left, p.top, p.left + p.width, p.top + p.height)
-            margin_support = 0.0  # torchvision crops first: no context outside the crop
-        else:
-            box = eval_crop_box(probe.width, probe.height, self.cfg)
-            p = CropParams(int(box[1]), int(box[0]), int(box[3] - box[1]), int(box[2] - box[0]),
-                           False)
-            margin_support = _FILTER_SUPPORT[self.cfg.interpolation]
-        self.last_params = p
+        box, _, probe = self.crop_box(data, rng)
+        p = self.last_params
+        margin_support = 0.0 if self.train else _FILTER_SUPPORT[self.cfg.interpolation]
         bw, bh = box[2] - box[0], box[3] - box[1]
         factor = (choose_scale(bw, bh, s, s, probe.factors) if self.cfg.dct_scaling
                   else Fraction(1))

@@ -28,7 +28,7 @@ from .options import ON_WARNING, SamplingOptions
 from .source import ShardSource, worker_id_count
 from .state import Sampling
 
-__all__ = ["ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport"]
+__all__ = ["ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport", "EncodedBatch"]
 
 log = logging.getLogger("shardkit.stream")
 
@@ -217,6 +217,25 @@ class MapShardDataset(Dataset):
                 "index": pos, "valid": True}
 
 
+class EncodedBatch(NamedTuple):
+    """A batch read but not decoded (``device_decode``): the stored bytes of each sample and
+    its crop, drawn on the CPU with the same RNG as the fused path."""
+
+    datas: list
+    boxes: list
+    flips: list
+
+    def decode(self, device, size: int, interpolation: str, train: bool, max_pixels=None):
+        """uint8 ``(n, 3, S, S)`` RGB on ``device``, ``channels_last``
+        (:func:`shardkit.decode.nvjpeg.decode_crop_batch`: one batched ``decode_jpeg`` call,
+        nvJPEG on CUDA)."""
+        from ..decode.nvjpeg import decode_crop_batch
+
+        images = decode_crop_batch(self.datas, self.boxes, self.flips, size, device,
+                                   interpolation, crop_first=train, max_pixels=max_pixels)
+        return images.contiguous(memory_format=torch.channels_last)
+
+
 class BatchReport(NamedTuple):
     """Per-batch accounting: ``skipped`` keys (left out: ``on_error``/``on_warning="skip"``)
     and ``warned`` keys (kept although their decode gave libjpeg warnings)."""
@@ -236,7 +255,8 @@ class BatchDataset(_Iterable):
     """
 
     def __init__(self, source: ShardSource, sampling: Sampling, transform: Callable,
-                 image_size: int, on_warning: str = "keep"):
+                 image_size: int, on_warning: str = "keep", device_decode: bool = False):
+        self.device_decode = bool(device_decode)
         self.source = source
         self.sampling = sampling
         self.transform = transform
@@ -267,8 +287,10 @@ class BatchDataset(_Iterable):
             pin: allocate the batch in pinned memory. scratch: read through the thread's reused
                 buffer (:meth:`ShardSource.read_scratch`); the transform must not keep ``data``.
         """
-        src, size = self.source, self.image_size
         tf = transform or self.transform
+        if self.device_decode:
+            return self._build_encoded(plan, b, tf)
+        src, size = self.source, self.image_size
         sl = plan.batch_slice(b)
         n = sl.stop - sl.start
         images = _batch_buffer(n, size, pin)
@@ -303,6 +325,32 @@ class BatchDataset(_Iterable):
         meta = {"index": torch.from_numpy(positions.copy()),
                 "valid": torch.from_numpy(plan.valid[sl][keep])}
         return images, labels, meta, BatchReport(tuple(skipped), tuple(warned))
+
+
+    def _build_encoded(self, plan: EpochPlan, b: int, tf):
+        """Batch ``b`` as an :class:`EncodedBatch`: bytes and crops only (the transform's
+        :meth:`~shardkit.transforms.SampleTransform.crop_box` reads just the header)."""
+        src, sl = self.source, plan.batch_slice(b)
+        positions = plan.positions[sl]
+        keep = np.ones(len(positions), dtype=bool)
+        datas, boxes, flips, skipped = [], [], [], []
+        for i, pos in enumerate(positions.tolist()):
+            try:
+                data = bytes(src.read(pos))
+                box, flip, _ = tf.crop_box(data, sample_rng(self.sampling.seed, plan.epoch,
+                                                            plan.rank, sl.start + i))
+            except SAMPLE_ERRORS as e:
+                skipped.append(src.handle_error(e, pos))
+                keep[i] = False
+                continue
+            datas.append(data)
+            boxes.append(box)
+            flips.append(flip)
+        positions = positions[keep]
+        meta = {"index": torch.from_numpy(positions.copy()),
+                "valid": torch.from_numpy(plan.valid[sl][keep])}
+        return (EncodedBatch(datas, boxes, flips),
+                torch.from_numpy(src.index.label[positions]), meta, BatchReport(tuple(skipped)))
 
 
 def _batch_buffer(n: int, size: int, pin: bool) -> torch.Tensor:

@@ -175,7 +175,7 @@ class ShardSource:
         if dec is None:
             from ..decode import get_decoder
 
-            dec = decoders[name] = get_decoder(name)
+            dec = decoders[name] = get_decoder(name, max_pixels=self.max_pixels)
         return dec
 
     def decode(self, data, pos: int, decoder: str = "auto") -> np.ndarray:
