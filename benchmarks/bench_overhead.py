@@ -1,0 +1,131 @@
+"""Where the loader's time goes: make_loader against the fused transform's own rate, same run.
+
+The issue-13 target: ``make_loader`` (default thread backend, ``num_workers = cores``) reaches
+>= 90% of the fused transform's single-thread rate times the cores. Measured side by side, each
+repeat in turn (so drift of the machine hits every row alike), medians over ``--repeats``:
+
+- ``fused_1thread``: :class:`shardkit.transforms.SampleTransform` on bytes already in memory, one
+  thread, into one reused output row: the per-core rate of the work itself;
+- ``fused_Nthreads``: the same in ``cores`` bare threads (each its own transform): the parallel
+  decode limit of this host without any loader machinery (< cores x the single rate when the
+  cores share caches or memory bandwidth, or are SMT siblings);
+- ``read``: :meth:`ShardSource.read` (allocating) vs :meth:`ShardSource.read_scratch` (reused
+  buffer), per sample;
+- ``loader_thread`` / ``loader_process``: ``make_loader`` batches of ``--batch-size`` at
+  ``num_workers = cores`` (images/s of the consumer, no step in between).
+
+Ratios in the JSON: ``loader / (fused_1thread x cores)`` (the target) and ``loader /
+fused_Nthreads``. Usage::
+
+    .venv/bin/python benchmarks/bench_overhead.py --data OUT [--split train] [--repeats 5]
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+
+import click
+import numpy as np
+
+
+def _fused_rate(datas, cfg, threads: int) -> float:
+    from shardkit.sharding import sample_rng
+    from shardkit.transforms import make_transform
+
+    tfs = [make_transform(cfg, True) for _ in range(threads)]
+    for tf in tfs:
+        tf(datas[0], sample_rng(0, 0, 0, 0))  # decoder created outside the clock
+
+    def work(j: int) -> None:
+        out = np.empty((cfg.image_size, cfg.image_size, 3), np.uint8)
+        for i in range(j, len(datas), threads):
+            tfs[j](datas[i], sample_rng(0, 1, 0, i), out=out)
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=work, args=(j,)) for j in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return len(datas) / (time.perf_counter() - t0)
+
+
+def _loader_rate(root, split, batch_size, size, workers, backend, epoch) -> float:
+    from shardkit.stream import WorkerOptions, make_loader
+
+    with make_loader(root, split, batch_size, num_workers=workers, image_size=size,
+                     workers=WorkerOptions(backend=backend)) as loader:
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        next(it)  # threads / workers started, first batch out of the clock
+        n, t0 = 0, time.perf_counter()
+        for _, labels in it:
+            n += len(labels)
+        return n / (time.perf_counter() - t0)
+
+
+def _read_cost(source, n: int) -> dict:
+    res = {}
+    for name, fn in (("read_us", source.read), ("read_scratch_us", source.read_scratch)):
+        t0 = time.perf_counter()
+        for i in range(n):
+            fn(i)
+        res[name] = (time.perf_counter() - t0) / n * 1e6
+    return res
+
+
+@click.command()
+@click.option("--data", required=True, help="A packed dataset (shardkit pack output).")
+@click.option("--split", default="train", show_default=True)
+@click.option("--batch-size", default=64, show_default=True)
+@click.option("--image-size", default=224, show_default=True)
+@click.option("--repeats", default=5, show_default=True)
+@click.option("--workers", default=0, help="Threads/workers (0 = the number of cores).")
+@click.option("--out", default=None, help="Write the results as JSON here.")
+def main(data, split, batch_size, image_size, repeats, workers, out):
+    from shardkit.bench.env import collect_environment
+    from shardkit.stream import ShardSource
+    from shardkit.transforms import TransformConfig
+
+    cores = len(os.sched_getaffinity(0))
+    workers = workers or cores
+    source = ShardSource(data, split)
+    datas = [bytes(source.read(i)) for i in range(len(source))]
+    cfg = TransformConfig(image_size=image_size)
+    rows: dict[str, list[float]] = {k: [] for k in ("fused_1thread", "fused_Nthreads",
+                                                    "loader_thread", "loader_process")}
+    reads: list[dict] = []
+    for r in range(repeats):
+        rows["fused_1thread"].append(_fused_rate(datas, cfg, 1))
+        rows["fused_Nthreads"].append(_fused_rate(datas, cfg, workers))
+        for backend in ("thread", "process"):
+            rows[f"loader_{backend}"].append(
+                _loader_rate(data, split, batch_size, image_size, workers, backend, r))
+        reads.append(_read_cost(source, min(len(source), 2000)))
+        click.echo(f"repeat {r}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items()),
+                   err=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    limit = med["fused_1thread"] * cores
+    result = {
+        "data": str(data), "split": split, "samples": len(datas), "cores": cores,
+        "workers": workers, "batch_size": batch_size, "image_size": image_size,
+        "repeats": repeats, "img_per_s": {k: {"median": med[k], "all": v} for k, v in rows.items()},
+        "read_us_per_sample": {k: statistics.median(d[k] for d in reads) for k in reads[0]},
+        "ratio_loader_thread_to_cores_x_fused": med["loader_thread"] / limit,
+        "ratio_loader_process_to_cores_x_fused": med["loader_process"] / limit,
+        "ratio_loader_thread_to_fused_Nthreads": med["loader_thread"] / med["fused_Nthreads"],
+        "ratio_fused_Nthreads_to_cores_x_fused": med["fused_Nthreads"] / limit,
+        "environment": collect_environment(decoders=["auto"]),
+    }
+    click.echo(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
+    if out:
+        from shardkit.manifest import atomic_write_bytes
+
+        atomic_write_bytes(out, json.dumps(result, indent=1).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    main()
