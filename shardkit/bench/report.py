@@ -212,10 +212,14 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
     One series per format/decoder/backend/prefetch/pin/persistent setting (x = num_workers);
     error bars are the min..max over repeats; baseline series are dashed.
     """
-    import matplotlib
+    # Figure + the Agg canvas: no pyplot, so no process-wide backend switch (matplotlib.use)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def subplots(figsize):
+        fig = Figure(figsize=figsize)
+        FigureCanvasAgg(fig)
+        return fig, fig.add_subplot()
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +230,7 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
     for metric, fname, ylabel in (
             ("throughput_img_s", "throughput_vs_workers.png", "throughput (images/s)"),
             ("data_wait_fraction", "data_wait_vs_workers.png", "data-wait fraction of wall time")):
-        fig, ax = plt.subplots(figsize=(8, 5))
+        fig, ax = subplots((8, 5))
         for name, points in series.items():
             xs = [x for x, _ in points]
             med = [r["metrics"][metric]["median"] for _, r in points]
@@ -243,10 +247,9 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / fname, dpi=100)
-        plt.close(fig)
         written.append(fname)
     ok = [r for r in results if r["status"] == "ok"]
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(ok) + 2), 5))
+    fig, ax = subplots((max(6, 0.5 * len(ok) + 2), 5))
     xs = range(len(ok))
     ax.bar([x - 0.2 for x in xs], [r["metrics"]["loader_ms_per_batch"]["median"] for r in ok],
            width=0.4, label="loader wait (ms/batch)")
@@ -258,7 +261,6 @@ def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_dir / "loader_vs_step.png", dpi=100)
-    plt.close(fig)
     written.append("loader_vs_step.png")
     return written
 
