@@ -147,6 +147,7 @@ def _cases(blobs: list[bytes]):
             roi = " ROI+fused C resize" if DECODERS[name].supports_roi else " + C resize"
             yield (f"shardkit train {name}{roi} dct_scaling={dct}", "train",
                    lambda b, t=t: t(b, rng, out))
+    yield from _batched_cases(cfg, rng, "cuda" if "nvjpeg" in avail else None)
     if "roi" in avail:
         for fd, fu in ((True, False), (False, True), (True, True)):
             t = make_transform(TransformConfig(decoder="roi", fast_dct=fd, fast_upsample=fu),
@@ -163,6 +164,39 @@ def _cases(blobs: list[bytes]):
             return np.asarray(ev(im.convert("RGB")))
 
     yield "torchvision v2 Resize256+CenterCrop224 on PIL", "eval", pil_tv_eval
+
+
+def _batched_cases(cfg, rng, gpu: str | None):
+    """The batched path (``shardkit.decode.nvjpeg.decode_crop_batch``: one decode_jpeg call per
+    batch, crop + resize + flip with torchvision v2 on tensors) on the CPU and, with CUDA, on the
+    GPU (nvJPEG; synchronised per batch). Time per image; the last partial batch is flushed by
+    the next pass."""
+    import torch
+
+    from shardkit.decode.nvjpeg import decode_crop_batch, probe_batch
+    from shardkit.transforms import sample_crop_params
+
+    def batched(device: str, batch: int):
+        pending: list[bytes] = []
+
+        def run(b):
+            pending.append(b)
+            if len(pending) == batch:
+                probes = probe_batch(pending)
+                params = [sample_crop_params(p.width, p.height, cfg, rng) for p in probes]
+                boxes = [(q.left, q.top, q.left + q.width, q.top + q.height) for q in params]
+                decode_crop_batch(pending, boxes, [q.flip for q in params], cfg.image_size,
+                                  device, probes=probes)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                pending.clear()
+        return run
+
+    yield ("batched decode_crop_batch(8) RRC224+flip, CPU (tv decode+v2)",
+           "train", batched("cpu", 8))
+    if gpu:
+        yield ("batched decode_crop_batch(64) RRC224+flip, GPU nvJPEG",
+               "train", batched(gpu, 64))
 
 
 def _fast_flag_diff(blobs: list[bytes]) -> dict:

@@ -55,7 +55,8 @@ BACKGROUND = (255, 255, 255)
 #: zlib level of the normalised PNGs (1..9). 6 is Pillow's and libpng's default.
 PNG_COMPRESS_LEVEL = 6
 
-#: Normalisation steps; ``ImageResult.rule`` is ``"original"`` or a "+"-joined sequence of the others.
+#: Normalisation steps; ``ImageResult.rule`` is ``"original"`` or a "+"-joined sequence of the
+#: others.
 RULES: dict[str, str] = {
     "original": "standard 8-bit YCbCr/grayscale JPEG without EXIF rotation: the source bytes are "
                 "stored unchanged (ICC profiles ignored, grayscale expanded to RGB by readers)",

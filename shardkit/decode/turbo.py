@@ -16,8 +16,7 @@ from fractions import Fraction
 import numpy as np
 
 from shardkit.decode.base import (
-    FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, loaded_library_path, pil_decode_rgb,
-    pil_probe,
+    FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, loaded_library_path, pil_probe,
 )
 from shardkit.errors import DecodeError
 
