@@ -4,6 +4,7 @@ pickling, index memory (case 16), errors naming shard and key."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import multiprocessing as mp
 import pickle
 from pathlib import Path
@@ -12,10 +13,10 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from shardkit.dataset import MapShardDataset, ShardDataset
 from shardkit.errors import ConfigError, LoaderError, ManifestError, ShardCorruptError
 from shardkit.formats import FORMATS, get_format
 from shardkit.manifest import load_index, write_manifest, write_split_files
+from shardkit.stream import MapShardDataset, SamplingOptions, ShardDataset
 
 ALL = sorted(FORMATS)
 CLASSES = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
@@ -77,11 +78,11 @@ def uneven(sample_dir, tmp_path_factory):
     return make
 
 
-def _keys_over_consumers(root, world_size, num_workers, **kw):
+def _keys_over_consumers(root, world_size, num_workers, shuffle=False, **kw):
     per_rank = []
     for rank in range(world_size):
-        ds = ShardDataset(root, "train", rank=rank, world_size=world_size, decode=False,
-                          batch_size=2, **kw)
+        opts = SamplingOptions(shuffle=shuffle, rank=rank, world_size=world_size)
+        ds = ShardDataset(root, "train", sampling=opts, decode=False, batch_size=2, **kw)
         dl = DataLoader(ds, batch_size=None, num_workers=num_workers)
         per_rank.append([(s["key"], _sha(s["image"])) for s in dl])
     return per_rank
@@ -107,9 +108,11 @@ def test_fewer_shards_than_consumers(sample_dir, tmp_path):
 
 def test_shuffle_is_deterministic_per_epoch_and_changes_across_epochs(uneven):
     out, _ = uneven("wds")
-    ds = ShardDataset(out, "train", shuffle=True, seed=1, decode=False)
+    shuffled = SamplingOptions(shuffle=True)
+    ds = ShardDataset(out, "train", sampling=shuffled, seed=1, decode=False)
     e0 = [s["key"] for s in ds]
-    assert e0 == [s["key"] for s in ShardDataset(out, "train", shuffle=True, seed=1, decode=False)]
+    assert e0 == [s["key"] for s in ShardDataset(out, "train", sampling=shuffled, seed=1,
+                                                 decode=False)]
     ds.set_epoch(1)
     e1 = [s["key"] for s in ds]
     assert e0 != e1 and sorted(e0) == sorted(e1)
@@ -122,7 +125,8 @@ def _keys_of(samples: list[dict]) -> list[str]:
 
 def test_set_epoch_reaches_persistent_workers(uneven):
     out, _ = uneven("wds")
-    ds = ShardDataset(out, "train", shuffle=True, decode=False, batch_size=4)
+    ds = ShardDataset(out, "train", sampling=SamplingOptions(shuffle=True), decode=False,
+                      batch_size=4)
     # DataLoader batch size == the dataset's worker granularity -> batches arrive in plan order
     dl = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, timeout=60,
                     collate_fn=_keys_of)
@@ -137,11 +141,12 @@ def test_set_epoch_reaches_persistent_workers(uneven):
 def test_even_pad_and_drop_give_equal_counts(uneven):
     out, _ = uneven("lmdb")
     for even, per in [("pad", 14), ("drop", 13)]:
-        got = [list(ShardDataset(out, "train", rank=r, world_size=3, even=even, decode=False))
+        got = [list(ShardDataset(out, "train", decode=False,
+                                 sampling=SamplingOptions(rank=r, world_size=3, even=even)))
                for r in range(3)]
         assert [len(g) for g in got] == [per] * 3
-    pad = [s for r in range(3) for s in ShardDataset(out, "train", rank=r, world_size=3,
-                                                      even="pad", decode=False)]
+    pad = [s for r in range(3) for s in ShardDataset(
+        out, "train", decode=False, sampling=SamplingOptions(rank=r, world_size=3, even="pad"))]
     assert sorted(s["key"] for s in pad if s["valid"]) == sorted({s["key"] for s in pad})
     assert sum(not s["valid"] for s in pad) == 2  # 42 - 40 wrap-around repeats
 
@@ -165,8 +170,8 @@ def test_packed_sample_every_split_exactly_once_byte_exact(fmt, packed_sample):
         want = _source_sha(root, split)
         got = {}
         for rank in range(2):
-            ds = ShardDataset(root, split, rank=rank, world_size=2, decode=False, shuffle=True,
-                              batch_size=4)
+            opts = SamplingOptions(shuffle=True, rank=rank, world_size=2)
+            ds = ShardDataset(root, split, sampling=opts, decode=False, batch_size=4)
             for s in DataLoader(ds, batch_size=None, num_workers=2, timeout=60):
                 assert s["key"] not in got
                 got[s["key"]] = _sha(s["image"])
@@ -187,7 +192,8 @@ def test_opened_in_parent_then_workers_read_byte_exact(fmt, method, packed_sampl
     # object that stays alive (like an inspection step or a second loader)
     parent = ShardDataset(out, "train", decode=False)
     assert {s["key"]: _sha(s["image"]) for s in parent} == want
-    ds = ShardDataset(out, "train", decode=False, batch_size=3, shuffle=True)
+    ds = ShardDataset(out, "train", decode=False, batch_size=3,
+                      sampling=SamplingOptions(shuffle=True))
     epochs = 1 if method == "spawn" else 3  # spawn start-up is ~5 s per loader on 2 cores
     for epoch in range(epochs):
         ds.set_epoch(epoch)
@@ -198,7 +204,7 @@ def test_opened_in_parent_then_workers_read_byte_exact(fmt, method, packed_sampl
     assert {s["key"]: _sha(s["image"]) for s in parent} == want  # parent reads afterwards
     assert {s["key"]: _sha(s["image"]) for s in ds} == want
     clone = pickle.loads(pickle.dumps(ds))
-    assert all(r._handle is None for r in clone._source._readers.values())
+    assert all(r._handle is None for r in clone.source._readers.values())
     assert {s["key"]: _sha(s["image"]) for s in clone} == want
 
 
@@ -228,8 +234,10 @@ def test_decoded_image_is_upright_rgb_uint8(uneven, sample_dir):
 def test_transform_gets_bytes_and_a_position_rng(uneven):
     out, _ = uneven("hdf5")
     tf = lambda data, rng: (len(bytes(data)), float(rng.random()))  # noqa: E731
-    a = [s["image"] for s in ShardDataset(out, "train", transform=tf, shuffle=True)]
-    b = [s["image"] for s in DataLoader(ShardDataset(out, "train", transform=tf, shuffle=True),
+    shuffled = SamplingOptions(shuffle=True)
+    a = [s["image"] for s in ShardDataset(out, "train", transform=tf, sampling=shuffled)]
+    b = [s["image"] for s in DataLoader(ShardDataset(out, "train", transform=tf,
+                                                     sampling=shuffled),
                                          batch_size=None, num_workers=2)]
     assert a == [tuple(x) for x in b]  # same draws whatever the worker count
     assert len({x[1] for x in a}) == 40  # a different draw per sample
@@ -239,20 +247,26 @@ def test_stream_refused_for_eval_and_bad_options(uneven, sample_dir, tmp_path):
     out, _ = uneven("wds")
     build_split(sample_dir, tmp_path, "wds", [5], split="val")
     with pytest.raises(LoaderError, match="split 'val'"):
-        ShardDataset(tmp_path, "val", mode="stream")
+        ShardDataset(tmp_path, "val", sampling=SamplingOptions(mode="stream"))
     with pytest.raises(ConfigError, match="even='both'"):
-        ShardDataset(out, "train", even="both")
+        ShardDataset(out, "train", sampling=SamplingOptions(even="both"))
     with pytest.raises(ConfigError, match="on_error='ignore'"):
         ShardDataset(out, "train", on_error="ignore")
+    with pytest.raises(ConfigError, match="on_warning='ignore'"):
+        ShardDataset(out, "train", on_warning="ignore")
     with pytest.raises(ConfigError, match="rank=3, world_size=2"):
-        ShardDataset(out, "train", rank=3, world_size=2)
+        ShardDataset(out, "train", sampling=SamplingOptions(rank=3, world_size=2))
+    with pytest.raises(ConfigError, match="give both rank and world_size"):
+        ShardDataset(out, "train", sampling=SamplingOptions(rank=1))
     with pytest.raises(ManifestError, match="'nope'"):
         ShardDataset(out, "nope")
-    stream = ShardDataset(out, "train", mode="stream", samples_per_epoch=100, decode=False)
+    stream = ShardDataset(out, "train", sampling=SamplingOptions(mode="stream",
+                                                                 samples_per_epoch=100),
+                          decode=False)
     assert len(stream) == len(list(stream)) == 100
 
 
-def test_corrupt_shard_raises_naming_shard_and_key_or_skips(sample_dir, tmp_path):
+def test_corrupt_shard_raises_naming_shard_and_key_or_skips(sample_dir, tmp_path, caplog):
     build_split(sample_dir, tmp_path, "wds", [4, 4])
     index = load_index(tmp_path, "train")
     shard = tmp_path / "shards/train-000001.tar"
@@ -263,8 +277,11 @@ def test_corrupt_shard_raises_naming_shard_and_key_or_skips(sample_dir, tmp_path
     with pytest.raises(ShardCorruptError, match=r"train-000001\.tar.*'train_00000005'"):
         list(ShardDataset(tmp_path, "train", decode=False))
     ds = ShardDataset(tmp_path, "train", decode=False, on_error="skip")
-    with pytest.warns(RuntimeWarning, match="skipped sample 'train_00000005'"):
+    with caplog.at_level(logging.WARNING, logger="shardkit.stream"):
         keys = [s["key"] for s in ds]
+    skips = [r for r in caplog.records if r.name == "shardkit.stream"]
+    assert len(skips) == 1 and skips[0].levelno == logging.WARNING
+    assert "skipped sample 'train_00000005' of shard shards/train-000001.tar" in skips[0].getMessage()
     assert len(keys) == 7 and "train_00000005" not in keys and ds.skipped == ["train_00000005"]
 
 
@@ -287,7 +304,7 @@ def test_index_is_numpy_and_forked_reads_do_not_copy_it(uneven):
     bound, while the same keys held as a Python list of str get copied into the child."""
     pytest.importorskip("psutil")
     out, _ = uneven("wds")
-    index = ShardDataset(out, "train", decode=False)._source.index
+    index = ShardDataset(out, "train", decode=False).source.index
     for name in ("shard", "offset", "size", "label", "key"):
         assert isinstance(getattr(index, name), np.ndarray)
     assert index.key.dtype.kind == "S" and index.label.dtype == np.int64
