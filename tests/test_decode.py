@@ -104,6 +104,34 @@ def test_registry_and_environment(monkeypatch, caplog):
         get_decoder("bmp")
 
 
+def test_no_import_cycle_inside_decode():
+    """Every import between shardkit.decode's modules, top-level or inside a function, forms no
+    cycle (base used to import roi lazily while roi imports base)."""
+    import ast
+
+    pkg = Path(decode_pkg.__file__).parent
+    mods = {p.stem for p in pkg.glob("*.py")} - {"__init__"}
+    graph: dict[str, set[str]] = {}
+    for m in mods:
+        edges = graph.setdefault(m, set())
+        for node in ast.walk(ast.parse((pkg / f"{m}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module.startswith("shardkit.decode."):
+                    edges.add(node.module.rsplit(".", 1)[1])
+                elif node.module == "shardkit.decode":  # from shardkit.decode import _ext
+                    edges.update(a.name for a in node.names if a.name in mods)
+    assert "roi" not in graph["base"] and graph["resize"] <= {"_ext"}
+
+    def reach(start: str, seen: set[str]) -> set[str]:
+        for nxt in graph.get(start, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                reach(nxt, seen)
+        return seen
+
+    assert not [m for m in mods if m in reach(m, set())], graph
+
+
 def test_pillow_simd_rule():
     assert pil_flavor("9.5.0.post1", [])["simd"] is True
     assert pil_flavor("13.0.0", ["pillow"])["simd"] is False
