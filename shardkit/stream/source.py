@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from ..errors import ConfigError, DecodeError, ShardkitError
+from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
 from ..formats import open_reader
-from ..manifest import is_url, load_index, load_manifest
+from ..manifest import is_url, join, load_index, load_manifest
 from .options import ON_ERROR
 
-__all__ = ["ShardSource", "dist_rank_world", "worker_id_count", "EVAL_SPLITS"]
+__all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count", "EVAL_SPLITS"]
 
 log = logging.getLogger("shardkit.stream")
 
@@ -60,6 +60,38 @@ def worker_id_count() -> tuple[int, int]:
     return (0, 1) if info is None else (info.id, info.num_workers)
 
 
+def check_shard_files(root, split: str, shards: list[dict]) -> None:
+    """Stats every shard of ``split`` listed in the manifest (local roots): each must exist and
+    have exactly the manifest's ``bytes``. A missing or short shard would otherwise be found only
+    when its first sample is read, maybe hours in (and a truncated LMDB shard ends the process
+    with SIGBUS when its map is touched past the end of the file).
+
+    Raises:
+        ShardCorruptError: listing every missing or wrong-sized shard in one message.
+    """
+    problems = []
+    for rec in shards:
+        path = join(root, rec["path"])
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            problems.append(f"{rec['path']}: missing")
+            continue
+        except OSError as e:
+            problems.append(f"{rec['path']}: cannot stat ({e.strerror})")
+            continue
+        want = rec.get("bytes")
+        if want is not None and size != want:
+            kind = "truncated" if size < want else "larger than written"
+            problems.append(f"{rec['path']}: {size} bytes, the manifest says {want} ({kind})")
+    if problems:
+        shown = "; ".join(problems[:10]) + (f"; ... {len(problems) - 10} more"
+                                            if len(problems) > 10 else "")
+        raise ShardCorruptError(f"{root}: {len(problems)} of {len(shards)} shard(s) of split "
+                                f"{split!r} do not match the manifest: {shown} (re-copy the "
+                                "dataset or re-run shardkit pack; shardkit verify checks hashes)")
+
+
 class ShardSource:
     """Stored bytes and labels of one split of a packed dataset (local folder, ``file://`` URL,
     or an fsspec URL for ``wds`` tar shards).
@@ -73,6 +105,8 @@ class ShardSource:
     Raises:
         ManifestError: no finished dataset at ``root`` or unknown ``split``.
         ConfigError: bad ``on_error``; ``lmdb``/``hdf5`` at a remote URL.
+        ShardCorruptError: a listed shard is missing or its size differs from the manifest
+            (local roots; :func:`check_shard_files`).
     """
 
     def __init__(self, root, split: str, on_error: str = "raise"):
@@ -94,6 +128,8 @@ class ShardSource:
                           "splits": {split: {"shards": self.shards}}}
         self.on_error = on_error
         self.remote = is_url(root)
+        if not self.remote:
+            check_shard_files(root, split, self.shards)
         # a remote tar shard is fetched whole into memory: keep at most this many per process
         self.max_open = 2 if self.remote else None
         self._init_runtime()
