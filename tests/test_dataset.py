@@ -281,7 +281,8 @@ def test_corrupt_shard_raises_naming_shard_and_key_or_skips(sample_dir, tmp_path
         keys = [s["key"] for s in ds]
     skips = [r for r in caplog.records if r.name == "shardkit.stream"]
     assert len(skips) == 1 and skips[0].levelno == logging.WARNING
-    assert "skipped sample 'train_00000005' of shard shards/train-000001.tar" in skips[0].getMessage()
+    assert ("skipped sample 'train_00000005' of shard shards/train-000001.tar"
+            in skips[0].getMessage())
     assert len(keys) == 7 and "train_00000005" not in keys and ds.skipped == ["train_00000005"]
 
 
