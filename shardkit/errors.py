@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = [
     "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
     "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "DecodeError",
-    "LoaderError",
+    "LoaderError", "CheckpointError",
 ]
 
 
@@ -62,3 +62,9 @@ class DecodeError(ShardkitError):
 
 class LoaderError(ShardkitError):
     """A loader option combination is invalid (for example resampling on a val/test split)."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint or weights file (``--resume``, ``--pretrained``) is missing, unreadable, not
+    of the expected kind, or holds more than plain tensors and containers (a pickle that would
+    run code on load is refused, never executed); the message names the file."""

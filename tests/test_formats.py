@@ -136,7 +136,8 @@ def test_wds_optional_cls_members(sample_dir, tmp_path):
 
     path = tmp_path / "out" / "shards" / "train-000000.tar"
     assert [int(s["cls"]) for s in wds.WebDataset(str(path), shardshuffle=False)] == [0, 1, 2]
-    assert _read_all(tmp_path / "out") == [hashlib.sha256(p.read_bytes()).hexdigest() for p in files]
+    assert _read_all(tmp_path / "out") == [hashlib.sha256(p.read_bytes()).hexdigest()
+                                           for p in files]
 
 
 def test_wds_truncated_or_shifted_shard_names_shard_and_key(sample_dir, tmp_path):
@@ -158,7 +159,8 @@ def test_lmdb_tiny_map_grows_and_file_is_compacted(sample_dir, tmp_path):
     """Case 9: an initial map of 1 MiB grows by doubling; the final file is tight."""
     files = _jpegs(sample_dir, 30)
     source_bytes = sum(p.stat().st_size for p in files)
-    sink = ShardSink(tmp_path / "out", "train", "lmdb", writer_options={"initial_map_size": 1 << 20})
+    sink = ShardSink(tmp_path / "out", "train", "lmdb",
+                     writer_options={"initial_map_size": 1 << 20})
     for i, p in enumerate(files):
         sink.add(f"train_{i:08d}", p.read_bytes(), "jpg", 0)
     writer = sink._writer
@@ -174,7 +176,8 @@ def test_lmdb_reads_from_read_only_copy(sample_dir, tmp_path):
     ro = tmp_path / "ro"
     shutil.copytree(tmp_path / "out", ro)
     for p in [ro / "shards", ro / "splits", ro]:
-        p.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+        p.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
+                | stat.S_IXOTH)
     try:
         if os.geteuid() == 0:  # root ignores permissions; the reader must not try to lock anyway
             pass
@@ -240,7 +243,7 @@ def test_sink_fsyncs_the_shards_folder_before_the_manifest(fmt, sample_dir, tmp_
 def test_file_uri_root_with_a_space_reads_every_format(fmt, sample_dir, tmp_path):
     """A ``file://`` root as ``Path.as_uri()`` writes it (``my%20data``) is a local path for
     every format: readers, the split index and the datasets all take it (one is_url test)."""
-    from shardkit.dataset import MapShardDataset, ShardDataset
+    from shardkit.stream import MapShardDataset, ShardDataset
 
     files = _jpegs(sample_dir, 5)
     out = tmp_path / "my data"

@@ -142,6 +142,143 @@ def test_pretrained_shape_mismatch_skipped_and_reported(tmp_path):
     assert not torch.equal(model.classifier.weight[:3], source.classifier.weight[:3])
 
 
+class _Exploit:
+    """Unpickling this object runs ``touch <marker>`` (what a crafted checkpoint can do)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import shlex
+
+        return (os.system, (f"touch {shlex.quote(str(self.marker))}",))
+
+
+def test_crafted_pickle_is_refused_for_resume_and_pretrained_and_never_runs(tmp_path):
+    """--resume and --pretrained load with weights_only=True: a .pt whose pickle calls
+    os.system is refused with a one-line CheckpointError naming the file; the code never runs."""
+    import pickle
+
+    from shardkit.errors import CheckpointError
+    from shardkit.train.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
+
+    marker = tmp_path / "pwned"
+    weights = build_model("test_resnet", 3).state_dict()
+    crafted = {
+        "resume.pt": {"format": CHECKPOINT_FORMAT, "version": 1, "model": weights,
+                      "config": _Exploit(marker)},
+        "weights.pth": {"state_dict": weights, "extra": _Exploit(marker)},
+    }
+    for name, payload in crafted.items():
+        torch.save(payload, tmp_path / name)
+    with open(tmp_path / "raw.pkl.pt", "wb") as f:            # a bare pickle, not torch.save
+        pickle.dump({"model": _Exploit(marker)}, f, protocol=2)
+
+    for name in ("resume.pt", "raw.pkl.pt"):
+        with pytest.raises(CheckpointError) as info:
+            load_checkpoint(tmp_path / name)
+        message = str(info.value)
+        assert str(tmp_path / name) in message and "\n" not in message
+        assert "not a plain-tensor checkpoint" in message
+    with pytest.raises(CheckpointError, match=r"weights.pth is not a plain-tensor checkpoint "
+                                              r".*posix.system"):
+        load_pretrained(build_model("test_resnet", 3), tmp_path / "weights.pth")
+    with pytest.raises(ConfigError, match="resume.pt is not a plain-tensor"):   # also a ConfigError
+        train(TrainConfig(data=str(tmp_path), out=str(tmp_path / "run"),
+                          resume=str(tmp_path / "resume.pt")))
+    assert not marker.exists()
+    # the payload is live: the unsafe loader would have run it
+    torch.load(tmp_path / "weights.pth", weights_only=False)
+    assert marker.exists()
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
+    """The RNG states a checkpoint holds are tensors and plain lists: they load with
+    weights_only=True and restore python, numpy and torch draws exactly."""
+    import random
+
+    import numpy as np
+
+    from shardkit.train.checkpoint import (load_checkpoint, rng_state, save_checkpoint,
+                                           set_rng_state)
+
+    random.seed(3)
+    np.random.seed(4)
+    np.random.normal()                                  # leaves a cached gaussian in the state
+    torch.manual_seed(5)
+    save_checkpoint(tmp_path / "c.pt", {"rng": rng_state()})
+    expected = (random.random(), np.random.normal(), np.random.randint(1 << 30),
+                torch.rand(3).tolist())
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    set_rng_state(torch.load(tmp_path / "c.pt", weights_only=True)["rng"])
+    assert (random.random(), np.random.normal(), np.random.randint(1 << 30),
+            torch.rand(3).tolist()) == expected
+    assert load_checkpoint(tmp_path / "c.pt")["version"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]          # no temp file left
+
+
+def test_pretrained_safetensors_and_unreadable_files(tmp_path):
+    from safetensors.torch import save_file
+
+    from shardkit.errors import CheckpointError
+
+    torch.manual_seed(2)
+    source = build_model("test_resnet", 4)
+    save_file(source.state_dict(), tmp_path / "w.safetensors")
+    model = build_model("test_resnet", 3)
+    report = load_pretrained(model, tmp_path / "w.safetensors")
+    assert {s["key"] for s in report["skipped_shape"]} == {"fc.weight", "fc.bias"}
+    assert report["loaded"] == len(source.state_dict()) - 2
+    first = next(iter(model.state_dict()))
+    assert torch.equal(model.state_dict()[first], source.state_dict()[first])
+    (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00not safetensors")
+    (tmp_path / "bad.pt").write_bytes(b"not a torch file")
+    for name in ("bad.safetensors", "bad.pt", "missing.pt"):
+        with pytest.raises(CheckpointError, match=name):
+            load_pretrained(model, tmp_path / name)
+
+
+def test_importing_train_and_building_a_model_change_no_process_state():
+    """No seeds, TF32 switches or matplotlib backend on import, model building or plotting; the
+    run set-up (setup_process) seeds and says so at INFO."""
+    code = """
+import json, random, sys, tempfile
+import numpy as np, torch
+before = (torch.initial_seed(), random.getstate(), np.random.get_state()[1].tolist(),
+          torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+          torch.backends.cudnn.benchmark)
+import shardkit.train
+from shardkit.train import build_model
+from shardkit.train.metrics import plot_confusion
+build_model("test_resnet", 3)
+plot_confusion([[1, 0], [2, 3]], ["a", "b"], tempfile.mktemp(suffix=".png"))
+after = (torch.initial_seed(), random.getstate(), np.random.get_state()[1].tolist(),
+         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark)
+print(json.dumps({"same": before == after, "pyplot": "matplotlib.pyplot" in sys.modules}))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"same": True, "pyplot": False}
+
+
+def test_setup_process_seeds_and_logs_what_it_set(caplog):
+    import logging
+
+    from shardkit.train.engine import setup_process
+
+    with caplog.at_level(logging.INFO, logger="shardkit.train"):
+        done = setup_process(TrainConfig(seed=7), torch.device("cpu"))
+    assert done == {"seed": 7} and torch.initial_seed() == 7   # no cudnn/TF32 on the CPU
+    (record,) = [r for r in caplog.records if r.name == "shardkit.train"]
+    assert record.levelname == "INFO" and "seeded with 7" in record.getMessage()
+    with pytest.raises(ConfigError, match="sync_timing='yes'"):
+        TrainConfig(sync_timing="yes")
+
+
 def test_no_weight_decay_on_norms_and_biases():
     model = build_model("hrnet_w18_small", 3)
     decay, no_decay = param_groups(model, 0.05)
@@ -275,14 +412,18 @@ def test_warmup_steps_zero_means_none_and_unset_default_is_clamped():
         TrainConfig(warmup_steps=-1)
 
 
-def test_resolve_splits_train_required_val_optional(capsys):
+def test_resolve_splits_train_required_val_optional(caplog):
+    import logging
+
     from shardkit.train.engine import resolve_splits
 
     splits = {"train": {}, "test": {}}
     config = TrainConfig(data="/d")
-    assert resolve_splits(config, splits) == (None, "test")
-    err = capsys.readouterr().err
-    assert err.count("no validation") == 1 and "splits: ['test', 'train']" in err
+    with caplog.at_level(logging.INFO, logger="shardkit.train"):
+        assert resolve_splits(config, splits) == (None, "test")
+    (note,) = [r for r in caplog.records if "no validation" in r.getMessage()]
+    assert note.name == "shardkit.train" and note.levelname == "WARNING"
+    assert "splits: ['test', 'train']" in note.getMessage()
     assert resolve_splits(config, {"train": {}, "val": {}, "test": {}}, False) == ("val", "test")
     assert resolve_splits(config.replace(val_split="test", test_split="test"), splits,
                           False) == ("test", "test")
@@ -339,7 +480,7 @@ def test_cli_smoke_run_writes_checkpoints_metrics_png_tensorboard(packed_sample,
         assert (run / "eval" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert json.loads((run / "eval" / f"{name}.json").read_text())["num_samples"] > 0
 
-    last = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert {"model", "optimizer", "scheduler", "scaler", "epoch", "step", "loader",
             "config"} <= set(last)
     assert last["step"] == 3 and last["loader"]["batches_consumed"] == 3
@@ -378,7 +519,7 @@ def test_resume_continues_step_count_lr_schedule_and_weights(packed_sample, tmp_
     cut = train(_run_config(data, tmp_path / "cut", max_steps=3, **tiny))
     assert cut["step"] == 3 and cut["stopped"] == "max_steps"
     assert torch.load(tmp_path / "cut" / "checkpoints" / "last.pt",
-                      weights_only=False)["loader"]["batches_consumed"] == 3
+                      weights_only=True)["loader"]["batches_consumed"] == 3
     resumed = train(_run_config(data, tmp_path / "cut", max_steps=0, resume=str(tmp_path / "cut"),
                                 **tiny))
     assert resumed["step"] == 8 and resumed["stopped"] == "completed"
@@ -389,8 +530,8 @@ def test_resume_continues_step_count_lr_schedule_and_weights(packed_sample, tmp_
     assert [s for s, _ in lr_resumed] == list(range(1, 9))
     assert [v for _, v in lr_resumed] == pytest.approx([v for _, v in lr_full], rel=1e-6)
     assert lr_full[1][1] == pytest.approx(1e-3) and lr_full[-1][1] == pytest.approx(0.0)
-    a = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=False)["model"]
-    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=False)["model"]
+    a = torch.load(tmp_path / "full" / "checkpoints" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cut" / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert full["history"][-1]["val"]["confusion_matrix"] == \
@@ -441,7 +582,7 @@ def test_case23_three_class_folder_head_topk_pretrained_labels_and_data_path(
     assert "top5" not in val and len(val["confusion_matrix"]) == 3
     assert _support(val) == manifest["splits"]["val"]["num_samples"]
     assert "test" not in metrics                                # no test split was packed
-    best = torch.load(run / "checkpoints" / "best.pt", weights_only=False)["model"]
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["model"]
     assert best["classifier.weight"].shape == (3, 2048)
     report = json.loads((run / "pretrained_report.json").read_text())
     assert {s["key"]: s["checkpoint"] for s in report["skipped_shape"]} == {
@@ -529,7 +670,7 @@ def test_cli_without_val_split_trains_and_split_errors_exit_nonzero(sample_dir, 
 def test_options_run_focal_balanced_bf16_sgd_clip_dataset_stats(packed_sample, tmp_path):
     """The less common options wire through: focal loss, class-balanced sampling, bf16 autocast
     on the CPU, SGD with clipping, the train split's own mean/std, early stopping on loss."""
-    from shardkit.doctor_stats import compute_stats
+    from shardkit.doctor.stats import compute_stats
 
     data = tmp_path / "data"
     shutil.copytree(packed_sample("wds"), data)
@@ -571,7 +712,7 @@ def test_compiled_run_saves_plain_state_dict(packed_sample, tmp_path):
                                 max_steps=2, compile=True))
     assert metrics["step"] == 2 and _support(metrics["test"]) == 30
     state = torch.load(tmp_path / "compiled" / "checkpoints" / "best.pt",
-                       weights_only=False)["model"]
+                       weights_only=True)["model"]
     assert not any(k.startswith("_orig_mod.") for k in state)
     build_model("test_resnet", 5).load_state_dict(state)   # strict load succeeds
 

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 
 import click
 
@@ -15,6 +17,35 @@ __all__ = ["train_command"]
 
 def _choice(name: str) -> click.Choice:
     return click.Choice(list(CHOICES[name]))
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time (as logging's last-resort handler), so
+    a replaced or captured stderr (click's CliRunner, pytest) is never written after closing."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _show_notes_on_stderr() -> None:
+    """Shows the ``shardkit`` loggers' INFO and above on stderr as ``level: message`` lines,
+    unless the application already configured logging (a handler on ``shardkit`` or the root)."""
+    logger = logging.getLogger("shardkit")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
 
 
 @click.command("train")
@@ -66,6 +97,9 @@ def _choice(name: str) -> click.Choice:
 @click.option("--resume", type=click.Path(exists=True),
               help="Checkpoint file or run folder (continues step count and LR schedule).")
 @click.option("--progress/--no-progress", default=None, help="tqdm bar per epoch.")
+@click.option("--sync-timing/--no-sync-timing", default=None,
+              help="CUDA: synchronise before and after each step so data_wait_fraction splits "
+                   "GPU time exactly (slower). Off: host-side wait only, no extra syncs.")
 @click.option("--train-split", help="Split to train on (default: train); must exist.")
 @click.option("--val-split",
               help="Split evaluated every --eval-every epochs for early stopping and best.pt. "
@@ -77,14 +111,16 @@ def train_command(config_name, compile_, **flags):
     """Train a timm classifier (hrnet_w18_small by default) from shards packed by `shardkit pack`.
 
     Writes RUN/config.yaml, RUN/metrics.json, RUN/checkpoints/{last,best}.pt, RUN/eval/*.json|png
-    and TensorBoard scalars in RUN/tb/, then prints a JSON summary (once, from rank 0 under
-    torchrun). Any error exits with a non-zero code (1; 2 for unusable flags).
+    and TensorBoard scalars in RUN/tb/, then prints a JSON summary on stdout (once, from rank 0
+    under torchrun); notes (seeds and TF32 set, warmup cut, no val split...) go to stderr.
+    Any error exits with a non-zero code (1; 2 for unusable flags).
     """
     from ..errors import ShardkitError
     from .config import load_config
     from .engine import train
 
     flags["compile"] = compile_
+    _show_notes_on_stderr()
     try:
         config = load_config(config_name, **flags)
         metrics = train(config)

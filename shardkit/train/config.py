@@ -17,8 +17,8 @@ import yaml
 
 from ..errors import ConfigError
 
-__all__ = ["TrainConfig", "CONFIG_DIR", "DEFAULT_WARMUP_EPOCHS", "DEFAULT_WARMUP_MAX_FRACTION", "CHOICES", "load_config", "resolve_config_path",
-           "save_config", "SCHEDULE_FIELDS"]
+__all__ = ["TrainConfig", "CONFIG_DIR", "DEFAULT_WARMUP_EPOCHS", "DEFAULT_WARMUP_MAX_FRACTION",
+           "CHOICES", "load_config", "resolve_config_path", "save_config", "SCHEDULE_FIELDS"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
 
@@ -94,6 +94,13 @@ class TrainConfig:
     test_split: str | None = None         # None: "test" if the dataset has it, else no test
     resume: str | None = None             # checkpoint file, or a run folder (its last.pt)
     progress: bool = True                 # tqdm bar per epoch on rank 0
+    sync_timing: bool = False             # CUDA: synchronise around each step for exact timing
+    # data_wait_fraction is the share of step time spent waiting for the next batch. Off
+    # (default): no extra synchronisation; the wait is host-side only (time blocked in the
+    # loader), which the per-step loss read-out already bounds, and the GPU keeps running
+    # backward/optimizer work queued behind the next batch fetch. On: torch.cuda.synchronize
+    # before fetching and after each step, so wait and compute split wall-clock GPU time
+    # exactly, at the cost of that overlap (slower steps). No effect on the CPU.
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "patience"):  # 0 means "no limit" (lets a flag undo a YAML value)
@@ -142,6 +149,9 @@ class TrainConfig:
             raise ConfigError(f"label_smoothing={self.label_smoothing!r}: expected 0 <= x < 1")
         if self.clip_grad is not None and not self.clip_grad > 0:
             raise ConfigError(f"clip_grad={self.clip_grad!r}: expected a number > 0 or null")
+        for name in ("compile", "channels_last", "progress", "sync_timing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: expected true or false")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
 
@@ -206,5 +216,7 @@ def load_config(config: str | Path | None = None, **overrides: Any) -> TrainConf
 
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
-    """Writes the resolved config as YAML (keys in field order)."""
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    """Writes the resolved config as YAML (keys in field order), atomically."""
+    from ..fsio import atomic_write_bytes
+
+    atomic_write_bytes(path, yaml.safe_dump(config.to_dict(), sort_keys=False).encode())

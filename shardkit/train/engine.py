@@ -5,25 +5,28 @@ One :class:`Trainer` per process. Under ``torchrun`` every rank runs the same nu
 disjoint part of the split and the logits and labels of all ranks are all-gathered, so every rank
 computes the same metrics over exactly ``manifest.splits[split].num_samples`` samples.
 
-Outputs in ``config.out`` (written by rank 0): ``config.yaml``, ``metrics.json``,
-``checkpoints/{last,best}.pt``, ``eval/<split>_*.{json,png}``, ``tb/`` (TensorBoard scalars) and
-``pretrained_report.json`` when ``--pretrained`` is used.
+Outputs in ``config.out`` (written by rank 0, each file atomically): ``config.yaml``,
+``metrics.json``, ``checkpoints/{last,best}.pt``, ``eval/<split>_*.{json,png}``, ``tb/``
+(TensorBoard scalars) and ``pretrained_report.json`` when ``--pretrained`` is used.
+
+Process-wide state is changed only by :func:`train` (the run set-up of ``shardkit train``),
+never on import or by building a model: see :func:`shardkit.train.run_setup.setup_process`.
+Notes go to the ``shardkit.train`` logger (the CLI shows them on stderr).
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
-import random
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError, LoaderError, ShardkitError
+from ..fsio import atomic_write_bytes
 from .checkpoint import (check_resume_config, check_run_folder, load_checkpoint, resolve_resume,
                          rng_state, save_checkpoint, set_rng_state)
 from .config import TrainConfig, save_config
@@ -33,8 +36,12 @@ from .dist import all_gather_varlen, barrier, resolve_amp, setup_distributed, te
 from .metrics import EarlyStopping, classification_metrics, save_eval
 from .model import build_model, check_labels, load_pretrained, probe_model, unwrap
 from .optim import build_loss, build_optimizer, build_scheduler, resolve_warmup
+from .run_setup import resolve_splits, setup_process
 
-__all__ = ["train", "Trainer", "resolve_splits", "EvalCountError", "TrainingDivergedError"]
+__all__ = ["train", "Trainer", "resolve_splits", "setup_process", "EvalCountError",
+           "TrainingDivergedError"]
+
+log = logging.getLogger("shardkit.train")
 
 
 class EvalCountError(LoaderError):
@@ -48,6 +55,11 @@ class TrainingDivergedError(ShardkitError, FloatingPointError):
 def train(config: TrainConfig) -> dict:
     """Runs one training job (single process, or one rank under torchrun); returns metrics.json.
 
+    Process-wide side effects (logged at INFO, see :func:`setup_process`): the python, numpy and
+    torch global RNGs are seeded with ``config.seed``; on CUDA ``cudnn.benchmark`` is switched on,
+    and TF32 matmuls/convolutions on Ampere and newer. Under torchrun the process group is
+    created and destroyed.
+
     Raises:
         ConfigError: missing ``data`` / ``out``, invalid options, resume mismatches.
         ManifestError: ``config.data`` is not a packed dataset.
@@ -59,46 +71,17 @@ def train(config: TrainConfig) -> dict:
                           "(--data OUT --out RUN)")
     info, device = setup_distributed(config.device)
     try:
-        return Trainer(config, info, device).run()
+        trainer = Trainer(config, info, device)
+        try:
+            return trainer.run()
+        finally:
+            trainer.close()
     finally:
         teardown_distributed()
 
 
-def resolve_splits(config: TrainConfig, splits: dict,
-                   note: bool = True) -> tuple[str | None, str | None]:
-    """``(val_split, test_split)`` of this run, each ``None`` when there is none.
-
-    The train split must exist. An explicitly named val/test split must exist too; unset ones
-    default to ``"val"`` / ``"test"`` when the dataset has them. Without a val split the run
-    trains every epoch without validation: no early stopping (``patience`` is ignored), no
-    ``best.pt``, and the test split (if any) scores the last weights; ``note`` prints that once.
-
-    Raises:
-        ConfigError: the train split, or an explicitly named val/test split, is not in the
-            dataset (the message lists the dataset's splits).
-    """
-    names = sorted(splits)
-    for flag, split in (("--train-split", config.train_split), ("--val-split", config.val_split),
-                        ("--test-split", config.test_split)):
-        if split is not None and split not in splits:
-            raise ConfigError(f"{flag} {split!r}: no such split in {config.data} (splits: "
-                              f"{names}); name one of them with {flag}")
-    val = config.val_split or ("val" if "val" in splits else None)
-    test = config.test_split or ("test" if "test" in splits else None)
-    if val is not None and val == config.train_split:
-        raise ConfigError(f"--val-split {val!r} is also the train split; name another split "
-                          f"(splits: {names})")
-    if val is None and note:
-        print(f"no validation: {config.data} has no 'val' split (splits: {names}) and "
-              "--val-split is not set; training all epochs without per-epoch validation, "
-              + ("patience ignored, " if config.patience else "")
-              + "no best.pt, " + (f"test split {test!r} scored with the last weights"
-                                  if test else "no test split"), file=sys.stderr)
-    return val, test
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def _sync(device: torch.device, enabled: bool) -> None:
+    if enabled and device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -118,8 +101,8 @@ class Trainer:
         if config.overfit_batches and config.label_smoothing:
             # smoothing puts the loss floor well above zero, which the overfit check needs
             if info.is_main:
-                print(f"overfit_batches={config.overfit_batches}: label_smoothing "
-                      f"{config.label_smoothing} -> 0.0 (saved in config.yaml)", file=sys.stderr)
+                log.warning("overfit_batches=%d: label_smoothing %s -> 0.0 (saved in "
+                            "config.yaml)", config.overfit_batches, config.label_smoothing)
             config = config.replace(label_smoothing=0.0)
         self.config = config
         self.manifest = load_manifest(config.data)
@@ -128,15 +111,8 @@ class Trainer:
         splits = self.manifest["splits"]
         self.val_split, self.test_split = resolve_splits(config, splits, info.is_main)
         self.eval_splits = [s for s in (self.val_split, self.test_split) if s is not None]
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        torch.manual_seed(config.seed)
+        self.process_settings = setup_process(config, device, announce=info.is_main)
         self.amp_dtype = resolve_amp(config.amp, device)
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = True
-            if torch.cuda.get_device_capability(device)[0] >= 8:  # TF32 on Ampere and newer
-                torch.backends.cuda.matmul.allow_tf32 = True
-                torch.backends.cudnn.allow_tf32 = True
         mean, std = resolve_mean_std(config, self.manifest)
         self.mean_std = {"mean": list(mean), "std": list(std)}
         tc = transform_config(config, mean, std)
@@ -157,7 +133,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
         _, warmup_note = resolve_warmup(config, self.steps_per_epoch)
         if warmup_note and info.is_main:
-            print(warmup_note, file=sys.stderr)
+            log.warning(warmup_note)
         self.scaler = torch.amp.GradScaler(device.type,
                                            enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.epoch_done, self.epoch_batches = 0, 0, False, 0
@@ -182,14 +158,13 @@ class Trainer:
         if config.pretrained and self.resume is None:
             self.pretrained_report = load_pretrained(model, config.pretrained)
             if self.info.is_main:
-                self.out.mkdir(parents=True, exist_ok=True)
-                (self.out / "pretrained_report.json").write_text(
-                    json.dumps(self.pretrained_report, indent=2))
+                atomic_write_bytes(self.out / "pretrained_report.json",
+                                   json.dumps(self.pretrained_report, indent=2).encode())
                 skipped = self.pretrained_report["skipped_shape"]
-                print(f"pretrained {config.pretrained}: loaded {self.pretrained_report['loaded']}"
-                      f" tensors; skipped {len(skipped)} with mismatched shapes: "
-                      + ", ".join(f"{s['key']} {s['checkpoint']}->{s['model']}" for s in skipped),
-                      file=sys.stderr)
+                log.info("pretrained %s: loaded %d tensors; skipped %d with mismatched shapes%s",
+                         config.pretrained, self.pretrained_report["loaded"], len(skipped),
+                         ": " + ", ".join(f"{s['key']} {s['checkpoint']}->{s['model']}"
+                                          for s in skipped) if skipped else "")
         model.to(self.device)
         if config.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -252,10 +227,17 @@ class Trainer:
                 stopped = stop
                 break
             epoch += 1
-        result = self.final_test(stopped)
+        return self.final_test(stopped)
+
+    def close(self) -> None:
+        """Stops the loaders' decoding threads / worker processes and closes TensorBoard
+        (:func:`train` calls it when the run ends or fails)."""
+        for loader in [self.train_loader, *self.eval_loaders.values()]:
+            if loader is not None and hasattr(loader, "close"):
+                loader.close()
         if self.writer is not None:
             self.writer.close()
-        return result
+            self.writer = None
 
     def max_steps_reached(self) -> bool:
         return self.config.max_steps is not None and self.step >= self.config.max_steps
@@ -290,8 +272,9 @@ class Trainer:
                     else nullcontext())
         loss_sum, images, wait, compute, done = 0.0, 0, 0.0, 0.0, 0
         start = time.perf_counter()
+        sync = config.sync_timing  # see TrainConfig.sync_timing: exact GPU split vs host wait
         while not self.max_steps_reached():
-            _sync(device)
+            _sync(device, sync)
             t0 = time.perf_counter()
             try:
                 x, y = next(batches)
@@ -316,7 +299,7 @@ class Trainer:
             if not math.isfinite(value):
                 raise TrainingDivergedError(f"train loss is {value} at step {self.step}; "
                                             f"lower --lr (now {config.lr}) or use --clip-grad")
-            _sync(device)
+            _sync(device, sync)
             t2 = time.perf_counter()
             wait, compute = wait + (t1 - t0), compute + (t2 - t1)
             loss_sum, images, done = loss_sum + value * y.shape[0], images + y.shape[0], done + 1
@@ -437,14 +420,12 @@ class Trainer:
                     "device": str(self.device), "world_size": self.info.world_size,
                     "amp": str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else "off",
                     "seed": self.config.seed, "steps_per_epoch": self.steps_per_epoch,
+                    "sync_timing": self.config.sync_timing,
                     "mean_std": self.mean_std, "torch": torch.__version__,
                     "timm": timm.__version__, "pretrained": self.pretrained_report},
             "step": self.step, "stopped": stopped, "best": self.best, "history": self.history}
         if test is not None:
             metrics["test"] = test
         if self.info.is_main:
-            path = self.out / "metrics.json"
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(metrics, indent=2))
-            tmp.replace(path)
+            atomic_write_bytes(self.out / "metrics.json", json.dumps(metrics, indent=2).encode())
         return metrics

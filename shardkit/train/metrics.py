@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..fsio import atomic_write_bytes, atomic_write_with
 from .model import topk_for
 
 __all__ = ["classification_metrics", "save_eval", "plot_confusion", "better", "EarlyStopping"]
@@ -60,15 +61,15 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor,
 
 def plot_confusion(matrix: list[list[int]], classes: list[str], path: str | Path,
                    title: str = "") -> None:
-    """Writes the confusion matrix as a PNG (rows = true class, columns = predicted; counts)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Writes the confusion matrix as a PNG (rows = true class, columns = predicted; counts),
+    atomically. Draws on a ``matplotlib.figure.Figure`` (Agg canvas) without ``pyplot``, so the
+    process's matplotlib backend and pyplot state are left alone."""
+    from matplotlib.figure import Figure
 
     cm = np.asarray(matrix)
     size = max(3.0, 0.6 * len(classes) + 1.5)
-    fig, ax = plt.subplots(figsize=(size + 1, size))
+    fig = Figure(figsize=(size + 1, size))
+    ax = fig.subplots()
     image = ax.imshow(cm, cmap="Blues")
     fig.colorbar(image, ax=ax)
     ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
@@ -82,16 +83,15 @@ def plot_confusion(matrix: list[list[int]], classes: list[str], path: str | Path
             ax.text(j, i, str(value), ha="center", va="center",
                     color="white" if value > threshold else "black", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    atomic_write_with(path, lambda f: fig.savefig(f, dpi=100, format="png"))
 
 
 def save_eval(result: dict, classes: list[str], folder: str | Path, name: str) -> dict:
-    """Writes ``folder/name.json`` and ``folder/name.png``; returns ``{"json", "png"}`` paths."""
+    """Writes ``folder/name.json`` and ``folder/name.png`` (each atomically); returns
+    ``{"json", "png"}`` paths."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     json_path, png_path = folder / f"{name}.json", folder / f"{name}.png"
-    json_path.write_text(json.dumps(result, indent=2))
+    atomic_write_bytes(json_path, json.dumps(result, indent=2).encode())
     plot_confusion(result["confusion_matrix"], classes, png_path, title=name)
     return {"json": str(json_path), "png": str(png_path)}
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import ConfigError, LabelError
+from ..errors import CheckpointError, ConfigError, LabelError
+from .checkpoint import safe_load
 
 __all__ = ["build_model", "probe_model", "load_pretrained", "param_groups", "check_labels",
            "topk_for", "unwrap"]
@@ -62,32 +63,50 @@ def probe_model(model: nn.Module, image_size: int, num_classes: int,
                           f"(1, {num_classes}) for the manifest's {num_classes} classes")
 
 
-def _state_dict_of(obj) -> dict[str, torch.Tensor]:
+def _state_dict_of(obj, path: Path) -> dict[str, torch.Tensor]:
     """The tensor dict inside a checkpoint: a plain state_dict, or under "model"/"state_dict"."""
     if isinstance(obj, dict):
         for key in ("model", "state_dict", "model_state_dict"):
             if isinstance(obj.get(key), dict):
-                return _state_dict_of(obj[key])
+                return _state_dict_of(obj[key], path)
         if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
             return obj
-    raise ConfigError("pretrained checkpoint holds no state_dict (expected a dict of tensors, or "
-                      "one under 'model' / 'state_dict')")
+    raise CheckpointError(f"pretrained checkpoint {path} holds no state_dict (expected a dict of "
+                          "tensors, or one under 'model' / 'state_dict')")
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file, or of a torch file loaded with
+    ``weights_only=True`` (:func:`shardkit.train.checkpoint.safe_load`): never executes code."""
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        if not path.is_file():
+            raise CheckpointError(f"pretrained checkpoint {path} does not exist")
+        try:
+            return load_file(path, device="cpu")
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"cannot read pretrained checkpoint {path}: {e}") from None
+    return _state_dict_of(safe_load(path, "pretrained checkpoint"), path)
 
 
 def load_pretrained(model: nn.Module, path: str | Path) -> dict:
     """Loads the tensors of checkpoint ``path`` whose names *and* shapes match ``model``.
 
+    ``path``: a ``.safetensors`` file, or a torch file (``.pt``, ``.pth``, ``.bin``) holding a
+    state_dict, plain or under ``model`` / ``state_dict`` / ``model_state_dict``; it is loaded
+    with ``weights_only=True``, so a pickle that would run code is refused, not executed.
     A ``module.`` / ``_orig_mod.`` prefix (DDP / torch.compile) is stripped. Returns a report:
     ``{"path", "loaded": int, "skipped_shape": [{"key", "checkpoint", "model"}],
     "unexpected": [keys not in the model], "missing": [model keys not in the checkpoint]}``.
 
     Raises:
-        ConfigError: the file is missing or holds no state_dict.
+        CheckpointError: the file is missing, unreadable, not plain tensors (names the file),
+            or holds no state_dict.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"pretrained checkpoint {path} does not exist")
-    state = _state_dict_of(torch.load(path, map_location="cpu", weights_only=False))
+    state = _read_weights(path)
     clean = {}
     for key, value in state.items():
         for prefix in ("module.", "_orig_mod."):

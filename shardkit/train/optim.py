@@ -20,8 +20,8 @@ from ..errors import ConfigError
 from .config import DEFAULT_WARMUP_EPOCHS, DEFAULT_WARMUP_MAX_FRACTION, TrainConfig
 from .model import param_groups
 
-__all__ = ["build_optimizer", "build_scheduler", "schedule_steps", "resolve_warmup", "class_weights", "FocalLoss",
-           "build_loss"]
+__all__ = ["build_optimizer", "build_scheduler", "schedule_steps", "resolve_warmup",
+           "class_weights", "FocalLoss", "build_loss"]
 
 WARMUP_START_FACTOR = 1e-3  # warmup starts at lr * 1e-3 (timm's warmup_lr default is 1e-5 of 0.01)
 
