@@ -1,6 +1,7 @@
 """Field case 2: a real ``torchrun --nproc_per_node 2`` run (gloo, CPU) of tests/dist_worker.py
-over 8 shards x 10 real photos, 2 workers per rank: union of keys == 80, no overlap, equal batch
-counts; rank/world come from the process group, not from arguments."""
+over 8 shards x 10 real photos, 2 workers per rank (DataLoader processes for ShardDataset;
+threads and processes for make_loader): union of keys == 80, no overlap, equal batch counts;
+rank/world come from the process group, not from arguments."""
 from __future__ import annotations
 
 import json
@@ -37,8 +38,14 @@ def test_torchrun_two_ranks_exactly_once(sample_dir, tmp_path):
     a, b = (r["dataset_keys"] for r in ranks)
     assert len(a) == len(b) == 40 and not set(a) & set(b)
     assert set(a) | set(b) == all_keys and len(all_keys) == 80
-    # make_loader (train, world 2 -> even="pad"): same batch count on both ranks, len exact
-    assert [r["even"] for r in ranks] == ["pad", "pad"]
-    assert [r["loader_batches"] for r in ranks] == [r["loader_len"] for r in ranks] == [14, 14]
-    idx = [i for r in ranks for i, v in zip(r["loader_index"], r["loader_valid"]) if v]
-    assert sorted(idx) == list(range(80))
+    # make_loader (train, world 2 -> even="pad"), either backend: same batch count on both
+    # ranks, len exact, every sample once among the valid rows, the same plan on both backends
+    for backend in ("thread", "process"):
+        got = [r["loaders"][backend] for r in ranks]
+        assert [g["world"] for g in got] == [[0, 2], [1, 2]]
+        assert [g["even"] for g in got] == ["pad", "pad"]
+        assert [g["batches"] for g in got] == [g["len"] for g in got] == [14, 14]
+        idx = [i for g in got for i, v in zip(g["index"], g["valid"]) if v]
+        assert sorted(idx) == list(range(80))
+    assert [r["loaders"]["thread"]["index"] for r in ranks] == \
+        [r["loaders"]["process"]["index"] for r in ranks]
