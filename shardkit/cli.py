@@ -9,13 +9,20 @@ __all__ = ["main"]
 
 # name -> "module:attribute"; each module defines its own click.Command.
 COMMANDS = {
-    "pack": ("shardkit.pack:pack_command", "Pack an image folder or CSV list into shards."),
-    "verify": ("shardkit.verify:verify_command", "Re-hash shards and check them against the manifest."),
-    "train": ("shardkit.train.cli:train_command", "Train a timm classifier from shards."),
-    "bench": ("shardkit.bench.cli:bench_command", "Benchmark the loader: is training data-bound?"),
-    "stats": ("shardkit.doctor.cli:stats_command", "Per-channel mean/std of a split, saved in the manifest."),
-    "inspect": ("shardkit.doctor.cli:inspect_command", "Counts, imbalance, shard sizes and a sample grid."),
-    "check": ("shardkit.doctor.cli:check_command", "Check splits for leakage and transform drift."),
+    "pack": ("shardkit.pack:pack_command",
+             "Pack an image folder or CSV list into shards."),
+    "verify": ("shardkit.verify:verify_command",
+               "Re-hash shards and check them against the manifest."),
+    "train": ("shardkit.train.cli:train_command",
+              "Train a timm classifier from shards."),
+    "bench": ("shardkit.bench.cli:bench_command",
+              "Benchmark the loader: is training data-bound?"),
+    "stats": ("shardkit.doctor.cli:stats_command",
+              "Per-channel mean/std of a split, saved in the manifest."),
+    "inspect": ("shardkit.doctor.cli:inspect_command",
+                "Counts, imbalance, shard sizes and a sample grid."),
+    "check": ("shardkit.doctor.cli:check_command",
+              "Check splits for leakage and transform drift."),
 }
 
 

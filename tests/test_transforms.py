@@ -15,6 +15,7 @@ from PIL import Image
 
 from shardkit.decode import DECODERS, get_decoder
 from shardkit.errors import ConfigError
+from shardkit.decode import _ext
 from shardkit.transforms import (
     CropParams, TransformConfig, TransformInputError, eval_crop_box, make_transform,
     normalize_on_device, sample_crop_params, torchvision_reference,
@@ -22,6 +23,10 @@ from shardkit.transforms import (
 
 STOCK_PILLOW = ".post" not in Image.__version__
 CPU_DECODERS = [n for n in DECODERS if n != "nvjpeg" and DECODERS[n].available()]
+if "roi" not in CPU_DECODERS and _ext.build_prerequisites()["can_build"]:
+    # the fused path must never vanish behind a shorter parameter list (see test_cext.py)
+    raise RuntimeError(f"the roi decoder must be available where it can be built: "
+                       f"{DECODERS['roi'].unavailable_reason()}")
 EVAL_MEAN_ABS_BOUND = 0.1  # fused box resize vs resize-then-crop: float rounding of the grid
 
 

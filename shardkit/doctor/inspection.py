@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from shardkit.doctor.drift import train_transform
 from shardkit.doctor.leaks import class_counts, imbalance
-from shardkit.doctor.reading import (decode_rgb, iter_sample_bytes, load_manifest_dict, read_rows,
-                                     split_names)
+from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, iter_sample_bytes,
+                                     load_manifest_dict, read_rows, split_names)
 from shardkit.errors import ConfigError
 
 __all__ = ["split_summary", "pick_samples", "save_grid", "inspect_dataset", "format_summary",
@@ -154,6 +154,7 @@ def inspect_dataset(root: str | Path, split: str | None = None, *,
     """
     manifest = load_manifest_dict(root)
     classes = list(manifest["classes"])
+    limit = dataset_max_pixels(manifest)
     out_dir = Path(out_dir) if out_dir is not None else default_inspect_dir(root)
     report: dict[str, Any] = {"root": str(root), "classes": classes, "splits": {}, "images": {}}
     transform = None
@@ -170,7 +171,7 @@ def inspect_dataset(root: str | Path, split: str | None = None, *,
         rng = np.random.default_rng(seed)
         plain, augmented, titles = [], [], []
         for p in tqdm(picked, desc=f"inspect {name}", disable=not progress):
-            plain.append(decode_rgb(data[p], decoder))
+            plain.append(decode_rgb(data[p], decoder, limit))
             augmented.append(transform(data[p], rng))
             titles.append(f"{classes[rows[p]['label']]}\n{rows[p]['key']}")
         report["images"][name] = {

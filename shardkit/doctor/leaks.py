@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardkit.doctor.reading import decode_rgb, iter_sample_bytes
+from shardkit.doctor.reading import dataset_max_pixels, decode_rgb, iter_sample_bytes
 from shardkit.errors import ConfigError
 
 __all__ = ["PHASH_THRESHOLD", "IMBALANCE_THRESHOLD", "phash64", "group_overlap", "sha_overlap",
@@ -91,10 +91,11 @@ def split_phashes(root: str | Path, manifest: dict[str, Any], split: str, *, dec
         ShardCorruptError, DecodeError: a sample cannot be read or decoded.
     """
     n = int(manifest["splits"][split]["num_samples"])
+    limit = dataset_max_pixels(manifest)
     out = np.zeros(n, dtype=np.uint64)
     for pos, data in tqdm(iter_sample_bytes(root, manifest, split), total=n,
                           desc=f"phash {split}", disable=not progress):
-        out[pos] = phash64(decode_rgb(data, decoder))
+        out[pos] = phash64(decode_rgb(data, decoder, limit))
     return out
 
 

@@ -141,11 +141,12 @@ def iter_sample_bytes(root: str | Path, manifest: Any, split: str,
             reader.close()
 
 
-_DECODERS: dict[str, Any] = {}
+_DECODERS: dict[tuple, Any] = {}
 
 
-def decode_rgb(data: bytes, decoder: str = "auto") -> np.ndarray:
-    """Decode encoded image bytes with the shardkit decoder registry.
+def decode_rgb(data: bytes, decoder: str = "auto", max_pixels: int | None = None) -> np.ndarray:
+    """Decode encoded image bytes with the shardkit decoder registry, under ``max_pixels``
+    (pass :func:`dataset_max_pixels`: the limit pack applied; None = the default limit).
 
     Returns:
         ``(H, W, 3)`` uint8 RGB array, values 0-255, C-contiguous (the decoding contract).
@@ -153,8 +154,15 @@ def decode_rgb(data: bytes, decoder: str = "auto") -> np.ndarray:
     Raises:
         ConfigError: unknown or unavailable decoder. DecodeError: the bytes do not decode.
     """
-    if decoder not in _DECODERS:
+    dec = _DECODERS.get((decoder, max_pixels))
+    if dec is None:
         from shardkit.decode import get_decoder
 
-        _DECODERS[decoder] = get_decoder(decoder)
-    return _DECODERS[decoder].decode(data)
+        dec = _DECODERS[(decoder, max_pixels)] = get_decoder(decoder, max_pixels=max_pixels)
+    return dec.decode(data)
+
+
+def dataset_max_pixels(manifest: dict) -> int | None:
+    """The pixel limit the dataset was packed with (``normalization.max_pixels``), so reading
+    applies the same limit as packing; None when the manifest does not record one."""
+    return (manifest.get("normalization") or {}).get("max_pixels")

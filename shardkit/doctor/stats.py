@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardkit.doctor.reading import (decode_rgb, iter_sample_bytes, load_manifest_dict,
-                                     save_manifest_dict, split_names)
+from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, iter_sample_bytes,
+                                     load_manifest_dict, save_manifest_dict, split_names)
 from shardkit.errors import ConfigError
 
 __all__ = ["ChannelMoments", "compute_stats"]
@@ -117,9 +117,10 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
         raise ConfigError(f"split {split!r} of {root} has no samples; cannot compute stats")
     n = total if max_samples is None else min(total, int(max_samples))
     moments = ChannelMoments()
+    limit = dataset_max_pixels(manifest)
     samples = iter_sample_bytes(root, manifest, split, range(n))
     for _, data in tqdm(samples, total=n, desc=f"stats {split}", disable=not progress):
-        moments.update(decode_rgb(data, decoder))
+        moments.update(decode_rgb(data, decoder, limit))
     result = {"mean": list(moments.mean()), "std": list(moments.std()),
               "num_samples": moments.num_images}
     if save:
