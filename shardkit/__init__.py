@@ -23,6 +23,7 @@ _LAZY = {
     "load_manifest": "shardkit.manifest",
     "load_index": "shardkit.manifest",
     "pack": "shardkit.pack",
+    "PackOptions": "shardkit.pack",
     "verify": "shardkit.verify",
 }
 
