@@ -408,6 +408,18 @@ def test_decoder_warning_policy(warned_split, backend, policy, caplog):
         assert loader.skipped == [key, key] and loader.warned == []
 
 
+@pytest.mark.xfail(strict=True, reason="shardkit/stream/datasets.py: DecodeWarningError is a "
+                   "ShardkitError in SAMPLE_ERRORS, so BatchDataset.build hands it to "
+                   "on_error='skip', which skips the sample instead of raising")
+def test_on_warning_raise_is_not_swallowed_by_on_error_skip(warned_split):
+    """on_error covers samples that fail to read or decode; a sample that decodes with warnings
+    under on_warning="raise" must still raise."""
+    loader = make_loader(warned_split, "train", 4, num_workers=0, image_size=S, train=False,
+                         on_error="skip", on_warning="raise")
+    with pytest.raises(DecodeWarningError, match="'train_00000003'"):
+        list(loader)
+
+
 def test_close_stops_decoding_threads_and_the_loader_iterates_again(small):
     before = _shardkit_threads()
     loader = make_loader(small, "train", 4, num_workers=2, image_size=S, return_meta=True)
