@@ -408,9 +408,6 @@ def test_decoder_warning_policy(warned_split, backend, policy, caplog):
         assert loader.skipped == [key, key] and loader.warned == []
 
 
-@pytest.mark.xfail(strict=True, reason="shardkit/stream/datasets.py: DecodeWarningError is a "
-                   "ShardkitError in SAMPLE_ERRORS, so BatchDataset.build hands it to "
-                   "on_error='skip', which skips the sample instead of raising")
 def test_on_warning_raise_is_not_swallowed_by_on_error_skip(warned_split):
     """on_error covers samples that fail to read or decode; a sample that decodes with warnings
     under on_warning="raise" must still raise."""

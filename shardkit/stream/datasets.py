@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from ..decode.base import DecodeWarningError
 from ..errors import ConfigError, ShardkitError
 from ..sharding import EpochPlan, num_batches, sample_rng
 from .options import ON_WARNING, SamplingOptions
@@ -158,6 +159,8 @@ class ShardDataset(_Iterable):
             for j in range(sl.start, sl.stop):
                 try:
                     sample = self._sample(plan, j)
+                except DecodeWarningError:
+                    raise  # on_warning="raise" is the user's choice: on_error does not apply
                 except SAMPLE_ERRORS as e:
                     self.skipped.append(self.source.handle_error(e, int(plan.positions[j])))
                     continue
@@ -314,6 +317,8 @@ class BatchDataset(_Iterable):
                     else:
                         skipped.append(src.key(pos))
                         keep[i] = False
+            except DecodeWarningError:
+                raise  # on_warning="raise" is the user's choice: on_error does not apply
             except SAMPLE_ERRORS as e:
                 skipped.append(src.handle_error(e, pos))
                 keep[i] = False

@@ -166,6 +166,10 @@ class ShardSource:
     def _reader(self, s: int):
         reader = self._readers.get(s)
         if reader is not None:
+            if self.max_open is not None:
+                with self._lock:  # least recently used first: never evict a shard in use
+                    if s in self._readers:
+                        self._readers[s] = self._readers.pop(s)
             return reader
         with self._lock:
             reader = self._readers.get(s)
