@@ -14,6 +14,10 @@ repeat in turn (so drift of the machine hits every row alike), medians over ``--
 - ``loader_thread`` / ``loader_process``: ``make_loader`` batches of ``--batch-size`` at
   ``num_workers = cores`` (images/s of the consumer, no step in between).
 
+Besides images/s, CPU milliseconds per image (``time.process_time``: all threads of this
+process; not for worker processes) show the loader's own cost per image independently of what
+else the machine runs: ``ratio_cpu_loader_thread_to_fused_1thread`` is 1 + the overhead.
+
 Ratios in the JSON: ``loader / (fused_1thread x cores)`` (the target) and ``loader /
 fused_Nthreads``. Usage::
 
@@ -44,13 +48,13 @@ def _fused_rate(datas, cfg, threads: int) -> float:
         for i in range(j, len(datas), threads):
             tfs[j](datas[i], sample_rng(0, 1, 0, i), out=out)
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pool = [threading.Thread(target=work, args=(j,)) for j in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
-    return len(datas) / (time.perf_counter() - t0)
+    return len(datas) / (time.perf_counter() - t0), (time.process_time() - c0) / len(datas) * 1e3
 
 
 def _loader_rate(root, split, batch_size, size, workers, backend, epoch) -> float:
@@ -61,10 +65,11 @@ def _loader_rate(root, split, batch_size, size, workers, backend, epoch) -> floa
         loader.set_epoch(epoch)
         it = iter(loader)
         next(it)  # threads / workers started, first batch out of the clock
-        n, t0 = 0, time.perf_counter()
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
         for _, labels in it:
             n += len(labels)
-        return n / (time.perf_counter() - t0)
+        cpu = (time.process_time() - c0) / n * 1e3 if backend == "thread" else float("nan")
+        return n / (time.perf_counter() - t0), cpu
 
 
 def _read_cost(source, n: int) -> dict:
@@ -97,12 +102,18 @@ def main(data, split, batch_size, image_size, repeats, workers, out):
     cfg = TransformConfig(image_size=image_size)
     rows: dict[str, list[float]] = {k: [] for k in ("fused_1thread", "fused_Nthreads",
                                                     "loader_thread", "loader_process")}
+    cpu: dict[str, list[float]] = {k: [] for k in rows}
     reads: list[dict] = []
+
+    def add(name, rate_cpu):
+        rows[name].append(rate_cpu[0])
+        cpu[name].append(rate_cpu[1])
+
     for r in range(repeats):
-        rows["fused_1thread"].append(_fused_rate(datas, cfg, 1))
-        rows["fused_Nthreads"].append(_fused_rate(datas, cfg, workers))
+        add("fused_1thread", _fused_rate(datas, cfg, 1))
+        add("fused_Nthreads", _fused_rate(datas, cfg, workers))
         for backend in ("thread", "process"):
-            rows[f"loader_{backend}"].append(
+            add(f"loader_{backend}",
                 _loader_rate(data, split, batch_size, image_size, workers, backend, r))
         reads.append(_read_cost(source, min(len(source), 2000)))
         click.echo(f"repeat {r}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items()),
@@ -113,6 +124,10 @@ def main(data, split, batch_size, image_size, repeats, workers, out):
         "data": str(data), "split": split, "samples": len(datas), "cores": cores,
         "workers": workers, "batch_size": batch_size, "image_size": image_size,
         "repeats": repeats, "img_per_s": {k: {"median": med[k], "all": v} for k, v in rows.items()},
+        "cpu_ms_per_img": {k: statistics.median(v) for k, v in cpu.items()
+                           if k != "loader_process"},
+        "ratio_cpu_loader_thread_to_fused_1thread": (statistics.median(cpu["loader_thread"])
+                                                     / statistics.median(cpu["fused_1thread"])),
         "read_us_per_sample": {k: statistics.median(d[k] for d in reads) for k in reads[0]},
         "ratio_loader_thread_to_cores_x_fused": med["loader_thread"] / limit,
         "ratio_loader_process_to_cores_x_fused": med["loader_process"] / limit,

@@ -5,9 +5,12 @@ Checks, in order, for every split listed in ``manifest.json`` (layout: ``docs/DE
 1. the split files agree with the manifest: ``splits/<split>.jsonl`` and the ``.index.npz`` list
    ``num_samples`` samples, and each shard holds as many samples as the records that point to it;
 2. every shard file exists, has the recorded size in bytes and the recorded sha256;
-3. every sample is read back through :func:`shardkit.formats.open_reader` and has the recorded size;
-   a sample stored as the original file (``rule == "original"``) must hash to the recorded source
-   sha256; a normalised one (any other rule) must decode fully with Pillow.
+3. every sample is read back through :func:`shardkit.formats.open_reader` and has the recorded size
+   and, where the split file has one (datasets packed since checksums exist), the recorded
+   ``xxh3`` of the stored bytes (:func:`shardkit.manifest.sample_checksum`; the index's copy, which
+   readers compare, must be the same); a sample stored as the original file
+   (``rule == "original"``) must hash to the recorded source sha256; a normalised one (any other
+   rule) must decode fully with Pillow.
 
 A shard whose size or hash is wrong is reported, and its samples are still read (to name the
 damaged keys) for the ``wds`` and ``hdf5`` formats, whose readers bound-check every access. For
@@ -30,6 +33,7 @@ from pathlib import Path
 import click
 
 from shardkit.errors import ShardkitError
+from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
 
 __all__ = ["verify", "VerifyReport", "verify_command", "RECORD_FIELDS"]
 
@@ -104,7 +108,7 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
     from shardkit import formats, manifest as manifest_mod
     from shardkit.doctor.reading import load_manifest_dict, read_rows
 
-    root = Path(root)
+    root = Path(manifest_mod.local_path(root))
     man = load_manifest_dict(root)
     report = VerifyReport(root=root)
     for split, info in man["splits"].items():
@@ -118,6 +122,8 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
         if len(records) != info["num_samples"] or len(index) != info["num_samples"]:
             report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} records, the "
                          f"index {len(index)}, the manifest says {info['num_samples']}")
+        else:
+            _check_index_checksums(report, split, records, index)
         if sum(s["num_samples"] for s in shards) != info["num_samples"]:
             report._fail(f"split {split!r}: shards hold {sum(s['num_samples'] for s in shards)} "
                          f"samples, the manifest says {info['num_samples']}")
@@ -133,6 +139,17 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
             _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []), decode,
                           formats)
     return report
+
+
+def _check_index_checksums(report, split, records, index) -> None:
+    """The index's checksums (what readers compare) must be those of the split file."""
+    if index.xxh3 is None:
+        return
+    for rec, value in zip(records, index.xxh3.tolist()):
+        if rec.get(CHECKSUM_FIELD) != f"{value:016x}":
+            report._fail(f"split {split!r}: sample {rec['key']!r}: splits/{split}.jsonl has "
+                         f"xxh3 {rec.get(CHECKSUM_FIELD)!r}, the index {value:016x}",
+                         key=rec["key"])
 
 
 def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -> None:
@@ -176,6 +193,11 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
             if len(data) != int(rec["size"]):
                 report._fail(f"{where}: sample {key!r} has {len(data)} bytes, the index says "
                              f"{rec['size']}", shard=path, key=key)
+            elif (CHECKSUM_FIELD in rec
+                  and (found := f"{sample_checksum(data):016x}") != rec[CHECKSUM_FIELD]):
+                report._fail(f"{where}: sample {key!r} ({rec.get('path')}) xxh3 {found} differs "
+                             f"from the recorded {rec[CHECKSUM_FIELD]} (stored bytes changed)",
+                             shard=path, key=key)
             elif rec.get("rule", "original") == "original":
                 digest = hashlib.sha256(data).hexdigest()
                 if digest != rec["sha256"]:

@@ -70,7 +70,10 @@ class Reader(FormatReader):
 
             with fsspec.open(self.location, "rb") as f:
                 return f.read()  # bytes: the whole shard
-        return os.open(self.location, os.O_RDONLY)  # int: a file descriptor
+        try:
+            return os.open(self.location, os.O_RDONLY)  # int: a file descriptor
+        except FileNotFoundError:
+            raise ShardCorruptError(f"shard {self.name} is missing ({self.location})") from None
 
     def read(self, key: str, offset: int, size: int) -> bytes:
         return bytes(self.read_into(key, offset, size, None))
