@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import LoaderError
-from .datasets import BatchDataset
+from .datasets import BatchDataset, BufferPool
 from .options import WorkerOptions
 
 __all__ = ["ThreadBackend", "ProcessBackend"]
@@ -50,7 +50,8 @@ class ThreadBackend(_Backend):
     and all fork/spawn hazards; batches land in private (or pinned) memory of the consumer, as in
     FFCV and DALI. All threads share the dataset's :class:`ShardSource` (shard readers, index);
     each has its own copy of the transform (decoder handles are not thread-safe) and its own
-    read buffer. ``prefetch_factor`` batches per thread are in flight; they are yielded in
+    read buffer; batch memory is recycled through a :class:`~shardkit.stream.datasets.BufferPool`
+    once the consumer has dropped a batch. ``prefetch_factor`` batches per thread are in flight; they are yielded in
     batch order. ``num_workers=0`` builds every batch in the consumer's thread.
     """
 
@@ -63,6 +64,8 @@ class ThreadBackend(_Backend):
         self.timeout = timeout
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
+        # every batch in flight, plus a few the consumer may still hold
+        self.buffers = BufferPool(max(1, num_workers) * prefetch_factor + 4)
 
     def __getstate__(self):
         raise TypeError("a thread-backend ShardLoader cannot be pickled; build one per process")
@@ -76,7 +79,8 @@ class ThreadBackend(_Backend):
         return tf
 
     def _build(self, plan, b: int):
-        return self.dataset.build(plan, b, transform=self._transform(), pin=self.pin_memory)
+        return self.dataset.build(plan, b, transform=self._transform(), pin=self.pin_memory,
+                                  buffers=self.buffers)
 
     def batches(self, start: int, describe: Callable[[], str]) -> Iterator[tuple]:
         """The current epoch's batches ``start, start + 1, ...`` in order."""
@@ -117,6 +121,7 @@ class ThreadBackend(_Backend):
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        self.buffers.clear()
         self.dataset.source.close()
 
 

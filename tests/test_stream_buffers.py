@@ -1,0 +1,42 @@
+"""The thread backend recycles batch memory only when nothing refers to a batch any more."""
+from __future__ import annotations
+
+import torch
+
+from shardkit.stream import make_loader
+from shardkit.stream.datasets import BufferPool
+from test_dataset import build_split
+
+
+def test_kept_batches_are_never_overwritten_and_dropped_ones_are_reused(sample_dir, tmp_path):
+    build_split(sample_dir, tmp_path, "wds", [40, 40])
+    loader = make_loader(tmp_path, "train", 8, num_workers=2, prefetch_factor=1, image_size=16,
+                         seed=1)
+    kept = [x.clone() for x, _ in loader]  # reference pixels of epoch 0
+    loader.set_epoch(0)
+    held = list(loader)  # the caller keeps every batch: 10 distinct buffers
+    assert len({x.data_ptr() for x, _ in held}) == 10
+    assert all(torch.equal(a, x) for a, (x, _) in zip(kept, held))
+    loader.set_epoch(0)
+    again = list(loader)  # `held` is still alive: nothing of it may be reused
+    assert all(torch.equal(a, x) for a, (x, _) in zip(kept, held))
+    assert not {x.data_ptr() for x, _ in again} & {x.data_ptr() for x, _ in held}
+    del held, again
+    ptrs, numpy_views = set(), []
+    loader.set_epoch(0)
+    for k, (x, _) in enumerate(loader):  # dropped at once: a few buffers go round
+        ptrs.add(x.data_ptr())
+        assert torch.equal(x, kept[k])
+        if k == 3:
+            numpy_views.append((x.permute(0, 2, 3, 1).numpy(), x.clone()))  # a numpy view pins it
+    assert len(ptrs) <= 2 * 1 + 4 + 1  # pool limit (workers x prefetch + 4) + the one kept
+    view, copy = numpy_views[0]
+    assert torch.equal(torch.from_numpy(view).permute(0, 3, 1, 2), copy)  # never overwritten
+
+
+def test_pool_without_use_counts_allocates(monkeypatch):
+    pool = BufferPool(2)
+    monkeypatch.setattr(pool, "_use_count", None)
+    a, b = pool.get(2, 4, False), pool.get(2, 4, False)
+    assert a.data_ptr() != b.data_ptr() and a.shape == (2, 3, 4, 4)
+    assert a.is_contiguous(memory_format=torch.channels_last)
