@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib
+import logging
+import sys
 
 import click
 
@@ -44,10 +46,44 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time (as logging's last-resort handler), so
+    a replaced or captured stderr (click's CliRunner, pytest) is never written after closing."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def show_notes_on_stderr(level: int = logging.INFO) -> None:
+    """Shows the ``shardkit`` loggers' records at ``level`` and above on stderr as
+    ``LEVEL shardkit.module: message`` lines, unless the application already configured logging
+    (a handler on ``shardkit`` or on the root logger). Library code never calls this; the
+    command line does, once."""
+    logger = logging.getLogger("shardkit")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(level)
+
+
 @click.group(cls=LazyGroup)
 @click.version_option(package_name="shardkit")
-def main():
+@click.option("-q", "--quiet", is_flag=True,
+              help="Show warnings and errors only (notes are logged at INFO).")
+def main(quiet: bool):
     """shardkit: pack image folders into shards, stream them fast, train, and measure."""
+    show_notes_on_stderr(logging.WARNING if quiet else logging.INFO)
 
 
 if __name__ == "__main__":  # main guard: spawn-started workers re-import this module (case 19)

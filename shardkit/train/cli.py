@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 
 import click
 
@@ -19,33 +18,12 @@ def _choice(name: str) -> click.Choice:
     return click.Choice(list(CHOICES[name]))
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at emit time (as logging's last-resort handler), so
-    a replaced or captured stderr (click's CliRunner, pytest) is never written after closing."""
-
-    def __init__(self):
-        super().__init__()
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
-
-
 def _show_notes_on_stderr() -> None:
-    """Shows the ``shardkit`` loggers' INFO and above on stderr as ``level: message`` lines,
-    unless the application already configured logging (a handler on ``shardkit`` or the root)."""
-    logger = logging.getLogger("shardkit")
-    if logger.handlers or logging.getLogger().handlers:
-        return
-    handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logger.addHandler(handler)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
+    """INFO notes on stderr when the command runs on its own (the ``shardkit`` group sets this
+    up for every command; see :func:`shardkit.cli.show_notes_on_stderr`)."""
+    from shardkit.cli import show_notes_on_stderr
+
+    show_notes_on_stderr(logging.INFO)
 
 
 @click.command("train")
