@@ -20,7 +20,6 @@ from shardkit.errors import ConfigError
 from shardkit.stream import SamplingOptions, ShardDataset, WorkerOptions, make_loader
 from test_dataset import build_split
 
-pytest.importorskip("aiohttp", reason="fsspec's http filesystem needs aiohttp")
 
 
 class _Handler(SimpleHTTPRequestHandler):

@@ -14,9 +14,6 @@ from shardkit.errors import ConfigError
 
 __all__ = ["Step", "NoStep", "SleepStep", "ModelStep", "resolve_device", "batch_images"]
 
-# ImageNet mean/std in 0..255 units (torchvision / timm IMAGENET_DEFAULT_MEAN/STD x 255).
-_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -153,8 +150,9 @@ class ModelStep(Step):
         self.model = timm.create_model(model_name, num_classes=num_classes, pretrained=False)
         self.model.to(self.device, memory_format=torch.channels_last).train()
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
-        self.mean = torch.tensor(_MEAN, device=self.device).view(1, 3, 1, 1)
-        self.std = torch.tensor(_STD, device=self.device).view(1, 3, 1, 1)
+        from shardkit.transforms import IMAGENET_MEAN, IMAGENET_STD, scaled_mean_std
+
+        self.mean, self.std = scaled_mean_std(IMAGENET_MEAN, IMAGENET_STD, self.device)
 
     def __call__(self, batch) -> None:
         images = batch_images(batch)
@@ -162,8 +160,10 @@ class ModelStep(Step):
             raise ConfigError(f"ModelStep needs (images, labels) batches of tensors; got "
                               f"{type(batch).__name__}")
         labels = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
-        x = images.to(self.device, non_blocking=True).float()
-        x = ((x - self.mean) / self.std).contiguous(memory_format=torch.channels_last)
+        from shardkit.transforms import normalize_on_device
+
+        x = normalize_on_device(images.to(self.device, non_blocking=True), self.mean, self.std,
+                                channels_last=True)
         if isinstance(labels, torch.Tensor):
             y = labels.to(self.device, non_blocking=True).long()  # out of range: torch raises
         else:
