@@ -11,12 +11,20 @@ Two kinds of source:
   folders, ``._*`` AppleDouble resource forks, ``Thumbs.db``, ``desktop.ini`` (case-insensitive),
   files lying directly in ``root`` (``LICENSE.txt``, ``metadata.csv``) and empty class folders.
   A hidden folder is listed once and not entered.
-* **CSV list** (:func:`scan_csv`) with a header and columns ``path,label[,group]``.
+* **Split-first folder** (:func:`scan_folder` with ``layout="split/class"``, or detected with
+  ``layout="auto"``): ``root/<split>/<class>/.../<file>``; each item carries its given ``split``
+  and ``ScanResult.given_splits`` maps the split folders to split names. Detection, split names,
+  the error for a two-level tree that is not split-first and the class order:
+  :mod:`shardkit.layout`. Files beside the class folders of a split are ignored (listed); a split
+  folder without class folders is ignored with a warning (an unlabelled test set).
+* **CSV list** (:func:`scan_csv`) with a header and columns ``path,label[,group]`` (and a given
+  split column with ``split_column``).
 
 Names are taken as they come from the wild (spaces, several dots, upper-case extensions) and
 normalised to Unicode NFC in ``relpath`` and ``label`` (a class folder written in NFD by macOS
-and one written in NFC are the same class); ``path`` stays the real on-disk path. Two files whose
-relative paths become equal after NFC normalisation raise :class:`SourceError`.
+and one written in NFC are the same class, with a warning naming both spellings in
+``ScanResult.warnings``); ``path`` stays the real on-disk path. Two files whose relative paths
+become equal after NFC normalisation raise :class:`SourceError`.
 
 Symbolic links are followed: a link to a file is a sample (its ``path`` is the link; reading it
 yields the target's bytes); a link to a folder is entered unless it points back into a folder
@@ -26,27 +34,28 @@ like a missing CSV row, so the packer quarantines it with "file not found".
 Group rules attach a grouping key (photographer, video, subject) used by the splitter:
 :func:`apply_group_regex` (from the relative path) and :func:`apply_group_metadata` (from a
 column of a metadata CSV joined on the NFC relative path). An item that gets no group is an
-error, never silently put in a group of its own.
+error, never silently put in a group of its own. :func:`match_split_metadata` reads a given split
+from a metadata column the same way.
 
 Results are sorted by ``relpath`` (code point order), so scans are deterministic.
 """
 from __future__ import annotations
 
-import csv
+import collections
 import dataclasses
 import os
 import re
 import stat
 import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
 
+from shardkit import layout as layout_mod
 from shardkit.errors import ConfigError, SourceError
 
 __all__ = ["SourceItem", "ScanResult", "scan_folder", "scan_csv", "compile_group_regex",
            "apply_group_regex", "apply_group_metadata", "match_group_regex",
-           "match_group_metadata", "unmatched_regex_error", "lacking_metadata_error",
-           "ignore_reason"]
+           "match_group_metadata", "match_split_metadata", "unmatched_regex_error",
+           "lacking_metadata_error", "ignore_reason"]
 
 _SYSTEM_FILES = {"thumbs.db": "Windows thumbnail cache (Thumbs.db)",
                  "desktop.ini": "Windows folder settings (desktop.ini)",
@@ -63,12 +72,14 @@ class SourceItem:
         relpath: path relative to the source root, posix separators, NFC-normalised.
         label: raw class name (folder name or CSV value), NFC-normalised and stripped.
         group: grouping key for the split, or None when no group rule was applied.
+        split: the given split (split-first tree, split column), or None.
     """
 
     path: str
     relpath: str
     label: str
     group: str | None = None
+    split: str | None = None
 
 
 @dataclass
@@ -82,6 +93,11 @@ class ScanResult:
             relpath; the packer quarantines them with reason "file not found".
         root: absolute source root.
         kind: "folder" or "csv".
+        layout: "class" or "split/class" (folders), "csv" (CSV lists).
+        given_splits: given split folder names or split column values -> split names (in
+            split order); empty when the source gives no splits.
+        warnings: twin class spellings, split folders without classes, class folders named
+            like splits (see :mod:`shardkit.layout`).
     """
 
     items: list[SourceItem]
@@ -89,6 +105,9 @@ class ScanResult:
     missing: list[SourceItem] = field(default_factory=list)
     root: str = ""
     kind: str = "folder"
+    layout: str = "class"
+    given_splits: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _nfc(s: str) -> str:
@@ -136,7 +155,8 @@ def _entries(folder: str) -> list[os.DirEntry]:
         raise SourceError(f"cannot list folder {folder!r}: {e}") from e
 
 
-def _walk_class(folder: str, rel: str, label: str, stack: set[str], out: ScanResult) -> None:
+def _walk_class(folder: str, rel: str, label: str, stack: set[str], out: ScanResult,
+                split: str | None = None) -> None:
     stack = stack | {os.path.realpath(folder)}
     for entry in _entries(folder):
         relpath = _nfc(f"{rel}/{entry.name}")
@@ -145,14 +165,15 @@ def _walk_class(folder: str, rel: str, label: str, stack: set[str], out: ScanRes
         if reason is not None:
             out.ignored.append((relpath, reason))
         elif kind == "file":
-            out.items.append(SourceItem(os.path.abspath(entry.path), relpath, label))
+            out.items.append(SourceItem(os.path.abspath(entry.path), relpath, label, None, split))
         elif kind == "dir":
             if os.path.realpath(entry.path) in stack:
                 out.ignored.append((relpath, "symlink loop (points to a folder being walked)"))
             else:
-                _walk_class(entry.path, relpath, label, stack, out)
+                _walk_class(entry.path, relpath, label, stack, out, split)
         elif kind == "broken":
-            out.missing.append(SourceItem(os.path.abspath(entry.path), relpath, label))
+            out.missing.append(SourceItem(os.path.abspath(entry.path), relpath, label, None,
+                                          split))
         else:
             out.ignored.append((relpath, "not a regular file (device, socket or pipe)"))
 
@@ -168,47 +189,104 @@ def _check_unique(items: list[SourceItem], where: str) -> None:
                           f"{_listing(dups)}")
 
 
-def scan_folder(root: str | os.PathLike) -> ScanResult:
-    """Scan an ImageFolder tree ``root/<class>/.../<file>`` (rules in the module docstring).
-
-    Returns:
-        ScanResult with kind "folder"; ``group`` of every item is None.
-
-    Raises:
-        SourceError: ``root`` is missing or not a folder, holds no class folder or no file in
-            any class folder, a folder cannot be listed, or two files collide after NFC
-            normalisation of their relative paths. The message names the root.
-    """
-    root_s = os.path.abspath(os.fspath(root))
-    if not os.path.isdir(root_s):
-        raise SourceError(f"source folder {root_s!r} does not exist or is not a folder")
-    out = ScanResult(items=[], root=root_s, kind="folder")
-    classes = 0
-    for entry in _entries(root_s):
-        relname = _nfc(entry.name)
+def _top_entries(folder: str, rel: str, beside: str, out: ScanResult
+                 ) -> list[tuple[os.DirEntry, str]]:
+    """The folders in ``folder`` as ``(entry, NFC relpath)``; every other entry goes to
+    ``out.ignored`` (files with the reason "file beside ``beside`` (not a sample)")."""
+    dirs = []
+    for entry in _entries(folder):
+        relname = _nfc(f"{rel}{entry.name}")
         reason = ignore_reason(entry.name)
         kind = _kind(entry.path)
         if reason is not None:
             out.ignored.append((relname, reason))
         elif kind == "dir":
-            if not relname.strip():
-                raise SourceError(f"class folder {entry.path!r} has a blank name; rename it")
-            before = len(out.items) + len(out.missing)
-            _walk_class(entry.path, relname, relname.strip(), {root_s}, out)
-            if len(out.items) + len(out.missing) == before:
-                out.ignored.append((relname, "empty class folder (no files)"))
-            else:
-                classes += 1
+            dirs.append((entry, relname))
         elif kind == "file":
-            out.ignored.append((relname, "file beside the class folders (not a sample)"))
+            out.ignored.append((relname, f"file beside {beside} (not a sample)"))
         elif kind == "broken":
-            out.ignored.append((relname, "broken symlink beside the class folders"))
+            out.ignored.append((relname, f"broken symlink beside {beside}"))
         else:
             out.ignored.append((relname, "not a regular file (device, socket or pipe)"))
+    return dirs
+
+
+def _walk_classes(dirs, root_s: str, out: ScanResult, spellings: dict, split: str | None = None
+                  ) -> int:
+    """Walks class folders ``dirs`` (from :func:`_top_entries`); returns how many hold files.
+    Records each class's folder spellings in ``spellings`` (label -> {raw name: relpath})."""
+    classes = 0
+    for entry, relname in dirs:
+        label = _nfc(entry.name).strip()
+        if not label:
+            raise SourceError(f"class folder {entry.path!r} has a blank name; rename it")
+        before = len(out.items) + len(out.missing)
+        _walk_class(entry.path, relname, label, {root_s}, out, split)
+        if len(out.items) + len(out.missing) == before:
+            out.ignored.append((relname, "empty class folder (no files)"))
+        else:
+            classes += 1
+            raw = os.path.relpath(entry.path, root_s).replace(os.sep, "/")  # as on disk
+            spellings.setdefault(label, {}).setdefault(entry.name, raw)
+    return classes
+
+
+def _has_subfolder(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as it:
+            return any(ignore_reason(e.name) is None and _kind(e.path) == "dir" for e in it)
+    except OSError:
+        return False
+
+
+def scan_folder(root: str | os.PathLike, layout: str = "auto") -> ScanResult:
+    """Scan a folder tree: ``root/<class>/.../<file>`` or ``root/<split>/<class>/.../<file>``
+    (rules in the module docstring and :mod:`shardkit.layout`).
+
+    Args:
+        root: the source folder.
+        layout: ``"auto"`` (detect a split-first tree), ``"class"`` or ``"split/class"``.
+
+    Returns:
+        ScanResult with kind "folder", ``layout`` the layout used; ``group`` of every item is
+        None; ``split`` is the given split in a split-first tree, else None.
+
+    Raises:
+        ConfigError: ``layout`` is not one of :data:`shardkit.layout.LAYOUTS`.
+        SourceError: ``root`` is missing or not a folder, holds no class folder or no file in
+            any class folder, a folder cannot be listed, two files collide after NFC
+            normalisation of their relative paths, a split folder name is not a valid split
+            name or two give one split; with ``"auto"``, every top folder holds only
+            sub-folders and the tree is not split-first. The message names the root.
+    """
+    if layout not in layout_mod.LAYOUTS:
+        raise ConfigError(f"layout={layout!r}; expected one of {layout_mod.LAYOUTS}")
+    root_s = os.path.abspath(os.fspath(root))
+    if not os.path.isdir(root_s):
+        raise SourceError(f"source folder {root_s!r} does not exist or is not a folder")
+    out = ScanResult(items=[], root=root_s, kind="folder")
+    probe = ScanResult(items=[])
+    top = _top_entries(root_s, "", "the class folders", probe)
+    split_first = layout == "split/class" or (
+        layout == "auto" and bool(top) and all(layout_mod.split_family(rel) for _, rel in top)
+        and any(_has_subfolder(e.path) for e, _ in top))
+    spellings: dict[str, dict[str, str]] = {}
+    if split_first:
+        out.layout = "split/class"
+        top = _top_entries(root_s, "", "the split folders", out)
+        classes = _scan_splits(top, root_s, out, spellings)
+        expected = "root/<split>/<class>/<image>"
+    else:
+        out.ignored += probe.ignored
+        classes = _walk_classes(top, root_s, out, spellings)
+        expected = "root/<class>/<image>"
     if classes == 0:
         raise SourceError(f"source folder {root_s!r} has no class folder with files (expected "
-                          f"root/<class>/<image>; ignored entries: "
+                          f"{expected}; ignored entries: "
                           f"{_listing([r for r, _ in out.ignored]) if out.ignored else 'none'})")
+    if layout == "auto" and not split_first:
+        _check_class_tree(root_s, out)
+    out.warnings += layout_mod.twin_class_warnings(spellings)
     out.items.sort(key=lambda i: i.relpath)
     out.missing.sort(key=lambda i: i.relpath)
     out.ignored.sort()
@@ -216,85 +294,43 @@ def scan_folder(root: str | os.PathLike) -> ScanResult:
     return out
 
 
-def _read_csv(csv_path: str) -> tuple[list[str], list[dict[str, str]]]:
-    try:
-        with open(csv_path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise SourceError(f"cannot read CSV {csv_path!r}: {e}") from e
-    rows = [{(k or "").strip(): (v or "") for k, v in r.items()} for r in rows]
-    return header, rows
-
-
-def _disk_path(base: str, raw: str) -> str:
-    """Join; if absent as written, try Windows separators as "/" and the NFC/NFD spellings."""
-    joined = os.path.abspath(os.path.join(base, raw))
-    primary = joined
-    if "\\" in raw and os.sep == "/":
-        primary = os.path.abspath(os.path.join(base, raw.replace("\\", "/")))
-    candidates = [joined, primary] + [unicodedata.normalize(form, p) for p in (joined, primary)
-                                      for form in ("NFC", "NFD")]
-    return next((p for p in candidates if os.path.lexists(p)), primary)
-
-
-def _rel(base: str, path: str) -> str:
-    rel = os.path.relpath(path, base)
-    if rel == ".." or rel.startswith(".." + os.sep):
-        rel = path  # outside the root: keep the absolute path
-    return _nfc(PurePosixPath(*Path(rel).parts).as_posix())
-
-
-def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None) -> ScanResult:
-    """Read a CSV list with a header and columns ``path,label[,group]`` (extra columns ignored).
-
-    Relative paths resolve against ``root``, or the CSV's folder when ``root`` is None; absolute
-    paths are used as they are. A path absent as written is also tried with Windows "\\"
-    separators read as "/" and in its NFC and NFD spellings. A row whose file does not exist is not dropped: it goes to
-    ``ScanResult.missing`` (the packer quarantines it with "file not found"). An empty ``group``
-    cell gives ``group=None``.
-
-    Raises:
-        SourceError: the CSV cannot be read, lacks a ``path`` or ``label`` column, has no rows,
-            has rows with an empty path or label, lists one file twice, or lists a folder.
-    """
-    csv_s = os.path.abspath(os.fspath(csv_path))
-    base = os.path.abspath(os.fspath(root)) if root is not None else os.path.dirname(csv_s)
-    header, rows = _read_csv(csv_s)
-    lacking = [c for c in ("path", "label") if c not in header]
-    if lacking:
-        raise SourceError(f"CSV {csv_s!r} lacks column(s) {lacking}: a header with path,label"
-                          f"[,group] is required; found columns {header}")
-    if not rows:
-        raise SourceError(f"CSV {csv_s!r} has a header but no rows")
-    out = ScanResult(items=[], root=base, kind="csv")
-    empty, folders = [], []
-    for n, row in enumerate(rows, start=2):
-        raw, label = row["path"].strip(), _nfc(row["label"]).strip()
-        if not raw or not label:
-            empty.append(f"line {n}")
+def _scan_splits(top, root_s: str, out: ScanResult, spellings: dict) -> int:
+    """Walks the split folders ``top`` of a split-first tree; returns the class folders found."""
+    mapping = layout_mod.map_split_names([rel for _, rel in top], f"source folder {root_s!r}")
+    classes = 0
+    for entry, relname in top:
+        split, start = mapping[relname], len(out.ignored)
+        dirs = _top_entries(entry.path, relname + "/",
+                            f"the class folders of split folder {relname!r}", out)
+        found = _walk_classes(dirs, root_s, out, spellings, split)
+        if found:
+            out.given_splits[relname] = split
+            classes += found
             continue
-        path = _disk_path(base, raw)
-        group = _nfc(row.get("group", "")).strip() or None
-        item = SourceItem(path, _rel(base, path), label, group)
-        kind = _kind(path)
-        if kind == "dir":
-            folders.append(raw)
-        elif kind == "broken":
-            out.missing.append(item)
-        elif kind == "other":
-            out.ignored.append((item.relpath, "not a regular file (device, socket or pipe)"))
-        else:
-            out.items.append(item)
-    if empty:
-        raise SourceError(f"CSV {csv_s!r}: rows with an empty path or label, {_listing(empty)}")
-    if folders:
-        raise SourceError(f"CSV {csv_s!r}: paths that are folders, not files, {_listing(folders)}")
-    out.items.sort(key=lambda i: i.relpath)
-    out.missing.sort(key=lambda i: i.relpath)
-    _check_unique(out.items + out.missing, f"CSV {csv_s!r}")
-    return out
+        if len(out.ignored) == start:
+            out.ignored.append((relname, "empty split folder"))
+        files = sum(why.startswith("file beside") for _, why in out.ignored[start:])
+        out.warnings.append(f"split folder {relname!r} holds no class folder with files: not "
+                            "packed" + (f"; its {files} files lie directly in it (unlabelled?) "
+                                        "and are listed as ignored" if files else ""))
+    out.given_splits = {r: s for r, s in mapping.items() if r in out.given_splits}
+    return classes
+
+
+def _check_class_tree(root_s: str, out: ScanResult) -> None:
+    """The two-level error (no class folder holds a file directly) and the split-named warning
+    of a tree read as ``root/<class>/...`` by ``layout="auto"``."""
+    shape: dict[str, collections.Counter] = {}
+    direct = False
+    for it in out.items + out.missing:
+        parts = it.relpath.split("/")
+        direct = direct or len(parts) == 2
+        shape.setdefault(parts[0], collections.Counter())[parts[1]] += 1
+    if not direct:
+        raise layout_mod.two_level_error(root_s, dict(sorted(shape.items())))
+    warning = layout_mod.split_named_classes_warning({it.label for it in out.items})
+    if warning:
+        out.warnings.append(warning)
 
 
 def compile_group_regex(regex: str) -> tuple[re.Pattern, int | str]:
@@ -361,65 +397,13 @@ def apply_group_regex(items: list[SourceItem], regex: str) -> list[SourceItem]:
     return out
 
 
-def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
-                         path_column: str = "path") -> tuple[list[SourceItem], list[SourceItem]]:
-    """Like :func:`apply_group_metadata`, but returns ``(grouped, lacking)`` instead of raising
-    for items without a row or with an empty group value.
-
-    Raises:
-        ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
-        SourceError: the CSV cannot be read; one path has two different groups.
-    """
-    csv_s = os.path.abspath(os.fspath(csv_path))
-    header, rows = _read_csv(csv_s)
-    for col in (path_column, column):
-        if col not in header:
-            raise ConfigError(f"metadata CSV {csv_s!r} has no column {col!r}; columns: {header}")
-    groups: dict[str, str] = {}
-    conflicts = []
-    for row in rows:
-        key = _nfc(row[path_column].strip().replace("\\", "/"))
-        value = _nfc(row[column]).strip()
-        if key in groups and groups[key] != value:
-            conflicts.append(key)
-        groups[key] = value
-    if conflicts:
-        raise SourceError(f"metadata CSV {csv_s!r} gives several {column!r} values to "
-                          f"{_listing(sorted(set(conflicts)))} path(s)")
-    out, lacking = [], []
-    for item in items:
-        value = groups.get(item.relpath)
-        if not value:
-            lacking.append(item)
-            continue
-        out.append(dataclasses.replace(item, group=value))
-    return out, lacking
+_CSV_NAMES = ("scan_csv", "match_group_metadata", "match_split_metadata",
+              "lacking_metadata_error", "apply_group_metadata")
 
 
-def lacking_metadata_error(csv_path: str | os.PathLike, column: str,
-                           relpaths: list[str]) -> SourceError:
-    """The error for relpaths without a metadata row or group value (first 20 listed)."""
-    csv_s = os.path.abspath(os.fspath(csv_path))
-    return SourceError(f"metadata CSV {csv_s!r} has no row or an empty {column!r} for "
-                       f"{_listing(relpaths)} file(s)")
-
-
-def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
-                         path_column: str = "path") -> list[SourceItem]:
-    """Set each item's group from ``column`` of a metadata CSV, joined on the NFC relpath.
-
-    The CSV's ``path_column`` holds paths relative to the source root (posix or Windows
-    separators, any Unicode form). Rows for files that are not items are fine.
-
-    Returns:
-        new items (same order) with ``group`` set.
-
-    Raises:
-        ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
-        SourceError: the CSV cannot be read; one path has two different groups; items without a
-            row or with an empty group value (first 20 listed, with the count).
-    """
-    out, lacking = match_group_metadata(items, csv_path, column, path_column)
-    if lacking:
-        raise lacking_metadata_error(csv_path, column, [i.relpath for i in lacking])
-    return out
+def __getattr__(name: str):
+    """The CSV source functions live in :mod:`shardkit.csvlist` (imported on first use)."""
+    if name in _CSV_NAMES:
+        from shardkit import csvlist
+        return getattr(csvlist, name)
+    raise AttributeError(f"module 'shardkit.scan' has no attribute {name!r}")

@@ -19,6 +19,11 @@ Method (:func:`assign_splits`):
    iterative stratification (Sechidis, Tsoumakas & Vlahavas 2011, "On the stratification of
    multi-label data"). Ties between splits go to the larger ratio, then the earlier name.
 
+**Given splits** (:func:`given_splits`: split folders or a split column) keep every sample where
+the source put it. The same dedup and label-conflict checks run, but nothing moves: identical
+bytes and groups found in more than one split are listed (:attr:`SplitPlan.shared_bytes`,
+:attr:`SplitPlan.shared_groups`) and named in the plan's warnings.
+
 The result is deterministic for a given ``seed`` and input order. When a split's achieved sample
 fraction differs from its target by more than ``tolerance`` (absolute, default
 :data:`DEFAULT_TOLERANCE` = 0.02, i.e. two percentage points), the plan carries an explicit
@@ -38,7 +43,7 @@ from shardkit.errors import SplitError
 
 __all__ = [
     "DEFAULT_TOLERANCE", "SPLIT_NAME_RE", "SplitSample", "LabelConflict", "SplitPlan",
-    "assign_splits", "parse_split_spec", "validate_ratios",
+    "assign_splits", "given_splits", "parse_split_spec", "validate_ratios",
 ]
 
 DEFAULT_TOLERANCE = 0.02
@@ -75,17 +80,26 @@ class SplitPlan:
     """The outcome of :func:`assign_splits`.
 
     Attributes:
-        names: split names in the order of the requested ratios.
-        ratios: requested sample fraction per split (sums to 1).
+        names: split names in the order of the requested ratios (given splits: as given).
+        ratios: requested sample fraction per split (sums to 1; given splits: the given
+            fractions, equal to ``achieved``).
         assignment: split name of every input sample, in input order.
-        group_to_split: every input group -> its split name (groups are never divided).
+        group_to_split: every input group -> its split name (groups are never divided; given
+            splits: groups in several splits are left out and listed in ``shared_groups``).
         counts: samples per split. ``class_counts``: split -> {label: samples}.
         achieved: split -> achieved sample fraction in [0, 1].
         class_achieved: split -> {label: fraction of that class's samples in this split}.
         merged_groups: sets of >= 2 groups joined because they share identical bytes (sorted lists).
         label_conflicts: identical bytes under different labels (see :class:`LabelConflict`).
         num_duplicates: samples whose bytes already appeared earlier in the input.
-        tolerance: the absolute tolerance checked; ``warnings``: human-readable infeasibility notes.
+        tolerance: the absolute tolerance checked (given splits: 0.0, nothing is checked);
+            ``warnings``: human-readable infeasibility notes (given splits: shared bytes and
+            groups, empty splits).
+        mode: ``"ratios"`` (:func:`assign_splits`) or ``"given"`` (:func:`given_splits`).
+        shared_bytes: given splits only: ``{"sha256", "indices", "splits": {split: count}}`` for
+            each content found in more than one split, sorted by sha256.
+        shared_groups: given splits only: ``{"group", "splits": {split: count}}`` for each
+            group with samples in more than one split, sorted by group.
     """
 
     names: tuple[str, ...]
@@ -102,6 +116,9 @@ class SplitPlan:
     label_conflicts: list[LabelConflict] = field(default_factory=list)
     num_duplicates: int = 0
     warnings: list[str] = field(default_factory=list)
+    mode: str = "ratios"
+    shared_bytes: list[dict] = field(default_factory=list)
+    shared_groups: list[dict] = field(default_factory=list)
 
     def groups_per_split(self) -> dict[str, int]:
         """Number of distinct input groups in each split."""
@@ -204,6 +221,33 @@ def _sort_key(label: Any) -> tuple:
     return (type(label).__name__, label) if isinstance(label, (int, str)) else ("~", repr(label))
 
 
+def _dedup(items: list[SplitSample]):
+    """Union-find over groups joined by shared content hash, and the label conflicts.
+
+    Returns ``(group_ids, union_find, by_sha, conflicts)``: group -> id (first-seen order), the
+    :class:`_UnionFind` over group ids, sha256 -> input positions, :class:`LabelConflict` list.
+    """
+    group_ids: dict[str, int] = {}
+    for s in items:
+        group_ids.setdefault(s.group, len(group_ids))
+    uf = _UnionFind(len(group_ids))
+    first_group_of_sha: dict[str, int] = {}
+    by_sha: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(items):
+        gid = group_ids[s.group]
+        by_sha[s.sha256].append(i)
+        if s.sha256 in first_group_of_sha:
+            uf.union(first_group_of_sha[s.sha256], gid)
+        else:
+            first_group_of_sha[s.sha256] = gid
+    conflicts = []
+    for sha, idx in by_sha.items():
+        labels = {items[i].label for i in idx}
+        if len(labels) > 1:
+            conflicts.append(LabelConflict(sha, tuple(sorted(labels, key=_sort_key)), tuple(idx)))
+    return group_ids, uf, by_sha, conflicts
+
+
 def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int,
                   tolerance: float = DEFAULT_TOLERANCE) -> SplitPlan:
     """Assigns every sample to one split, group-atomically after dedup, stratified by class.
@@ -229,28 +273,8 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     names = tuple(ratios)
     n = len(items)
 
-    # 1. union-find over groups, joined by shared content hash
-    group_ids: dict[str, int] = {}
-    for s in items:
-        group_ids.setdefault(s.group, len(group_ids))
-    uf = _UnionFind(len(group_ids))
-    first_group_of_sha: dict[str, int] = {}
-    by_sha: dict[str, list[int]] = defaultdict(list)
-    for i, s in enumerate(items):
-        gid = group_ids[s.group]
-        by_sha[s.sha256].append(i)
-        if s.sha256 in first_group_of_sha:
-            uf.union(first_group_of_sha[s.sha256], gid)
-        else:
-            first_group_of_sha[s.sha256] = gid
+    group_ids, uf, by_sha, conflicts = _dedup(items)
     num_duplicates = n - len(by_sha)
-
-    # 2. label conflicts
-    conflicts = []
-    for sha, idx in by_sha.items():
-        labels = {items[i].label for i in idx}
-        if len(labels) > 1:
-            conflicts.append(LabelConflict(sha, tuple(sorted(labels, key=_sort_key)), tuple(idx)))
 
     # components: root -> sample indices, groups
     comp_samples: dict[int, list[int]] = defaultdict(list)
@@ -316,3 +340,103 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
                      class_counts=class_counts, achieved=achieved, class_achieved=class_achieved,
                      merged_groups=merged, label_conflicts=conflicts,
                      num_duplicates=num_duplicates, warnings=warnings)
+
+
+def given_splits(samples: Iterable[Any], splits: Sequence[str],
+                 names: Sequence[str] | None = None,
+                 paths: Sequence[str] | None = None) -> SplitPlan:
+    """The plan of splits given by the source (split folders, a split column): nothing moves.
+
+    Args:
+        samples: as for :func:`assign_splits`.
+        splits: the given split name of every sample, aligned with ``samples``.
+        names: split order (may name splits without samples, reported as empty); default:
+            the names in ``splits`` in first-seen order.
+        paths: optional name of every sample (source relpaths), used in the warnings; default
+            ``"sample <i>"``.
+
+    Returns:
+        a :class:`SplitPlan` with ``mode="given"``, ``assignment == splits``, ``ratios ==
+        achieved``, ``tolerance`` 0.0, no ``merged_groups``; identical bytes and groups in more
+        than one split in ``shared_bytes`` / ``shared_groups`` and each kind named in one
+        warning (the first 5 listed); label conflicts as in :func:`assign_splits`.
+
+    Raises:
+        SplitError: ``splits`` or ``paths`` not aligned with ``samples``, a split not in
+            ``names``, a bad or repeated name, or a bad sample.
+    """
+    items = [_as_sample(s, i) for i, s in enumerate(samples)]
+    splits = [str(s) for s in splits]
+    for what, seq in (("splits", splits), ("paths", paths)):
+        if seq is not None and len(seq) != len(items):
+            raise SplitError(f"{what} has {len(seq)} entries for {len(items)} samples")
+    names = tuple(dict.fromkeys(splits)) if names is None else tuple(names)
+    bad = [x for x in names if not isinstance(x, str) or not SPLIT_NAME_RE.fullmatch(x)]
+    unknown = sorted(set(splits) - set(names))
+    if bad or unknown or len(set(names)) != len(names):
+        raise SplitError(f"given split names {list(names)} are invalid or repeated, or miss "
+                         f"{unknown}; expected unique names of letters, digits or '_'")
+    n = len(items)
+    group_ids, _, by_sha, conflicts = _dedup(items)
+    label_of = [s.label for s in items]
+    class_keys = sorted(set(label_of), key=_sort_key)
+    counts = Counter(splits)
+    class_counts = {x: {c: 0 for c in class_keys} for x in names}
+    class_total = Counter(label_of)
+    for split, label in zip(splits, label_of):
+        class_counts[split][label] += 1
+    achieved = {x: (counts[x] / n if n else 0.0) for x in names}
+
+    def where(idx: Iterable[int]) -> dict[str, int]:
+        c = Counter(splits[i] for i in idx)
+        return {x: c[x] for x in names if c[x]}
+
+    group_members: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(items):
+        group_members[s.group].append(i)
+    shared_groups = [{"group": g, "splits": where(idx)}
+                     for g, idx in sorted(group_members.items()) if len(where(idx)) > 1]
+    shared_bytes = [{"sha256": h, "indices": list(idx), "splits": where(idx)}
+                    for h, idx in sorted(by_sha.items()) if len(where(idx)) > 1]
+    shared = {g["group"] for g in shared_groups}
+    group_to_split = {g: splits[idx[0]] for g, idx in group_members.items() if g not in shared}
+    warnings = [f"given split {x!r} is empty: none of its files was packed"
+                for x in names if n and not counts[x]]
+    warnings += _given_leak_warnings(shared_bytes, shared_groups, splits, paths)
+    return SplitPlan(names=names, ratios=dict(achieved), seed=0, tolerance=0.0,
+                     assignment=splits, group_to_split=group_to_split,
+                     counts={x: counts[x] for x in names}, class_counts=class_counts,
+                     achieved=achieved,
+                     class_achieved={x: {c: class_counts[x][c] / class_total[c]
+                                         for c in class_keys} for x in names},
+                     label_conflicts=conflicts, num_duplicates=n - len(by_sha),
+                     warnings=warnings, mode="given", shared_bytes=shared_bytes,
+                     shared_groups=shared_groups)
+
+
+_GIVEN_NOTE = "left where they are (the splits are given; `shardkit check` fails on them)"
+
+
+def _given_leak_warnings(shared_bytes: list[dict], shared_groups: list[dict], splits: list[str],
+                         paths: Sequence[str] | None, shown: int = 5) -> list[str]:
+    """One warning for identical bytes and one for groups found in more than one given split."""
+    def name(i: int) -> str:
+        return repr(paths[i]) if paths is not None else f"sample {i}"
+
+    def more(k: int) -> str:
+        return f"; ... and {k - shown} more" if k > shown else ""
+
+    out = []
+    if shared_bytes:
+        listing = "; ".join(" = ".join(f"{name(i)} ({splits[i]})" for i in e["indices"])
+                            for e in shared_bytes[:shown])
+        out.append(f"given splits share identical bytes: {len(shared_bytes)} file content(s) "
+                   f"in more than one split, {_GIVEN_NOTE}: {listing}"
+                   f"{more(len(shared_bytes))}")
+    if shared_groups:
+        listing = "; ".join(f"{e['group']!r} (" + ", ".join(f"{x} {c}" for x, c in
+                                                             e["splits"].items()) + ")"
+                            for e in shared_groups[:shown])
+        out.append(f"given splits share groups: {len(shared_groups)} group(s) with samples in "
+                   f"more than one split, {_GIVEN_NOTE}: {listing}{more(len(shared_groups))}")
+    return out

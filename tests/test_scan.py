@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from shardkit.errors import ConfigError, SourceError
+from shardkit.layout import class_order, map_split_names, numeric_order_note, order_splits
 from shardkit.scan import (SourceItem, apply_group_metadata, apply_group_regex,
-                           match_group_metadata, match_group_regex, scan_csv, scan_folder)
+                           match_group_metadata, match_group_regex, match_split_metadata,
+                           scan_csv, scan_folder)
 
 CAFE_NFC = unicodedata.normalize("NFC", "Café")
 CAFE_NFD = unicodedata.normalize("NFD", "Café")
@@ -77,6 +79,10 @@ def test_nfd_and_nfc_class_folders_are_one_class(tmp_path):
     on_disk = [i.path for i in result.items if i.relpath.endswith(" 1.jpg")][0]
     assert CAFE_NFD in on_disk and os.path.exists(on_disk)  # real path kept
     assert [i.relpath for i in result.items if i.label == "roses"] == [" roses /r.jpg"]
+    assert result.warnings == [  # one class, two spellings: said, both named (ascii escapes)
+        "class folders 'Cafe\\u0301' and 'Caf\\xe9' are one class 'Café' after Unicode NFC "
+        "normalisation and stripping spaces: their files are merged"]
+    assert result.layout == "class" and result.given_splits == {}
 
 
 def test_nfc_collision_is_an_error(tmp_path):
@@ -277,3 +283,62 @@ def test_non_utf8_file_name_round_trips_through_fsencode(tmp_path):
     assert os.fsencode(item.relpath) == b"cat/caf\xe9_latin1.jpg"
     with open(item.path, "rb") as f:
         assert f.read() == b"x"
+
+
+# ---------------------------------------------------------------- given splits, class order
+def test_map_split_names_families_and_errors():
+    assert map_split_names(["VALID", "Train", "testing"], "src") == {
+        "Train": "train", "VALID": "val", "testing": "test"}
+    assert map_split_names(["dev", "val", "TRAIN", "fold_3"], "src") == {
+        "TRAIN": "train", "dev": "dev", "val": "val", "fold_3": "fold_3"}
+    assert order_splits(["fold_3", "test", "eval", "train", "a"]) == [
+        "train", "eval", "test", "a", "fold_3"]
+    with pytest.raises(SourceError, match=r"src: split name 'my split' is not a valid split"):
+        map_split_names(["train", "my split"], "src")
+    with pytest.raises(SourceError, match=r"src: \['Val', 'val'\] all name split 'val'"):
+        map_split_names(["train", "val", "Val"], "src")
+
+
+def test_class_order_numbers_by_value_else_text():
+    assert class_order(["10", "2", "1", "02"]) == ["1", "02", "2", "10"]  # ties by text
+    assert class_order(["10", "2", "x"]) == ["10", "2", "x"]
+    assert class_order(["b", "a", "b"]) == ["a", "b"]
+    assert numeric_order_note(["1", "2", "10"]) == (
+        "class names are all numbers: sorted as numbers (1, 2, 10), not as text (1, 10, 2, "
+        "torchvision ImageFolder's order); pass --labels to choose another order")
+    assert numeric_order_note(["1", "2", "3"]) is None  # same order either way: nothing to say
+    assert numeric_order_note(["a", "b"]) is None
+
+
+def test_csv_split_column(tmp_path):
+    for rel in ("a/1.jpg", "a/2.jpg", "b/3.jpg"):
+        _touch(tmp_path, rel)
+    listing = tmp_path / "list.csv"
+    listing.write_text("path,label,fold\na/1.jpg,a,Train\na/2.jpg,a, validation \n"
+                       "b/3.jpg,b,Train\n", encoding="utf-8")
+    result = scan_csv(listing, split_column="fold")
+    assert result.given_splits == {"Train": "train", "validation": "val"}
+    assert [(i.relpath, i.split) for i in result.items] == [
+        ("a/1.jpg", "train"), ("a/2.jpg", "val"), ("b/3.jpg", "train")]
+    assert result.layout == "csv" and scan_csv(listing).given_splits == {}
+    assert {i.split for i in scan_csv(listing).items} == {None}
+    with pytest.raises(ConfigError, match=r"no split column 'split'; columns: \['path', 'label', "
+                                          r"'fold'\]"):
+        scan_csv(listing, split_column="split")
+    listing.write_text("path,label,fold\na/1.jpg,a,train\na/2.jpg,a,\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=r"rows with an empty path, label or split, 1: 'line 3'"):
+        scan_csv(listing, split_column="fold")
+
+
+def test_match_split_metadata(tmp_path):
+    meta = tmp_path / "meta.csv"
+    meta.write_text(f"path,split\na/1.jpg,TRAIN\n{CAFE_NFD}/2.jpg,test\nz/9.jpg,bad name\n",
+                    encoding="utf-8")
+    items = _items("a/1.jpg", f"{CAFE_NFC}/2.jpg", "a/notes.txt")
+    with_split, lacking, mapping = match_split_metadata(items, meta, "split")
+    assert [(i.relpath, i.split) for i in with_split] == [("a/1.jpg", "train"),
+                                                          (f"{CAFE_NFC}/2.jpg", "test")]
+    assert lacking == [items[2]] and mapping == {"TRAIN": "train", "test": "test"}
+    meta.write_text("path,split\na/1.jpg,train\na/notes.txt,Train\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=r"\['Train', 'train'\] all name split 'train'"):
+        match_split_metadata(items, meta, "split")

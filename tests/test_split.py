@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkit.errors import SplitError
-from shardkit.split import DEFAULT_TOLERANCE, SplitSample, assign_splits, parse_split_spec
+from shardkit.split import (DEFAULT_TOLERANCE, SplitSample, assign_splits, given_splits,
+                            parse_split_spec)
 
 R3 = {"train": 0.7, "val": 0.15, "test": 0.15}
 
@@ -174,3 +175,59 @@ def test_property_atomic_and_complete(samples, ratios, seed):
     for conflict in plan.label_conflicts:
         assert len({samples[i].label for i in conflict.indices}) == len(conflict.labels) > 1
     assert plan.assignment == assign_splits(samples, ratios, seed=seed).assignment
+
+
+# ---------------------------------------------------------------- given splits
+def _given_case():
+    """7 samples: u1 in train and val, bytes 'h1' in train and test, 'h9' twice in train."""
+    samples = [SplitSample("u1", "cat", "h1"), SplitSample("u2", "dog", "h2"),
+               SplitSample("u1", "cat", "h3"), SplitSample("u3", "dog", "h1"),
+               SplitSample("u4", "cat", "h9"), SplitSample("u5", "cat", "h9"),
+               SplitSample("u6", "dog", "h6")]
+    splits = ["train", "train", "val", "test", "train", "train", "val"]
+    paths = [f"{s}/{x.label}/{k}.jpg" for k, (s, x) in enumerate(zip(splits, samples))]
+    return samples, splits, paths
+
+
+def test_given_splits_keep_every_sample_and_report_leaks():
+    samples, splits, paths = _given_case()
+    plan = given_splits(samples, splits, names=["train", "val", "test", "extra"], paths=paths)
+    assert plan.mode == "given" and plan.assignment == splits
+    assert plan.names == ("train", "val", "test", "extra")
+    assert plan.counts == {"train": 4, "val": 2, "test": 1, "extra": 0}
+    assert plan.class_counts == {"train": {"cat": 3, "dog": 1}, "val": {"cat": 1, "dog": 1},
+                                 "test": {"cat": 0, "dog": 1}, "extra": {"cat": 0, "dog": 0}}
+    assert plan.achieved == plan.ratios == {"train": 4 / 7, "val": 2 / 7, "test": 1 / 7,
+                                            "extra": 0.0}
+    assert plan.class_achieved["train"] == {"cat": 0.75, "dog": 1 / 3}
+    assert plan.tolerance == 0.0 and plan.merged_groups == [] and plan.num_duplicates == 2
+    assert plan.shared_groups == [{"group": "u1", "splits": {"train": 1, "val": 1}}]
+    assert plan.shared_bytes == [{"sha256": "h1", "indices": [0, 3],
+                                  "splits": {"train": 1, "test": 1}}]
+    # groups in one split keep their split; the shared one is listed instead
+    assert plan.group_to_split == {"u2": "train", "u3": "test", "u4": "train", "u5": "train",
+                                   "u6": "val"}
+    assert plan.label_conflicts[0].sha256 == "h1" and plan.label_conflicts[0].indices == (0, 3)
+    note = "left where they are (the splits are given; `shardkit check` fails on them)"
+    assert plan.warnings == [
+        "given split 'extra' is empty: none of its files was packed",
+        f"given splits share identical bytes: 1 file content(s) in more than one split, {note}: "
+        "'train/cat/0.jpg' (train) = 'test/dog/3.jpg' (test)",
+        f"given splits share groups: 1 group(s) with samples in more than one split, {note}: "
+        "'u1' (train 1, val 1)"]
+
+
+def test_given_splits_defaults_and_errors():
+    samples, splits, _ = _given_case()
+    plan = given_splits(samples, splits)
+    assert plan.names == ("train", "val", "test")  # first-seen order
+    assert "sample 0 (train) = sample 3 (test)" in plan.warnings[0]
+    with pytest.raises(SplitError, match="splits has 6 entries for 7 samples"):
+        given_splits(samples, splits[:6])
+    with pytest.raises(SplitError, match=r"miss \['test'\]"):
+        given_splits(samples, splits, names=["train", "val"])
+    with pytest.raises(SplitError, match="invalid or repeated"):
+        given_splits(samples, splits, names=["train", "val", "test", "train"])
+    many = [SplitSample(f"g{i}", "cat", f"h{i // 2}") for i in range(14)]
+    plan = given_splits(many, ["train", "val"] * 7)
+    assert len(plan.shared_bytes) == 7 and plan.warnings[0].endswith("; ... and 2 more")

@@ -1,0 +1,216 @@
+"""CSV sources: the CSV list (:func:`scan_csv`) and metadata CSV joins (group and split columns).
+
+Re-exported by :mod:`shardkit.scan` (``from shardkit.scan import scan_csv`` keeps working); the
+rules for names (NFC, stripping) and the error formats are those of :mod:`shardkit.scan`.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import unicodedata
+from pathlib import Path, PurePosixPath
+
+from shardkit import layout as layout_mod
+from shardkit.errors import ConfigError, SourceError
+from shardkit.scan import ScanResult, SourceItem, _check_unique, _kind, _listing, _nfc
+
+__all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
+           "apply_group_metadata"]
+
+
+def _read_csv(csv_path: str) -> tuple[list[str], list[dict[str, str]]]:
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise SourceError(f"cannot read CSV {csv_path!r}: {e}") from e
+    rows = [{(k or "").strip(): (v or "") for k, v in r.items()} for r in rows]
+    return header, rows
+
+
+def _disk_path(base: str, raw: str) -> str:
+    """Join; if absent as written, try Windows separators as "/" and the NFC/NFD spellings."""
+    joined = os.path.abspath(os.path.join(base, raw))
+    primary = joined
+    if "\\" in raw and os.sep == "/":
+        primary = os.path.abspath(os.path.join(base, raw.replace("\\", "/")))
+    candidates = [joined, primary] + [unicodedata.normalize(form, p) for p in (joined, primary)
+                                      for form in ("NFC", "NFD")]
+    return next((p for p in candidates if os.path.lexists(p)), primary)
+
+
+def _rel(base: str, path: str) -> str:
+    rel = os.path.relpath(path, base)
+    if rel == ".." or rel.startswith(".." + os.sep):
+        rel = path  # outside the root: keep the absolute path
+    return _nfc(PurePosixPath(*Path(rel).parts).as_posix())
+
+
+def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
+             split_column: str | None = None) -> ScanResult:
+    """Read a CSV list with a header and columns ``path,label[,group]`` (extra columns ignored).
+
+    Relative paths resolve against ``root``, or the CSV's folder when ``root`` is None; absolute
+    paths are used as they are. A path absent as written is also tried with Windows "\\"
+    separators read as "/" and in its NFC and NFD spellings. A row whose file does not exist is
+    not dropped: it goes to ``ScanResult.missing`` (the packer quarantines it with "file not
+    found"). An empty ``group`` cell gives ``group=None``. With ``split_column``, each row's
+    value there is its given split (mapped by :func:`shardkit.layout.map_split_names`; the
+    mapping is ``given_splits``).
+
+    Raises:
+        ConfigError: ``split_column`` is not a column (the message lists the columns).
+        SourceError: the CSV cannot be read, lacks a ``path`` or ``label`` column, has no rows,
+            has rows with an empty path, label or split, lists one file twice, lists a folder,
+            or a split value is not a valid split name.
+    """
+    csv_s = os.path.abspath(os.fspath(csv_path))
+    base = os.path.abspath(os.fspath(root)) if root is not None else os.path.dirname(csv_s)
+    header, rows = _read_csv(csv_s)
+    lacking = [c for c in ("path", "label") if c not in header]
+    if lacking:
+        raise SourceError(f"CSV {csv_s!r} lacks column(s) {lacking}: a header with path,label"
+                          f"[,group] is required; found columns {header}")
+    if split_column is not None and split_column not in header:
+        raise ConfigError(f"CSV {csv_s!r} has no split column {split_column!r}; columns: "
+                          f"{header}")
+    if not rows:
+        raise SourceError(f"CSV {csv_s!r} has a header but no rows")
+    out = ScanResult(items=[], root=base, kind="csv", layout="csv")
+    empty, folders = [], []
+    mapping = {}
+    if split_column is not None:
+        mapping = layout_mod.map_split_names(
+            sorted({_nfc(r[split_column]).strip() for r in rows} - {""}),
+            f"CSV {csv_s!r} column {split_column!r}")
+    for n, row in enumerate(rows, start=2):
+        raw, label = row["path"].strip(), _nfc(row["label"]).strip()
+        split = mapping.get(_nfc(row[split_column]).strip()) if split_column else None
+        if not raw or not label or (split_column and not split):
+            empty.append(f"line {n}")
+            continue
+        path = _disk_path(base, raw)
+        group = _nfc(row.get("group", "")).strip() or None
+        item = SourceItem(path, _rel(base, path), label, group, split)
+        kind = _kind(path)
+        if kind == "dir":
+            folders.append(raw)
+        elif kind == "broken":
+            out.missing.append(item)
+        elif kind == "other":
+            out.ignored.append((item.relpath, "not a regular file (device, socket or pipe)"))
+        else:
+            out.items.append(item)
+    if empty:
+        what = "path, label or split" if split_column else "path or label"
+        raise SourceError(f"CSV {csv_s!r}: rows with an empty {what}, {_listing(empty)}")
+    out.given_splits = mapping
+    if folders:
+        raise SourceError(f"CSV {csv_s!r}: paths that are folders, not files, {_listing(folders)}")
+    out.items.sort(key=lambda i: i.relpath)
+    out.missing.sort(key=lambda i: i.relpath)
+    _check_unique(out.items + out.missing, f"CSV {csv_s!r}")
+    return out
+
+
+def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
+                         path_column: str = "path") -> tuple[list[SourceItem], list[SourceItem]]:
+    """Like :func:`apply_group_metadata`, but returns ``(grouped, lacking)`` instead of raising
+    for items without a row or with an empty group value.
+
+    Raises:
+        ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
+        SourceError: the CSV cannot be read; one path has two different groups.
+    """
+    groups = _metadata_values(csv_path, column, path_column)
+    out, lacking = [], []
+    for item in items:
+        value = groups.get(item.relpath)
+        if not value:
+            lacking.append(item)
+            continue
+        out.append(dataclasses.replace(item, group=value))
+    return out, lacking
+
+
+def _metadata_values(csv_path: str | os.PathLike, column: str, path_column: str
+                     ) -> dict[str, str]:
+    """NFC relpath -> NFC stripped value of ``column`` in a metadata CSV (errors as
+    :func:`match_group_metadata`)."""
+    csv_s = os.path.abspath(os.fspath(csv_path))
+    header, rows = _read_csv(csv_s)
+    for col in (path_column, column):
+        if col not in header:
+            raise ConfigError(f"metadata CSV {csv_s!r} has no column {col!r}; columns: {header}")
+    values: dict[str, str] = {}
+    conflicts = []
+    for row in rows:
+        key = _nfc(row[path_column].strip().replace("\\", "/"))
+        value = _nfc(row[column]).strip()
+        if key in values and values[key] != value:
+            conflicts.append(key)
+        values[key] = value
+    if conflicts:
+        raise SourceError(f"metadata CSV {csv_s!r} gives several {column!r} values to "
+                          f"{_listing(sorted(set(conflicts)))} path(s)")
+    return values
+
+
+def match_split_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
+                         path_column: str = "path"
+                         ) -> tuple[list[SourceItem], list[SourceItem], dict[str, str]]:
+    """Sets each item's given ``split`` from ``column`` of a metadata CSV, joined on the NFC
+    relpath like :func:`match_group_metadata`; values are mapped to split names by
+    :func:`shardkit.layout.map_split_names` (values of rows that match no item are not read).
+
+    Returns:
+        ``(items with split, items without a row or with an empty value, {value: split})``.
+
+    Raises:
+        ConfigError: ``column`` or ``path_column`` is not a column. SourceError: the CSV cannot
+            be read; one path has two different values; a value is not a valid split name.
+    """
+    values = _metadata_values(csv_path, column, path_column)
+    used = sorted({values[it.relpath] for it in items if values.get(it.relpath)})
+    mapping = layout_mod.map_split_names(
+        used, f"metadata CSV {os.path.abspath(os.fspath(csv_path))!r} column {column!r}")
+    out, lacking = [], []
+    for item in items:
+        value = values.get(item.relpath)
+        if value:
+            out.append(dataclasses.replace(item, split=mapping[value]))
+        else:
+            lacking.append(item)
+    return out, lacking, mapping
+
+
+def lacking_metadata_error(csv_path: str | os.PathLike, column: str,
+                           relpaths: list[str]) -> SourceError:
+    """The error for relpaths without a metadata row or group value (first 20 listed)."""
+    csv_s = os.path.abspath(os.fspath(csv_path))
+    return SourceError(f"metadata CSV {csv_s!r} has no row or an empty {column!r} for "
+                       f"{_listing(relpaths)} file(s)")
+
+
+def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
+                         path_column: str = "path") -> list[SourceItem]:
+    """Set each item's group from ``column`` of a metadata CSV, joined on the NFC relpath.
+
+    The CSV's ``path_column`` holds paths relative to the source root (posix or Windows
+    separators, any Unicode form). Rows for files that are not items are fine.
+
+    Returns:
+        new items (same order) with ``group`` set.
+
+    Raises:
+        ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
+        SourceError: the CSV cannot be read; one path has two different groups; items without a
+            row or with an empty group value (first 20 listed, with the count).
+    """
+    out, lacking = match_group_metadata(items, csv_path, column, path_column)
+    if lacking:
+        raise lacking_metadata_error(csv_path, column, [i.relpath for i in lacking])
+    return out

@@ -1,0 +1,133 @@
+"""Given splits in a pack: which splits a source gives (step 1) and the plan keeping them (4).
+
+A source *gives* splits when it is a split-first tree (``SRC/<split>/<class>/...``, see
+:mod:`shardkit.layout`) or when ``split_column`` names a column of the ``.csv`` source or of
+``metadata``. With ``split`` unset (``PackOptions.split_auto``) or ``"given"`` the packer keeps
+them (:func:`shardkit.split.given_splits`: nothing moves; identical bytes and shared groups
+across them are warnings, and ``shardkit check`` still fails on them); with ratios it pools
+every file and re-splits by group, and says so. Used by :mod:`shardkit.pack_plan`.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Callable
+
+from shardkit import layout, scan
+from shardkit.errors import ConfigError, ShardkitError
+from shardkit.split import SplitPlan, given_splits
+
+if TYPE_CHECKING:
+    from shardkit.pack import PackOptions
+    from shardkit.scan import ScanResult, SourceItem
+
+__all__ = ["read_given", "lacking_rule_error", "split_mode", "plan_given", "given_notes",
+           "split_fields"]
+
+
+def read_given(src, result: ScanResult, options: PackOptions
+               ) -> tuple[list[SourceItem], dict | None, bool]:
+    """Step 1: the given splits of a scanned source.
+
+    Returns:
+        ``(items, given, lacking)``: the items with ``split`` set where given; ``given`` the
+        manifest's ``split.given`` description (``{"from": "folders", "mapping": {folder:
+        split}}`` or ``{"from": "column", "csv", "column", "mapping": {value: split}}``), None
+        when the source gives no splits; ``lacking`` True when a metadata split column has no
+        value for some items (their ``split`` is None).
+
+    Raises:
+        ConfigError: ``split_column`` on a folder source without ``metadata``, or on a
+            split-first tree; ``split="given"`` for a source that gives no splits.
+        SourceError: from reading the metadata CSV.
+    """
+    items, column = list(result.items), options.split_column
+    given, lacking = None, False
+    if column is not None and result.layout == "split/class":
+        raise ConfigError(f"--split-column {column!r}: {src} is split-first (its folders give "
+                          f"the splits: {layout.describe_mapping(result.given_splits)}); drop "
+                          "--split-column")
+    if column is not None and options.metadata is not None:
+        with_split, missing, mapping = scan.match_split_metadata(items, options.metadata, column)
+        by_rel = {it.relpath: it for it in with_split}
+        items = [by_rel.get(it.relpath, it) for it in items]
+        given = {"from": "column", "csv": os.path.abspath(os.fspath(options.metadata)),
+                 "column": column, "mapping": mapping}
+        lacking = bool(missing)
+    elif column is not None and result.kind != "csv":
+        raise ConfigError(f"--split-column {column!r} reads a column of a .csv SRC or of "
+                          f"--metadata; {src} is a folder: pass --metadata CSV")
+    elif result.given_splits:
+        given = ({"from": "column", "csv": str(src), "column": column} if column else
+                 {"from": "folders"})
+        given["mapping"] = dict(result.given_splits)
+    if options.split == "given" and given is None:
+        raise ConfigError(f"--split given: {src} gives no splits (not a split-first tree "
+                          "SRC/<split>/<class>/..., no --split-column); pass split ratios")
+    return items, given, lacking
+
+
+def lacking_rule_error(items: list[SourceItem], options: PackOptions,
+                       group_error: Callable[[list[str]], ShardkitError] | None
+                       ) -> Callable[[list[str]], ShardkitError]:
+    """The error builder for items without a group (the group rule's error, first) or without
+    a given split (the metadata split column's error)."""
+    def error(rels: list[str]) -> ShardkitError:
+        by_rel = {it.relpath: it for it in items}
+        no_group = [r for r in rels if by_rel[r].group is None]
+        if no_group and group_error is not None:
+            return group_error(no_group)
+        return scan.lacking_metadata_error(options.metadata, options.split_column,
+                                           [r for r in rels if by_rel[r].split is None])
+    return error
+
+
+def split_mode(given: dict | None, options: PackOptions) -> str:
+    """``"given"`` when the given splits are kept (``split="given"``, or unset and the source
+    gives splits), else ``"ratios"``."""
+    keep = options.split == "given" or (options.split_auto and given is not None)
+    return "given" if keep else "ratios"
+
+
+def plan_given(items: list[SourceItem], samples: list[tuple], idx: list[int],
+               given: dict) -> SplitPlan:
+    """Step 4: the plan keeping the given splits of ``items[i] for i in idx`` (``samples`` are
+    their ``(group, label, sha256)``); every split of ``given`` is listed, in split order."""
+    return given_splits(samples, [items[i].split for i in idx],
+                        names=layout.order_splits(given["mapping"].values()),
+                        paths=[items[i].relpath for i in idx])
+
+
+def given_notes(given: dict | None, mode: str, options: PackOptions) -> list[str]:
+    """The summary notes saying what happened to the given splits (none without them)."""
+    if given is None:
+        return []
+    where = ("split-first SRC" if given["from"] == "folders" else
+             f"column {given['column']!r} of {given['csv']}")
+    mapping = layout.describe_mapping(given["mapping"])
+    if mode == "given":
+        return [f"given splits kept ({where}: {mapping}); pass --split NAME=FRACTION,... to "
+                "pool the files and re-split them by group"]
+    ratios = ",".join(f"{k}={v:g}" for k, v in options.split.items())
+    return [f"given splits pooled ({where}: {mapping}) and re-split by group to {ratios}; "
+            "--split given keeps them"]
+
+
+def split_fields(given: dict | None, mode: str, plan: SplitPlan, paths: list[str],
+                 options: PackOptions) -> dict:
+    """The keys of the manifest's ``split`` section that depend on the split mode (schema in
+    ``docs/DESIGN.md``): ``mode``, ``ratios`` (None for given splits) and ``given`` (None when
+    the source gives no splits; else its description plus ``kept`` and, when kept,
+    ``shared_bytes`` ``[{"sha256", "paths": {split: [relpath, ...]}}]`` and ``shared_groups``
+    ``[{"group", "splits": {split: count}}]``). ``paths`` are the plan's sample relpaths."""
+    fields = {"mode": mode, "ratios": None if mode == "given" else dict(options.split),
+              "given": None}
+    if given is not None:
+        shared = []
+        for e in plan.shared_bytes:
+            where: dict[str, list[str]] = {}
+            for i in e["indices"]:
+                where.setdefault(plan.assignment[i], []).append(paths[i])
+            shared.append({"sha256": e["sha256"], "paths": where})
+        fields["given"] = {**given, "kept": mode == "given", "shared_bytes": shared,
+                           "shared_groups": list(plan.shared_groups)}
+    return fields
