@@ -65,6 +65,7 @@ from shardkit import pack_plan as plan
 from shardkit import pack_write as write
 from shardkit.errors import ConfigError, ShardkitError
 from shardkit.pack_write import PackInvariantError
+from shardkit.layout import LAYOUTS
 from shardkit.scan import compile_group_regex
 from shardkit.split import parse_split_spec, validate_ratios
 
@@ -88,10 +89,14 @@ class PackOptions:
 
     Built from keyword arguments (``pack(src, out, format="lmdb", ...)``), directly
     (``pack(src, out, options=PackOptions(...))``), or by ``shardkit pack`` from its flags.
-    Construction resolves ``split`` to the ``{name: fraction}`` dict, ``shard_bytes`` to an int
-    of bytes (or None) and ``max_pixels`` to an int; the bool options to ``bool``. Defaults that
-    depend on two options are properties: :attr:`shard_byte_limit`, :attr:`sink_writer_options`.
-    :meth:`replace` re-validates.
+    Construction resolves ``split`` to the ``{name: fraction}`` dict or ``"given"``,
+    ``shard_bytes`` to an int of bytes (or None) and ``max_pixels`` to an int; the bool options
+    to ``bool``. An unset ``split`` (None) becomes :data:`DEFAULT_SPLIT` with ``split_auto``
+    True: the splits a source gives (a split-first tree, ``split_column``) are kept, and only a
+    source without given splits is split to ``split``. ``split="given"`` requires given splits;
+    ratios pool a split-first tree's files and re-split them (the summary says so). Defaults
+    that depend on two options are properties: :attr:`shard_byte_limit`,
+    :attr:`sink_writer_options`. :meth:`replace` re-validates.
 
     Raises:
         ConfigError: a value outside its allowed set or range, or a bad group option combination
@@ -99,7 +104,8 @@ class PackOptions:
     """
 
     format: str = "wds"                         # "wds" (tar), "lmdb" or "hdf5" (formats.FORMATS)
-    split: Mapping[str, float] | str | None = None  # {name: fraction} or "train=0.8,val=0.2"
+    split: Mapping[str, float] | str | None = None  # {name: fraction}, "train=0.8,val=0.2",
+    #                                             "given", or None: given splits, else defaults
     seed: int = 0                               # split tie-break and per-split shuffle, >= 0
     group_by: str | None = None                 # regex on the relpath; group = capture group
     metadata: str | os.PathLike | None = None   # CSV with "path" and the group column
@@ -116,14 +122,29 @@ class PackOptions:
     on_label_conflict: str = "error"            # one of LABEL_CONFLICT_POLICIES
     fail_fast: bool = False                     # raise on the first reject, write nothing
     writer_options: Mapping[str, Any] | None = None  # extra kwargs of the format's Writer
+    layout: str = "auto"                        # folder layout, one of shardkit.layout.LAYOUTS
+    split_column: str | None = None             # given split column (CSV source or metadata)
+    split_auto: bool = field(default=False, init=False)  # split was unset (see the class doc)
 
     def __post_init__(self) -> None:
         from shardkit import formats, images
 
         formats.get_format(self.format)
+        self._set("split_auto", self.split is None)
         split = DEFAULT_SPLIT if self.split is None else self.split
-        self._set("split", parse_split_spec(split) if isinstance(split, str) else
-                  validate_ratios(split))
+        if isinstance(split, str) and split.strip().lower() == "given":
+            self._set("split", "given")
+        else:
+            self._set("split", parse_split_spec(split) if isinstance(split, str) else
+                      validate_ratios(split))
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"layout={self.layout!r}; expected one of {LAYOUTS}")
+        if self.split_column is not None and (not isinstance(self.split_column, str)
+                                              or not self.split_column.strip()):
+            raise ConfigError(f"split_column={self.split_column!r}; expected a column name")
+        if self.split_column is not None and isinstance(self.split, dict) and not self.split_auto:
+            raise ConfigError(f"--split-column {self.split_column!r} keeps the given splits; it "
+                              "cannot be combined with --split ratios (drop one of them)")
         if self.on_label_conflict not in LABEL_CONFLICT_POLICIES:
             raise ConfigError(f"on_label_conflict={self.on_label_conflict!r}; expected one of "
                               f"{LABEL_CONFLICT_POLICIES}")
@@ -147,9 +168,9 @@ class PackOptions:
         object.__setattr__(self, name, value)
 
     def _check_group_rule(self) -> None:
-        if self.metadata is not None and self.group_column is None:
+        if self.metadata is not None and self.group_column is None and self.split_column is None:
             raise ConfigError(f"--metadata {self.metadata} needs --group-column (which column "
-                              "holds the group)")
+                              "holds the group) and/or --split-column (the given split)")
         if self.group_column is not None and self.metadata is None:
             raise ConfigError(f"--group-column {self.group_column!r} needs --metadata CSV")
         if self.group_by is not None and self.group_column is not None:
@@ -174,7 +195,9 @@ class PackOptions:
         return {"wds_cls": True} if (self.format == "wds" and self.wds_cls) else {}
 
     def replace(self, **changes: Any) -> PackOptions:
-        """A copy with ``changes`` applied (validated again)."""
+        """A copy with ``changes`` applied (validated again); an unset ``split`` stays unset."""
+        if "split" not in changes and self.split_auto:
+            changes["split"] = None
         return dataclasses.replace(self, **changes)
 
 
@@ -355,14 +378,23 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default="wds",
               show_default=True, help="Shard format.")
-@click.option("--split", "split_spec", default="train=0.8,val=0.1,test=0.1", show_default=True,
-              help="Split names and sample fractions.")
+@click.option("--split", "split_spec", default=None, metavar="given|NAME=FRACTION,...",
+              help="'given' keeps the splits of a split-first SRC (train/, val/, ...) or of "
+                   "--split-column; fractions (train=0.8,val=0.2) pool every file and re-split "
+                   "by group [default: given when SRC has given splits, else "
+                   "train=0.8,val=0.1,test=0.1].")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
+              help="Folder layout: SRC/<class>/... or SRC/<split>/<class>/...; auto detects "
+                   "split folders (train, val, valid, validation, dev, test, testing, eval).")
+@click.option("--split-column", metavar="COL",
+              help="Column holding each file's given split: of --metadata if given, else of "
+                   "the .csv SRC.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Split tie-break and shuffle seed.")
 @click.option("--group-by", metavar="REGEX",
               help="Group = first capture group of REGEX on the path.")
 @click.option("--metadata", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="CSV with a 'path' column and the group column.")
+              help="CSV with a 'path' column and the group and/or split column.")
 @click.option("--group-column", metavar="COL", help="Column of --metadata holding the group.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="LABELS.yaml: classes and aliases.")
@@ -382,7 +414,8 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
 @click.option("--fail-fast", is_flag=True, help="Stop at the first rejected file.")
 @click.option("--no-progress", is_flag=True,
               help="No progress bars (the summary is still printed).")
-def pack_command(src, out, fmt, split_spec, seed, group_by, metadata, group_column, labels,
+def pack_command(src, out, fmt, split_spec, layout, split_column, seed, group_by, metadata,
+                 group_column, labels,
                  shard_samples, shard_bytes, workers, strict, max_pixels, overwrite, wds_cls,
                  on_label_conflict, fail_fast, no_progress):
     """Pack SRC (an ImageFolder tree or a .csv list) into shards in OUT."""
@@ -392,7 +425,8 @@ def pack_command(src, out, fmt, split_spec, seed, group_by, metadata, group_colu
             group_column=group_column, labels=labels, shard_samples=shard_samples,
             shard_bytes=shard_bytes, workers=workers, strict=strict, max_pixels=max_pixels,
             overwrite=overwrite, progress=not no_progress, wds_cls=wds_cls,
-            on_label_conflict=on_label_conflict, fail_fast=fail_fast)
+            on_label_conflict=on_label_conflict, fail_fast=fail_fast, layout=layout,
+            split_column=split_column)
         summary = pack(src, out, options=options)
     except ShardkitError as e:
         raise click.ClickException(_printable(str(e))) from None

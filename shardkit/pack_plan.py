@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Callable
 
 from tqdm import tqdm
 
-from shardkit import scan
-from shardkit.errors import LabelError, ShardkitError, SourceError
+from shardkit import layout, pack_given, scan
+from shardkit.errors import ConfigError, LabelError, ShardkitError, SourceError
 from shardkit.labels import LabelMap
 from shardkit.split import SplitPlan, assign_splits
 
@@ -54,8 +54,14 @@ class ScannedSource:
         kind, root: ``"folder"`` or ``"csv"``, and the absolute source root.
         group_rule: the manifest's ``split.group_rule``: ``{"kind": "none"}``,
             ``{"kind": "regex", "regex"}`` or ``{"kind": "column", "csv", "column"}``.
-        ungrouped: positions in ``items`` that the group rule gives no group.
+        ungrouped: positions in ``items`` that the group rule gives no group (or the metadata
+            split column no split).
         no_group_error: builds the rule's SourceError for a list of relpaths (None without rule).
+        given: the splits the source gives, as the manifest's ``split.given`` describes them
+            (:func:`shardkit.pack_given.read_given`), or None; each item's ``split`` is its own.
+        layout: ``"class"``, ``"split/class"`` or ``"csv"``.
+        warnings: the scanner's warnings (twin class folders, split folders without classes,
+            class folders named like splits).
     """
 
     items: list[SourceItem]
@@ -66,6 +72,9 @@ class ScannedSource:
     group_rule: dict
     ungrouped: list[int] = field(default_factory=list)
     no_group_error: Callable[[list[str]], ShardkitError] | None = None
+    given: dict | None = None
+    layout: str = "class"
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def num_files(self) -> int:
@@ -74,26 +83,39 @@ class ScannedSource:
 
 
 def scan_source(src: Path, options: PackOptions) -> ScannedSource:
-    """Step 1: scans ``src`` (folder or ``.csv`` list) and applies the group rule of ``options``.
+    """Step 1: scans ``src`` (folder in ``options.layout``, or ``.csv`` list), reads its given
+    splits (:func:`shardkit.pack_given.read_given`) and applies the group rule of ``options``.
 
     Raises:
         SourceError: ``src`` is neither a folder nor a ``.csv`` file, or holds no files; the
-            scanner's and the metadata CSV's own errors. ConfigError: a bad metadata column.
+            scanner's and the metadata CSV's own errors. ConfigError: a bad metadata or split
+            column, ``layout`` other than ``"auto"`` for a ``.csv`` source, ``split="given"``
+            for a source that gives no splits.
     """
     if src.is_file() and src.suffix.lower() == ".csv":
-        result = scan.scan_csv(src)
+        if options.layout != "auto":
+            raise ConfigError(f"--layout {options.layout} is for folder sources; {src} is a "
+                              ".csv list")
+        result = scan.scan_csv(src, split_column=(options.split_column if options.metadata is
+                                                  None else None))
     elif src.is_dir():
-        result = scan.scan_folder(src)
+        result = scan.scan_folder(src, layout=options.layout)
     else:
         raise SourceError(f"source {src} is neither a folder nor a .csv file")
-    items, rule, ungrouped, no_group_error = _apply_group_rule(src, list(result.items), options)
+    items, given, lacking_split = pack_given.read_given(src, result, options)
+    items, rule, ungrouped, no_group_error = _apply_group_rule(src, items, options)
+    if lacking_split:  # checked with the ungrouped files: a notes.txt needs no split either
+        ungrouped = sorted(set(ungrouped) | {i for i, it in enumerate(items) if it.split is None})
+        no_group_error = pack_given.lacking_rule_error(items, options, no_group_error)
     if not items and not result.missing:
         raise SourceError(f"no image files found in {src}")
-    logger.info("scanned %s: %d files, %d missing, %d ignored entries, group rule %s", src,
-                len(items), len(result.missing), len(result.ignored), rule["kind"])
+    logger.info("scanned %s (layout %s): %d files, %d missing, %d ignored entries, group rule "
+                "%s, given splits %s", src, result.layout, len(items), len(result.missing),
+                len(result.ignored), rule["kind"], given and given["mapping"])
     return ScannedSource(items=items, missing=list(result.missing), ignored=list(result.ignored),
                          kind=result.kind, root=result.root, group_rule=rule, ungrouped=ungrouped,
-                         no_group_error=no_group_error)
+                         no_group_error=no_group_error, given=given, layout=result.layout,
+                         warnings=list(result.warnings))
 
 
 def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
@@ -126,14 +148,16 @@ def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
 
 # ----------------------------------------------------------------------------- 2: labels
 def resolve_labels(items: list[SourceItem], labels_yaml) -> tuple[LabelMap, list[int]]:
-    """Step 2: the label map (from ``labels_yaml``, else the sorted item labels) and each item's
-    class index, aligned with ``items``. Reads no image.
+    """Step 2: the label map (from ``labels_yaml``, else the item labels in
+    :func:`shardkit.layout.class_order`: by code point, or by value when all are numbers; the
+    union over given splits) and each item's class index, aligned with ``items``. Reads no
+    image.
 
     Raises:
         UnknownLabelError: every label that matches no class, at once. LabelError: a bad YAML.
     """
     label_map = (LabelMap.from_yaml(labels_yaml) if labels_yaml is not None else
-                 LabelMap.from_names(sorted({it.label for it in items})))
+                 LabelMap(layout.class_order(it.label for it in items)))
     name_to_idx = label_map.resolve_all([it.label for it in items])  # all unknowns at once
     return label_map, [name_to_idx[it.label] for it in items]
 
@@ -263,7 +287,10 @@ class SplitOutcome:
         quarantined: ``quarantine.jsonl`` entries of label conflicts (policy ``"quarantine"``).
         conflicts: identical bytes under different labels, as in the manifest's
             ``split.label_conflicts`` (``sha256``, ``labels``, ``paths``).
-        warnings: the plan's warnings, then the one about a missing group rule.
+        warnings: the scanner's warnings, the notes on given splits and numeric class order,
+            the plan's warnings, then the one about a missing group rule (not for given splits).
+        split_fields: the manifest ``split`` keys that depend on the mode (``mode``, ``ratios``,
+            ``given``; :func:`shardkit.pack_given.split_fields`).
     """
 
     plan: SplitPlan
@@ -271,21 +298,26 @@ class SplitOutcome:
     quarantined: list[dict]
     conflicts: list[dict]
     warnings: list[str]
+    split_fields: dict = field(default_factory=dict)
 
 
 def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
                checked: CheckedFiles, options: PackOptions) -> SplitOutcome:
-    """Step 4 (pure): splits the accepted items with :func:`shardkit.split.assign_splits` and
-    applies ``options.on_label_conflict``.
+    """Step 4 (pure): splits the accepted items with :func:`shardkit.split.assign_splits`, or
+    keeps the source's given splits (:func:`shardkit.pack_given.split_mode`), and applies
+    ``options.on_label_conflict``.
 
     Raises:
         LabelError: identical bytes under different labels with policy ``"error"``.
     """
     items, results, keep = source.items, checked.results, checked.keep
+    mode = pack_given.split_mode(source.given, options)
 
     def plan_for(idx):
-        return assign_splits([(items[i].group, int(label_idx[i]), results[i]["sha256"])
-                              for i in idx], options.split, seed=options.seed)
+        samples = [(items[i].group, int(label_idx[i]), results[i]["sha256"]) for i in idx]
+        if mode == "given":
+            return pack_given.plan_given(items, samples, idx, source.given)
+        return assign_splits(samples, options.split, seed=options.seed)
 
     plan = plan_for(keep)
     conflicts = [{"sha256": c.sha256, "labels": [label_map.classes[k] for k in c.labels],
@@ -306,8 +338,12 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
                                 "reason": f"label_conflict: identical bytes labelled {others}"})
         keep = [i for i in keep if i not in bad]
         plan = plan_for(keep)
-    warnings = list(plan.warnings)
-    if source.group_rule["kind"] == "none":
+    numeric = None if options.labels is not None else layout.numeric_order_note(label_map.classes)
+    warnings = (source.warnings + pack_given.given_notes(source.given, mode, options)
+                + ([numeric] if numeric else []) + list(plan.warnings))
+    if source.group_rule["kind"] == "none" and mode != "given":
         warnings.append(NO_GROUP_RULE_WARNING)
+    fields = pack_given.split_fields(source.given, mode, plan, [items[i].relpath for i in keep],
+                                     options)
     return SplitOutcome(plan=plan, keep=keep, quarantined=quarantined, conflicts=conflicts,
-                        warnings=warnings)
+                        warnings=warnings, split_fields=fields)
