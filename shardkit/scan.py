@@ -1,6 +1,6 @@
 """Source discovery: which files are samples, with which label and group.
 
-Two kinds of source:
+Three kinds of source:
 
 * **Folder** (:func:`scan_folder`), the torchvision ImageFolder layout ``root/<class>/.../<file>``.
   Each folder directly under ``root`` is a class; files in nested subfolders belong to that class.
@@ -19,6 +19,9 @@ Two kinds of source:
   folder without class folders is ignored with a warning (an unlabelled test set).
 * **CSV list** (:func:`scan_csv`) with a header and columns ``path,label[,group]`` (and a given
   split column with ``split_column``).
+
+The CSV functions (:func:`scan_csv`, the metadata joins) live in :mod:`shardkit.csvlist` and are
+re-exported here on first use.
 
 Names are taken as they come from the wild (spaces, several dots, upper-case extensions) and
 normalised to Unicode NFC in ``relpath`` and ``label`` (a class folder written in NFD by macOS

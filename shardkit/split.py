@@ -55,7 +55,8 @@ _RATIO_SUM_EPS = 1e-6
 
 @dataclass(frozen=True)
 class SplitSample:
-    """One sample as the splitter sees it: ``group`` (str), ``label`` (any hashable), ``sha256`` (hex str)."""
+    """One sample as the splitter sees it: ``group`` (str), ``label`` (any hashable), ``sha256``
+    (hex str)."""
 
     group: str
     label: Hashable
@@ -137,11 +138,12 @@ class SplitPlan:
 def validate_ratios(ratios: Mapping[str, float]) -> dict[str, float]:
     """Checks a ``{split name: ratio}`` mapping and returns it as a plain dict (order kept).
 
-    Names must match ``[A-Za-z0-9_]+``; every ratio must be a finite number > 0; ratios must sum to 1
-    within 1e-6. Raises :class:`~shardkit.errors.SplitError` naming the bad entry otherwise.
+    Names must match ``[A-Za-z0-9_]+``; every ratio must be a finite number > 0; ratios must sum
+    to 1 within 1e-6. Raises :class:`~shardkit.errors.SplitError` naming the bad entry otherwise.
     """
     if not isinstance(ratios, Mapping) or not ratios:
-        raise SplitError(f"split ratios must be a non-empty mapping name -> fraction, got {ratios!r}")
+        raise SplitError(f"split ratios must be a non-empty mapping name -> fraction, got "
+                         f"{ratios!r}")
     out: dict[str, float] = {}
     for name, value in ratios.items():
         if not isinstance(name, str) or not SPLIT_NAME_RE.fullmatch(name):
@@ -149,7 +151,8 @@ def validate_ratios(ratios: Mapping[str, float]) -> dict[str, float]:
         try:
             ratio = float(value)
         except (TypeError, ValueError):
-            raise SplitError(f"ratio of split {name!r} is {value!r}; expected a number > 0") from None
+            raise SplitError(f"ratio of split {name!r} is {value!r}; expected a number > 0"
+                             ) from None
         if not np.isfinite(ratio) or ratio <= 0:
             raise SplitError(f"ratio of split {name!r} is {value!r}; expected a number > 0")
         out[name] = ratio
@@ -167,7 +170,8 @@ def parse_split_spec(spec: str) -> dict[str, float]:
     repeats or fails ``[A-Za-z0-9_]+``, a ratio is <= 0, or the ratios do not sum to 1 within 1e-6.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise SplitError(f"split spec {spec!r} is empty; expected e.g. 'train=0.8,val=0.1,test=0.1'")
+        raise SplitError(f"split spec {spec!r} is empty; expected e.g. "
+                         "'train=0.8,val=0.1,test=0.1'")
     ratios: dict[str, float] = {}
     for item in spec.split(","):
         name, sep, value = item.strip().partition("=")
@@ -253,8 +257,9 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     """Assigns every sample to one split, group-atomically after dedup, stratified by class.
 
     Args:
-        samples: sequence of :class:`SplitSample`, ``(group, label, sha256)`` tuples, or objects with
-            ``.group``, ``.label`` and ``.sha256``. A sample with a unique group is its own group.
+        samples: sequence of :class:`SplitSample`, ``(group, label, sha256)`` tuples, or objects
+            with ``.group``, ``.label`` and ``.sha256``. A sample with a unique group is its own
+            group.
         ratios: ``{split name: fraction}``, checked by :func:`validate_ratios`.
         seed: integer seed of the tie-break between equal-sized components.
         tolerance: largest accepted ``|achieved - requested|`` sample fraction per split, in [0, 1).
@@ -320,7 +325,8 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     class_keys = sorted(class_total, key=_sort_key)
     class_counts = {name: {c: n_sc[name][c] for c in class_keys} for name in names}
     achieved = {name: (n_s[name] / n if n else 0.0) for name in names}
-    class_achieved = {name: {c: n_sc[name][c] / class_total[c] for c in class_keys} for name in names}
+    class_achieved = {name: {c: n_sc[name][c] / class_total[c] for c in class_keys}
+                      for name in names}
 
     warnings = []
     for name in names:
