@@ -36,7 +36,7 @@ def _train_refs(datas: list[bytes]):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision.io's deprecation note
-def test_decode_crop_batch_matches_cpu_fused_transform(sample_dir, awkward_dir):
+def test_decode_crop_batch_matches_cpu_fused_transform(sample_dir, made_awkward_dir):
     """The batched path on the CPU (same code as on CUDA but for the decode device) against the
     CPU fused transform for the same boxes. Both apply the same antialiased bilinear filter;
     only rounding differs (torch's uint8 resize vs Pillow's 22-bit fixed point), measured 0.008
@@ -67,15 +67,17 @@ def test_decode_crop_batch_matches_cpu_fused_transform(sample_dir, awkward_dir):
                   - np.stack([ev(d) for d in datas]))
     assert diff.mean() < 0.05 and diff.max() <= 2, (diff.mean(), diff.max())
 
-    # CMYK JPEG and PNG go through Pillow (probe says not native) and still come out right
-    odd = [(awkward_dir / "cmyk_adobe.jpg").read_bytes(), (awkward_dir / "png_rgba.png")
-           .read_bytes()]
+    # CMYK JPEG and RGBA PNG go through Pillow (probe says not native) and still come out right
+    odd = [(made_awkward_dir / name).read_bytes() for name in ("cmyk_adobe.jpg", "png_rgba.png")]
     assert [p.native for p in probe_batch(odd)] == [False, False]
-    ref = Image.open(io.BytesIO(odd[0])).convert("RGB").resize((32, 32), Image.BILINEAR)
-    got = decode_crop_batch(odd[:1], [(0, 0, 100, 100)], [False], 32, "cpu")
-    assert np.abs(got[0].permute(1, 2, 0).numpy().astype(int) - np.asarray(ref)).mean() < 1.0
-    assert decode_crop_batch(odd, [(0, 0, 10, 10)] * 2, [True, False], 8, "cpu").shape == (
-        2, 3, 8, 8)
+    box = (40, 20, 140, 120)  # a 100x100 window of the 200x150 files
+    got = decode_crop_batch(odd, [box] * 2, [False, True], 32, "cpu")
+    assert got.shape == (2, 3, 32, 32)
+    for i, flip in enumerate((False, True)):
+        ref = np.asarray(Image.open(io.BytesIO(odd[i])).convert("RGB")
+                         .resize((32, 32), Image.BILINEAR, box=box))
+        ref = ref[:, ::-1] if flip else ref
+        assert np.abs(got[i].permute(1, 2, 0).numpy().astype(int) - ref).mean() < 1.0, i
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

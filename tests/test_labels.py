@@ -118,12 +118,12 @@ def test_missing_yaml_file(tmp_path):
         LabelMap.from_yaml(tmp_path / "absent.yaml")
 
 
-def test_folder_labels_resolve_against_yaml(flowers_dir, tmp_path):
+def test_folder_labels_resolve_against_yaml(sample_dir, tmp_path):
     from shardkit.scan import scan_folder
 
     path = tmp_path / "labels.yaml"
     path.write_text("classes: [tulips, sunflowers, roses, dandelion, daisy]\n", encoding="utf-8")
-    names = {i.label for i in scan_folder(flowers_dir).items}
+    names = {i.label for i in scan_folder(sample_dir).items}
     assert LabelMap.from_yaml(path).resolve_all(sorted(names)) == {
         "daisy": 4, "dandelion": 3, "roses": 2, "sunflowers": 1, "tulips": 0}
 

@@ -35,6 +35,21 @@ def _files(sample_dir: Path, n: int) -> list[Path]:
     return files[:: max(1, len(files) // n)][:n]
 
 
+@pytest.fixture(scope="module")
+def large_jpeg(sample_dir) -> bytes:
+    """A 2000x1072 JPEG (4:2:0, quality 90): 16 real 500x333 sample photos pasted side by side
+    (4 x 4, no resampling, bottom row cut): big crops of it decode at 1/2 or 1/4."""
+    files = [p for p in sorted(sample_dir.rglob("*.jpg")) if Image.open(p).size == (500, 333)]
+    assert len(files) >= 16, f"{sample_dir}: {len(files)} photos of 500x333, expected >= 16"
+    canvas = Image.new("RGB", (2000, 1332))
+    for i, path in enumerate(files[:16]):
+        with Image.open(path) as im:
+            canvas.paste(im.convert("RGB"), ((i % 4) * 500, (i // 4) * 333))
+    buf = io.BytesIO()
+    canvas.crop((0, 0, 2000, 1072)).save(buf, "JPEG", quality=90, subsampling=2)
+    return buf.getvalue()
+
+
 # ---------------------------------------------------------------- config --------------------
 
 def test_config_defaults_and_round_trip():
@@ -140,9 +155,9 @@ def test_train_flip_is_a_mirror(sample_dir):
     assert np.array_equal(a[:, ::-1], b)
 
 
-def test_train_dct_scaling_on_a_large_photo(awkward_dir):
+def test_train_dct_scaling_on_a_large_photo(large_jpeg):
     """A 2000x1072 photo: big crops decode at 1/2 or 1/4 and stay close to the full-size path."""
-    data = (awkward_dir / "adobe_rgb_icc_large_xmp.jpg").read_bytes()
+    data = large_jpeg
     fast = make_transform(TransformConfig(dct_scaling=True, scale=(0.5, 1.0)), train=True)
     exact = make_transform(TransformConfig(dct_scaling=False, scale=(0.5, 1.0)), train=True)
     diffs = []
@@ -168,14 +183,27 @@ def test_eval_matches_torchvision_reference(decoder, sample_dir):
         assert np.abs(expect.astype(np.int16) - a).mean() < EVAL_MEAN_ABS_BOUND
 
 
-def test_gray_and_png_inputs(awkward_dir, sample_dir):
-    t = make_transform(TransformConfig(image_size=96), train=True)
-    gray = t((awkward_dir / "grayscale.jpg").read_bytes(), np.random.default_rng(0))
-    assert gray.shape == (96, 96, 3) and np.array_equal(gray[..., 0], gray[..., 1])
+def test_gray_and_png_inputs(made_awkward_dir, sample_dir):
+    """A single-channel JPEG and a PNG give what torchvision gives on Pillow's RGB of the same
+    bytes (train: same crop parameters; eval: fixed crop)."""
+    cfg = TransformConfig(image_size=96)
+    t = make_transform(cfg, train=True)
+    path = made_awkward_dir / "grayscale.jpg"
+    gray = t(path.read_bytes(), np.random.default_rng(0))
+    assert gray.shape == (96, 96, 3)
+    assert np.array_equal(gray[..., 0], gray[..., 1]) and np.array_equal(gray[..., 0], gray[..., 2])
+    expect = torchvision_reference(cfg, train=True)(Image.open(path).convert("RGB"),
+                                                    t.last_params)
+    diff = np.abs(expect.astype(np.int16) - gray).mean()
+    assert diff == 0 if STOCK_PILLOW else diff < 1.0, diff
+
+    photo = Image.open(_files(sample_dir, 1)[0]).convert("RGB")
     png = io.BytesIO()
-    Image.open(_files(sample_dir, 1)[0]).save(png, "PNG")
-    e = make_transform(TransformConfig(image_size=96), train=False)
-    assert e(png.getvalue()).shape == (96, 96, 3)
+    photo.save(png, "PNG")
+    out = make_transform(cfg, train=False)(png.getvalue())
+    expect = torchvision_reference(cfg, train=False)(photo)
+    assert out.shape == expect.shape == (96, 96, 3)
+    assert np.abs(expect.astype(np.int16) - out).mean() < EVAL_MEAN_ABS_BOUND
 
 
 def test_bad_out_buffer_is_named(sample_dir):
@@ -240,9 +268,9 @@ def test_normalize_on_device_values_and_layout():
         normalize_on_device(batch.float(), cfg.mean, cfg.std)
 
 
-def test_dct_choice_uses_only_fast_factors(awkward_dir):
+def test_dct_choice_uses_only_fast_factors(large_jpeg):
     t = make_transform(TransformConfig(), train=False)
-    data = (awkward_dir / "adobe_rgb_icc_large_xmp.jpg").read_bytes()
+    data = large_jpeg
     probe = t.decoder.probe(data)
     assert Fraction(3, 8) not in probe.factors and Fraction(1, 3) not in probe.factors
     out = t(data)
@@ -250,7 +278,7 @@ def test_dct_choice_uses_only_fast_factors(awkward_dir):
     # 2000x1072 -> eval box 938 px square -> 1/4 reduction (234.5 >= 224); drift vs torchvision
     # (full-size decode, antialiased resize) stays small; without DCT scaling it vanishes
     ref = torchvision_reference(TransformConfig(), train=False)(
-        Image.open(awkward_dir / "adobe_rgb_icc_large_xmp.jpg").convert("RGB"))
+        Image.open(io.BytesIO(data)).convert("RGB"))
     assert 0.2 < np.abs(out.astype(np.int16) - ref).mean() < 3.0
     exact = make_transform(TransformConfig(dct_scaling=False), train=False)(data)
     assert np.abs(exact.astype(np.int16) - ref).mean() < EVAL_MEAN_ABS_BOUND
