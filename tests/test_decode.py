@@ -37,6 +37,9 @@ from shardkit.images import check_image
 from conftest import made_photo
 
 PIL_MEAN_ABS_BOUND = 1.0
+#: nvJPEG's chroma upsampling is not libjpeg's: on a 4:2:0 JPEG its full decode is further from
+#: Pillow (measured 1.38 on the made progressive file, H200); the bound of test_decode_batch.py.
+NVJPEG_SUBSAMPLED_BOUND = 2.0
 STOCK_PILLOW = ".post" not in Image.__version__  # Pillow-SIMD rounds its resize differently
 
 CPU_DECODERS = [n for n in DECODERS if n != "nvjpeg"]
@@ -424,7 +427,8 @@ def test_progressive_full_decode_matches_pillow(name, made_awkward_dir):
     arr = dec.decode(data)
     ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     assert arr.shape == ref.shape == (150, 200, 3) and dec.last_warnings == 0
-    assert np.abs(arr.astype(np.int16) - ref).mean() <= PIL_MEAN_ABS_BOUND
+    bound = NVJPEG_SUBSAMPLED_BOUND if name == "nvjpeg" else PIL_MEAN_ABS_BOUND  # 4:2:0 file
+    assert np.abs(arr.astype(np.int16) - ref).mean() <= bound
 
 
 @ROI_SUBSAMPLED_EDGES  # the made progressive file is 4:2:0 (Pillow's default subsampling)
