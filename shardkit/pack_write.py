@@ -162,7 +162,8 @@ def _write_one(sink, key: str, it, res: dict, label: int, bar) -> dict:
     return {"key": key, "path": it.relpath, "label": int(label), "group": it.group,
             "sha256": res["sha256"], "shard": shard_idx, "offset": int(offset), "size": len(data),
             "ext": res["ext"], "rule": res["rule"], "width": res["width"], "height": res["height"],
-            "warnings": res["warnings"]}
+            "warnings": res["warnings"],
+            manifest_mod.CHECKSUM_FIELD: f"{manifest_mod.sample_checksum(data):016x}"}
 
 
 # ----------------------------------------------------------------------------- 7: manifest

@@ -19,7 +19,7 @@ from torch.utils.data import get_worker_info
 
 from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
 from ..formats import open_reader
-from ..manifest import is_url, join, load_index, load_manifest
+from ..manifest import is_url, join, load_index, load_manifest, sample_checksum
 from .options import ON_ERROR
 
 __all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count", "EVAL_SPLITS"]
@@ -92,6 +92,18 @@ def check_shard_files(root, split: str, shards: list[dict]) -> None:
                                 "dataset or re-run shardkit pack; shardkit verify checks hashes)")
 
 
+_UNVERIFIED_NOTED: set[tuple[str, str]] = set()
+
+
+def _note_unverified(root: str, split: str) -> None:
+    """Says once per process and ``(root, split)`` that reads cannot be verified."""
+    if (root, split) not in _UNVERIFIED_NOTED:
+        _UNVERIFIED_NOTED.add((root, split))
+        log.warning("%s: the index of split %r has no per-sample checksums (packed by an older "
+                    "shardkit): its reads are not verified; re-pack to enable verify_reads",
+                    root, split)
+
+
 class ShardSource:
     """Stored bytes and labels of one split of a packed dataset (local folder, ``file://`` URL,
     or an fsspec URL for ``wds`` tar shards).
@@ -101,6 +113,9 @@ class ShardSource:
         classes: class names (label ``i`` is ``classes[i]``). format: ``"wds"|"lmdb"|"hdf5"``.
         max_pixels: the pack-time pixel limit (``manifest.normalization.max_pixels``), applied
             again by decoders at read time. on_error: ``"raise"`` or ``"skip"``.
+        verify_reads: as given. verified: True when reads are checked (``verify_reads`` and an
+            index with checksums; an index packed before checksums existed is read unchecked,
+            said once per process and split at WARNING on the ``shardkit.stream`` logger).
 
     Raises:
         ManifestError: no finished dataset at ``root`` or unknown ``split``.
@@ -109,7 +124,7 @@ class ShardSource:
             (local roots; :func:`check_shard_files`).
     """
 
-    def __init__(self, root, split: str, on_error: str = "raise"):
+    def __init__(self, root, split: str, on_error: str = "raise", verify_reads: bool = True):
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error={on_error!r} is not one of {list(ON_ERROR)}")
         self.root = str(root)
@@ -127,6 +142,10 @@ class ShardSource:
         self._manifest = {"format": self.format, "classes": self.classes,
                           "splits": {split: {"shards": self.shards}}}
         self.on_error = on_error
+        self.verify_reads = bool(verify_reads)
+        self.verified = self.verify_reads and self.index.xxh3 is not None
+        if self.verify_reads and not self.verified:
+            _note_unverified(self.root, split)
         self.remote = is_url(root)
         if not self.remote:
             check_shard_files(root, split, self.shards)
@@ -181,29 +200,47 @@ class ShardSource:
         return reader
 
     def read(self, pos: int) -> bytes | memoryview:
-        """Stored bytes of the sample at split position ``pos``; the result stays valid.
+        """Stored bytes of the sample at split position ``pos``; the result stays valid. With
+        :attr:`verified`, their xxh3 (:func:`shardkit.manifest.sample_checksum`, ~1 us per
+        60 KB) must equal the index's, else the sample is corrupt.
 
         Raises:
-            ShardCorruptError / OSError: the shard does not hold the indexed sample.
+            ShardCorruptError: checksum mismatch (naming shard, key, expected and found), or
+                the shard does not hold the indexed sample. OSError: from the shard file.
         """
         idx = self.index
-        return self._reader(int(idx.shard[pos])).read(
+        data = self._reader(int(idx.shard[pos])).read(
             idx.key_at(pos), int(idx.offset[pos]), int(idx.size[pos]))
+        return self._checked(pos, data) if self.verified else data
 
     def read_scratch(self, pos: int) -> bytes | memoryview:
         """As :meth:`read`, but the bytes may live in a buffer of the calling thread that the
         thread's next ``read_scratch`` overwrites (no allocation per sample: ~30 us saved per
-        60 KB sample here, see benchmarks/README.md). Use the result before reading again."""
+        60 KB sample here, see benchmarks/README.md). Use the result before reading again.
+        Verified as :meth:`read` (same errors)."""
         idx = self.index
         reader = self._reader(int(idx.shard[pos]))
         read_into = getattr(reader, "read_into", None)
+        key, offset, size = idx.key_at(pos), int(idx.offset[pos]), int(idx.size[pos])
         if read_into is None:
-            return reader.read(idx.key_at(pos), int(idx.offset[pos]), int(idx.size[pos]))
-        size = int(idx.size[pos])
-        buf = getattr(self._local, "scratch", None)
-        if buf is None or len(buf) < size + 4096:
-            buf = self._local.scratch = bytearray(max(size + 4096, 1 << 20))
-        return read_into(idx.key_at(pos), int(idx.offset[pos]), size, buf)
+            data = reader.read(key, offset, size)
+        else:
+            buf = getattr(self._local, "scratch", None)
+            if buf is None or len(buf) < size + 4096:
+                buf = self._local.scratch = bytearray(max(size + 4096, 1 << 20))
+            data = read_into(key, offset, size, buf)
+        return self._checked(pos, data) if self.verified else data
+
+    def _checked(self, pos: int, data):
+        """``data`` when its checksum is the index's; else raises ShardCorruptError."""
+        found, expected = sample_checksum(data), int(self.index.xxh3[pos])
+        if found != expected:
+            raise ShardCorruptError(
+                f"shard {self.shard_name(pos)}: sample {self.index.key_at(pos)!r} is corrupt: "
+                f"xxh3 of its {len(data)} stored bytes is {found:016x}, the index says "
+                f"{expected:016x} (the shard changed after pack: re-copy it or re-pack; "
+                "`shardkit verify` lists every damaged sample)")
+        return data
 
     def decoder(self, name: str = "auto"):
         """This thread's decoder ``name`` (created on first use, with the dataset's pixel
