@@ -122,8 +122,8 @@ class LabelMap:
         """Load ``classes`` (list, or mapping class -> aliases) and optional ``aliases``.
 
         Raises:
-            LabelError: unreadable file, invalid YAML, wrong structure, or an invalid map (see
-                the class doc); the message names the file.
+            LabelError: unreadable file, not UTF-8, invalid YAML, wrong structure, or an invalid
+                map (see the class doc); the message names the file.
         """
         where = os.fspath(path)
         try:
@@ -131,6 +131,10 @@ class LabelMap:
                 doc = yaml.safe_load(f)
         except OSError as e:
             raise LabelError(f"cannot read label map {where!r}: {e}") from e
+        except UnicodeDecodeError as e:
+            bad = e.object[e.start]
+            raise LabelError(f"label map {where!r} is not UTF-8 text (byte 0x{bad:02x} at offset "
+                             f"{e.start}); save it as UTF-8") from None
         except yaml.YAMLError as e:
             raise LabelError(f"label map {where!r} is not valid YAML: {e}") from e
         if not isinstance(doc, dict) or "classes" not in doc:

@@ -23,12 +23,17 @@ schema: ``docs/DESIGN.md``:
    Identical bytes under different labels: ``on_label_conflict="error"`` (default) raises
    :class:`~shardkit.errors.LabelError` listing the files; ``"quarantine"`` moves every copy to the
    quarantine (reason ``label_conflict``); ``"keep"`` packs them all (one split) and reports them.
-5. **Output folder** (touched only now, so a bad option or source changes nothing on disk).
-   ``OUT/manifest.json`` present -> :class:`~shardkit.errors.OutputExistsError` (checked first
-   thing, too) unless ``overwrite``. Otherwise shardkit's own names (``manifest.json`` first, then
-   ``shards/``, ``splits/``, ``quarantine.jsonl``) are deleted: a folder without a manifest holds
-   the remains of a killed run (temporary and finished-but-unlisted shards); the job is redone.
-   Other files in OUT are left alone.
+5. **Output folder** (:mod:`shardkit.pack_out`; its rules are checked before step 1, OUT is
+   written only now, so a bad option or source changes nothing on disk). ``OUT/manifest.json``
+   present -> :class:`~shardkit.errors.OutputExistsError` unless ``overwrite``; one packer per
+   OUT (an exclusive lock, :class:`~shardkit.pack_out.OutputLockedError` for the second); OUT
+   that is a file or cannot be written, OUT inside the source and the source inside OUT are
+   refused before the scan. Only names shardkit writes are ever deleted (leftovers of a killed
+   run are removed and listed; a user's ``splits/fold0.txt`` stays). With ``overwrite`` the new
+   dataset is built in ``OUT/.shardkit-new`` and swapped in at the end, so the old one stays
+   valid until then. A run that fails removes what it wrote; a full disk raises
+   :class:`~shardkit.pack_out.DiskFullError` naming the file. A source where nothing can be
+   packed raises :class:`~shardkit.errors.SourceError` (reasons counted) and writes nothing.
 6. **Write**: each split is shuffled with a generator seeded by ``(seed, split position, crc32 of
    the name)`` so shards are not class-sorted (field case 7); keys are ``f"{split}_{i:08d}"``;
    shards go through :class:`shardkit.formats.ShardSink` (temp name, fsync, atomic rename; field
@@ -39,7 +44,9 @@ schema: ``docs/DESIGN.md``:
    ``split.group_to_split`` is null when there is no group rule (each file its own group; the
    per-sample ``group`` in the split files says the same without a manifest entry per file).
    ``split.warnings`` (and the summary) also name classes without samples in a split and a
-   dataset with fewer than two classes.
+   dataset with fewer than two classes. ``normalization.transcoded`` counts the packed samples
+   stored transcoded, by rule (``{"exif-transpose+png": 3}``); the summary repeats it and names
+   ``quarantine.jsonl`` when files were rejected.
 
 File names that are not valid UTF-8 (read as str with lone surrogates, Python's surrogateescape)
 are packed: the bytes are read by path, keys do not depend on names, ``path`` metadata keeps the
@@ -63,7 +70,8 @@ from typing import Any, Mapping
 from shardkit import manifest as manifest_mod
 from shardkit import pack_plan as plan
 from shardkit import pack_write as write
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ConfigError, ShardkitError, SourceError
+from shardkit.pack_out import PackOutput
 from shardkit.pack_write import PackInvariantError
 from shardkit.layout import LAYOUTS
 from shardkit.scan import compile_group_regex
@@ -77,6 +85,8 @@ logger = logging.getLogger("shardkit.pack")
 LABEL_CONFLICT_POLICIES = ("error", "quarantine", "keep")
 DEFAULT_SPLIT = {"train": 0.8, "val": 0.1, "test": 0.1}
 """Split ratios when none are given."""
+KNOWN_SPLIT_NAMES = ("train", "val", "test")
+"""Split names that ``shardkit train`` uses by default; other names get a warning."""
 DEFAULT_SHARD_BYTES = 256 << 20
 """Rollover size when neither ``shard_samples`` nor ``shard_bytes`` is given (256 MiB): big enough
 that per-shard overhead vanishes, small enough that a writer buffering a shard (HDF5) stays modest
@@ -125,6 +135,7 @@ class PackOptions:
     layout: str = "auto"                        # folder layout, one of shardkit.layout.LAYOUTS
     split_column: str | None = None             # given split column (CSV source or metadata)
     split_auto: bool = field(default=False, init=False)  # split was unset (see the class doc)
+    shard_bytes_note: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         from shardkit import formats, images
@@ -152,6 +163,7 @@ class PackOptions:
             self._set("shard_samples", _integer("shard_samples", self.shard_samples, 1))
         self._set("workers", _integer("workers", self.workers, 1))
         self._set("seed", _integer("seed", self.seed, 0))
+        self._set("shard_bytes_note", _unitless_size_note(self.shard_bytes))
         self._set("shard_bytes", parse_size(self.shard_bytes))
         pixels = images.DEFAULT_MAX_PIXELS if self.max_pixels is None else self.max_pixels
         self._set("max_pixels", _integer("max_pixels", pixels, 1, "a pixel count"))
@@ -198,7 +210,40 @@ class PackOptions:
         """A copy with ``changes`` applied (validated again); an unset ``split`` stays unset."""
         if "split" not in changes and self.split_auto:
             changes["split"] = None
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        if "shard_bytes" not in changes:  # the note of the text this size was parsed from
+            new._set("shard_bytes_note", self.shard_bytes_note)
+        return new
+
+    def warnings(self) -> list[str]:
+        """Warnings about accepted but suspicious options: split names other than
+        :data:`KNOWN_SPLIT_NAMES` (with the closest one, e.g. ``'vali'`` -> ``'val'``,
+        ``'Train'`` -> ``'train'``), and a ``shard_bytes`` text without a unit."""
+        import difflib
+
+        out = []
+        for name in self.split if isinstance(self.split, Mapping) else ():
+            if name in KNOWN_SPLIT_NAMES:
+                continue
+            close = [k for k in KNOWN_SPLIT_NAMES if k == name.casefold()] or \
+                difflib.get_close_matches(name.casefold(), KNOWN_SPLIT_NAMES, n=1, cutoff=0.6)
+            out.append(f"split name {name!r} is not one of {list(KNOWN_SPLIT_NAMES)}"
+                       + (f" (did you mean {close[0]!r}?)" if close else "")
+                       + "; `shardkit train` uses 'train', 'val' and 'test' unless told "
+                       "otherwise (--train-split/--val-split/--test-split)")
+        if self.shard_bytes_note:
+            out.append(self.shard_bytes_note)
+        return out
+
+
+def _unitless_size_note(text: Any) -> str | None:
+    """The warning for a ``shard_bytes`` text given without a unit (``"256"``), else None."""
+    if not isinstance(text, str) or not text.strip().isdigit():
+        return None
+    value = int(text.strip())
+    hint = f"; did you mean {value}MB or {value}MiB?" if value < (1 << 20) else ""
+    return (f"shard_bytes {text.strip()!r} has no unit: read as {value:,} bytes per shard"
+            f"{hint} (units: B, KB, MB, GB, KiB, MiB, GiB)")
 
 
 def _integer(name: str, value: Any, minimum: int, what: str = "an integer") -> int:
@@ -215,9 +260,11 @@ class PackSummary:
     ``splits`` maps split -> {"samples", "fraction" (achieved, 0..1), "groups", "shards",
     "class_counts" (list aligned with ``classes``)}; ``quarantine_reasons`` counts rejects by reason
     kind (text before the first ``':'`` or ``' ('``); ``ignored`` lists ``[relpath, reason]`` of
-    scanner-ignored entries; ``cleaned`` what was removed from OUT before writing;
-    ``num_with_warnings`` packed samples whose decode gave warnings (listed per sample in the
-    split files' ``warnings``).
+    scanner-ignored entries; ``cleaned`` the leftovers of an unfinished run removed from OUT
+    before writing and ``replaced`` the files of the previous dataset removed by an overwrite
+    (paths relative to OUT); ``num_with_warnings`` packed samples whose decode gave warnings
+    (listed per sample in the split files' ``warnings``); ``transcoded`` packed samples stored
+    transcoded, by normalisation rule (the manifest's ``normalization.transcoded``).
     """
 
     out: Path
@@ -235,11 +282,13 @@ class PackSummary:
     warnings: list[str] = field(default_factory=list)
     cleaned: list[str] = field(default_factory=list)
     num_with_warnings: int = 0
+    transcoded: dict[str, int] = field(default_factory=dict)
+    replaced: list[str] = field(default_factory=list)
 
     @classmethod
     def from_manifest(cls, out: Path, manifest: dict, quarantine: list[dict], *,
-                      warnings: list[str], cleaned: list[str],
-                      num_with_warnings: int) -> PackSummary:
+                      warnings: list[str], cleaned: list[str], num_with_warnings: int,
+                      replaced: list[str] | None = None) -> PackSummary:
         """The summary of a pack that wrote ``manifest`` and ``quarantine`` to ``out``."""
         src, split = manifest["source"], manifest["split"]
         return cls(
@@ -255,7 +304,8 @@ class PackSummary:
             quarantine_reasons=dict(Counter(_reason_kind(q["reason"]) for q in quarantine)),
             ignored=[[e["path"], e["reason"]] for e in src["ignored"]],
             label_conflicts=split["label_conflicts"], warnings=warnings, cleaned=cleaned,
-            num_with_warnings=num_with_warnings)
+            num_with_warnings=num_with_warnings, replaced=list(replaced or []),
+            transcoded=dict(manifest["normalization"].get("transcoded", {})))
 
     def format_text(self) -> str:
         """The human-readable summary (printed by ``shardkit pack``)."""
@@ -267,12 +317,25 @@ class PackSummary:
         reasons = ", ".join(f"{r}={n}" for r, n in sorted(self.quarantine_reasons.items()))
         lines.append(f"  scanned {self.num_files} = packed {self.num_packed} + quarantined "
                      f"{self.num_quarantined}" + (f" ({reasons})" if reasons else ""))
+        if self.num_quarantined:
+            lines.append(f"    rejected files, one reason each: {self.out / 'quarantine.jsonl'}")
+        rules = ", ".join(f"{r}={n}" for r, n in self.transcoded.items())
+        lines.append(f"  transcoded: {sum(self.transcoded.values())} samples"
+                     + (f" ({rules})" if rules else "") + "; the others are stored as the "
+                     "source bytes")
         lines.append(f"  duplicates (identical bytes): {self.num_duplicates}; label conflicts: "
                      f"{len(self.label_conflicts)}; packed with decoder warnings: "
                      f"{self.num_with_warnings}; ignored entries: {self.num_ignored}")
         lines += [f"    ignored {path}: {why}" for path, why in self.ignored[:10]]
         if len(self.ignored) > 10:
             lines.append(f"    ... and {len(self.ignored) - 10} more ignored entries")
+        if self.cleaned:
+            shown = ", ".join(self.cleaned[:10]) + (f" and {len(self.cleaned) - 10} more"
+                                                    if len(self.cleaned) > 10 else "")
+            lines.append(f"  removed from OUT before writing (left by an unfinished run): {shown}")
+        if self.replaced:
+            lines.append(f"  replaced the previous dataset in OUT ({len(self.replaced)} of its "
+                         "files removed)")
         lines += [f"  warning: {w}" for w in self.warnings]
         return _printable("\n".join(lines))
 
@@ -337,34 +400,59 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         a :class:`PackSummary` (also logged at INFO to the ``shardkit.pack`` logger).
 
     Raises:
-        ConfigError, SplitError: bad options (``options`` not a PackOptions). SourceError:
-        unusable source, or a reject with ``fail_fast``. UnknownLabelError / LabelError:
-        unknown labels / label conflicts.
+        ConfigError, SplitError: bad options (``options`` not a PackOptions); an output folder
+        that is a file, cannot be written, lies inside the source or holds it. SourceError:
+        unusable source, a reject with ``fail_fast``, or nothing that could be packed.
+        UnknownLabelError / LabelError: unknown labels / label conflicts.
         OutputExistsError: ``out`` holds a finished dataset and ``overwrite`` is False.
+        OutputLockedError: another pack is writing to ``out``. DiskFullError: no space left
+        (the files of the run are removed; an overwritten dataset stays as it was).
     """
     if options is not None and not isinstance(options, PackOptions):
         raise ConfigError(f"options={options!r}; expected a PackOptions or None")
     opts = options.replace(**kwargs) if options is not None else PackOptions(**kwargs)
     src, out = Path(src).resolve(), Path(out).resolve()
-    write.check_output(src, out, opts.overwrite)  # fail before the long scan
-    source = plan.scan_source(src, opts)                                             # 1
-    label_map, label_idx = plan.resolve_labels(source.items, opts.labels)            # 2
-    checked = plan.check_files(source, opts)                                         # 3
-    outcome = plan.plan_split(source, label_map, label_idx, checked, opts)           # 4
-    quarantine = checked.quarantine + outcome.quarantined
-    cleaned = write.prepare_out(out, opts.overwrite)  # 5: nothing in OUT is touched before
-    write.write_quarantine(out, quarantine)
-    splits = write.write_shards(out, source, label_idx, checked, outcome,            # 6
-                                len(label_map.classes), opts)
-    packed_warnings = write.class_warnings(label_map.classes, splits)                # 7
-    manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
-                                    packed_warnings, opts)
-    manifest_mod.write_manifest(out, manifest)  # LAST: its presence means "finished"
+    option_warnings = opts.warnings()
+    for w in option_warnings:
+        logger.warning("%s", w)
+    with PackOutput(src, out, opts.overwrite) as target:  # OUT checked (and locked) first
+        source = plan.scan_source(src, opts)                                         # 1
+        label_map, label_idx = plan.resolve_labels(source.items, opts.labels)        # 2
+        checked = plan.check_files(source, opts)                                     # 3
+        _fail_if_nothing_to_pack(src, source, checked.keep, checked.quarantine)
+        outcome = plan.plan_split(source, label_map, label_idx, checked, opts)       # 4
+        quarantine = checked.quarantine + outcome.quarantined
+        _fail_if_nothing_to_pack(src, source, outcome.keep, quarantine)
+        root = target.prepare()  # 5: OUT is written from here on
+        write.write_quarantine(root, quarantine)
+        splits = write.write_shards(root, source, label_idx, checked, outcome,       # 6
+                                    len(label_map.classes), opts)
+        packed_warnings = write.class_warnings(label_map.classes, splits)            # 7
+        manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
+                                        packed_warnings, opts,
+                                        write.transcoded_counts(checked, outcome.keep))
+        with write.naming_file(root / "manifest.json"):
+            manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
+        target.commit()
     summary = PackSummary.from_manifest(
-        out, manifest, quarantine, warnings=outcome.warnings + packed_warnings, cleaned=cleaned,
+        out, manifest, quarantine, warnings=option_warnings + outcome.warnings + packed_warnings,
+        cleaned=target.cleaned, replaced=target.replaced,
         num_with_warnings=sum(bool(checked.results[i]["warnings"]) for i in outcome.keep))
     logger.info("%s", summary.format_text())
     return summary
+
+
+def _fail_if_nothing_to_pack(src: Path, source, keep: list[int], quarantine: list[dict]) -> None:
+    """Raises SourceError when no file is left to pack, naming the rejection reasons with
+    their counts and the first rejected files (nothing has been written at this point)."""
+    if keep:
+        return
+    reasons = Counter(_reason_kind(q["reason"]) for q in quarantine)
+    counted = ", ".join(f"{r}={n}" for r, n in reasons.most_common())
+    first = "; ".join(f"{q['path']}: {q['reason']}" for q in quarantine[:3])
+    raise SourceError(_printable(
+        f"nothing to pack in {src}: all {source.num_files} file(s) were rejected ({counted}); "
+        f"first: {first}; nothing was written"))
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -418,7 +506,10 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, group_by
                  group_column, labels,
                  shard_samples, shard_bytes, workers, strict, max_pixels, overwrite, wds_cls,
                  on_label_conflict, fail_fast, no_progress):
-    """Pack SRC (an ImageFolder tree or a .csv list) into shards in OUT."""
+    """Pack SRC (an ImageFolder tree or a .csv list) into shards in OUT.
+
+    Exit 0 with the summary on stdout; 2 with one "Error: <ErrorType>: <message>" line on
+    stderr when the pack cannot run or nothing could be packed (OUT is left as it was)."""
     try:
         options = PackOptions(
             format=fmt, split=split_spec, seed=seed, group_by=group_by, metadata=metadata,
@@ -428,8 +519,17 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, group_by
             on_label_conflict=on_label_conflict, fail_fast=fail_fast, layout=layout,
             split_column=split_column)
         summary = pack(src, out, options=options)
-    except ShardkitError as e:
-        raise click.ClickException(_printable(str(e))) from None
-    except OSError as e:  # unwritable OUT, full disk, unreadable CSV: no traceback either
-        raise click.ClickException(_printable(f"{type(e).__name__}: {e}")) from None
+    except (ShardkitError, OSError) as e:  # bad input, unwritable OUT, full disk: no traceback
+        raise command_error(e) from None
     click.echo(summary.format_text())
+
+
+def command_error(exc: BaseException) -> click.ClickException:
+    """The CLI convention of :mod:`shardkit.doctor.cli` for a command that could not run: exit
+    code 2 and one stderr line ``Error: <ErrorType>: <message>`` (printable: lone surrogates of
+    non-UTF-8 file names escaped)."""
+    from shardkit.doctor.cli import CommandError
+
+    err = CommandError(exc)
+    err.message = _printable(err.message)
+    return err

@@ -9,10 +9,17 @@ Each step takes what the earlier ones returned plus the validated
 """
 from __future__ import annotations
 
+import csv
+import ctypes
 import dataclasses
 import hashlib
 import logging
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -127,10 +134,10 @@ def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
         rule = {"kind": "regex", "regex": group_by}
         no_group_error = lambda rels: scan.unmatched_regex_error(group_by, rels)  # noqa: E731
     elif column is not None:
-        grouped, _ = scan.match_group_metadata(items, metadata, column)
+        grouped = _match_metadata(src, items, metadata, column)
         rule = {"kind": "column", "csv": str(Path(metadata).resolve()), "column": column}
-        no_group_error = lambda rels: scan.lacking_metadata_error(  # noqa: E731
-            metadata, column, rels)
+        no_group_error = lambda rels: _lacking_metadata_error(  # noqa: E731
+            src, metadata, column, rels)
     elif any(it.group for it in items):  # a CSV list with its own group column
         rule = {"kind": "column", "csv": str(src), "column": "group"}
     else:
@@ -144,6 +151,40 @@ def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
     ungrouped = [i for i, it in enumerate(items) if it.relpath not in by_rel]
     items = [by_rel.get(it.relpath, dataclasses.replace(it, group=None)) for it in items]
     return items, rule, ungrouped, no_group_error
+
+
+def _match_metadata(src: Path, items: list[SourceItem], metadata, column: str
+                    ) -> list[SourceItem]:
+    """The items the metadata CSV gives a group. A row's path may be written relative to ``src``
+    (``daisy/x.jpg``), with a leading ``./`` (``./daisy/x.jpg``) or as an absolute path under
+    ``src`` (``/data/flowers/daisy/x.jpg``, the resolved ``src``); all three match."""
+    grouped, lacking = scan.match_group_metadata(items, metadata, column)
+    if not lacking:
+        return grouped
+    spelled = {f"{prefix}{it.relpath}": it for it in lacking
+               for prefix in ("./", f"{src.as_posix().rstrip('/')}/")}
+    found, _ = scan.match_group_metadata(
+        [dataclasses.replace(it, relpath=name) for name, it in spelled.items()], metadata, column)
+    groups = {spelled[f.relpath].relpath: f.group for f in found}
+    extra = [dataclasses.replace(it, group=groups[it.relpath]) for it in lacking
+             if it.relpath in groups]
+    return grouped + extra
+
+
+def _lacking_metadata_error(src: Path, metadata, column: str, rels: list[str]) -> ShardkitError:
+    """The rule's error for ``rels``, with one CSV path shown next to one SRC path."""
+    err = scan.lacking_metadata_error(metadata, column, rels)
+    try:
+        with open(metadata, newline="", encoding="utf-8-sig") as f:
+            first = next(csv.DictReader(f), None) or {}
+        example = (first.get("path") or "").strip()
+    except (OSError, UnicodeDecodeError, csv.Error):
+        example = ""
+    if example and rels:
+        err.args = (f"{err.args[0]}. The CSV's first path is {example!r}; the first file "
+                    f"without a row is {rels[0]!r} under {src} (paths must be relative to "
+                    "SRC, may start with './', or be absolute under SRC)",)
+    return err
 
 
 # ----------------------------------------------------------------------------- 2: labels
@@ -263,7 +304,8 @@ def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check") ->
                 bar.update()
             return results
         chunk = max(1, min(32, len(jobs) // (workers * 8)))
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context()) as pool:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
+                                 initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
             for res in pool.map(_check_one, jobs, chunksize=chunk):
                 results.append(res)
                 bar.update()
@@ -274,6 +316,48 @@ def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check") ->
                           "files crashed a decoder); rerun with workers=1 to pinpoint it") from None
     finally:
         bar.close()
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Initializer of the check processes: they end when the packer (``parent_pid``) dies, even
+    by SIGKILL, instead of waiting forever on the pool's queue.
+
+    On Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (through ``ctypes``) has the kernel kill the
+    worker when its parent exits; elsewhere, or if that call fails, a daemon thread polls every
+    0.5 s and exits the worker once its parent changed or ``parent_pid`` is gone.
+    """
+    first_parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+                if os.getppid() != first_parent or not _alive(parent_pid):
+                    os._exit(1)  # the parent died before the prctl took effect
+                return
+        except (OSError, AttributeError):
+            pass
+    threading.Thread(target=_watch_parent, args=(parent_pid, first_parent), daemon=True,
+                     name="shardkit-parent-watch").start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_parent(parent_pid: int, first_parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != first_parent or not _alive(parent_pid):
+            os._exit(1)
 
 
 # ----------------------------------------------------------------------------- 4: split

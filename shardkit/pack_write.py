@@ -1,18 +1,21 @@
-"""Steps 5-7 of :func:`shardkit.pack.pack`: the output folder, shards, split files, manifest.
+"""Steps 5-7 of :func:`shardkit.pack.pack`: quarantine list, shards, split files, manifest.
 
-:func:`check_output` applies the output rules before the scan (touching nothing);
-:func:`prepare_out` + :func:`write_quarantine` (5) clean ``OUT`` and write the quarantine list;
-:func:`write_shards` (6, with the split files of 7) returns the manifest's ``splits`` section;
-:func:`class_warnings` + :func:`build_manifest` (7) return the manifest, which the caller writes
-last. Inputs are the values returned by :mod:`shardkit.pack_plan` and the validated
-:class:`~shardkit.pack.PackOptions`. Notes go to the ``shardkit.pack`` logger.
+The output folder itself (its rules, the lock, staging for overwrite, cleaning) is
+:mod:`shardkit.pack_out`; the functions here write into the folder it gives (``root``).
+:func:`write_quarantine` (5) writes the quarantine list; :func:`write_shards` (6, with the split
+files of 7) returns the manifest's ``splits`` section; :func:`class_warnings` +
+:func:`build_manifest` (7) return the manifest, which the caller writes last. Inputs are the
+values returned by :mod:`shardkit.pack_plan` and the validated :class:`~shardkit.pack.PackOptions`.
+An ``OSError`` raised while writing a file carries that file's path in ``filename`` (a full disk
+is reported by name). Notes go to the ``shardkit.pack`` logger.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import zlib
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,77 +24,43 @@ from tqdm import tqdm
 
 from shardkit import __version__, formats
 from shardkit import manifest as manifest_mod
-from shardkit.errors import ConfigError, OutputExistsError, ShardkitError, SourceError
+from shardkit.errors import ShardkitError, SourceError
 from shardkit.labels import LabelMap
+from shardkit.pack_out import QUARANTINE_NAME
 from shardkit.pack_plan import CheckedFiles, ScannedSource, SplitOutcome
 
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
 
-__all__ = ["PackInvariantError", "QUARANTINE_NAME", "check_output", "prepare_out",
-           "write_quarantine", "write_shards", "shuffled_members", "class_warnings",
-           "build_manifest"]
+__all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
+           "shuffled_members", "class_warnings", "transcoded_counts", "build_manifest",
+           "naming_file"]
 
 logger = logging.getLogger("shardkit.pack")
-
-QUARANTINE_NAME = "quarantine.jsonl"
-_OWNED = ("manifest.json", "shards", "splits", QUARANTINE_NAME)
 
 
 class PackInvariantError(ShardkitError):
     """The packer's own bookkeeping does not add up (scanned != packed + quarantined); a bug."""
 
 
-# ----------------------------------------------------------------------------- before the scan
-def check_output(src: Path, out: Path, overwrite: bool) -> None:
-    """Fails fast, before the long scan, and touches nothing.
-
-    Raises:
-        OutputExistsError: ``out`` holds ``manifest.json`` and ``overwrite`` is False.
-        ConfigError: ``out`` is the source folder or lies inside it.
-    """
-    if (out / "manifest.json").exists() and not overwrite:
-        raise _exists_error(out)
-    if src.is_dir() and (out == src or src in out.parents):
-        raise ConfigError(f"output {out} lies inside the source {src}; choose a folder outside it")
-
-
-def _exists_error(out: Path) -> OutputExistsError:
-    return OutputExistsError(f"{out} already holds a packed dataset (manifest.json); "
-                             "pass --overwrite (overwrite=True) to replace it")
-
-
-# ----------------------------------------------------------------------------- 5: output folder
-def prepare_out(out: Path, overwrite: bool) -> list[str]:
-    """Step 5: applies the crash-safety rules to ``out``; returns what was removed.
-
-    Raises:
-        OutputExistsError: ``out`` holds ``manifest.json`` and ``overwrite`` is False.
-    """
-    if (out / "manifest.json").exists() and not overwrite:
-        raise _exists_error(out)
-    removed = []
-    for name in _OWNED:  # manifest first: from here on no reader takes OUT as finished
-        p = out / name
-        if p.is_dir():
-            shutil.rmtree(p)
-            removed.append(name + "/")
-        elif p.exists():
-            p.unlink()
-            removed.append(name)
-    for p in out.glob(".*.tmp") if out.is_dir() else []:
-        p.unlink()
-        removed.append(p.name)
-    out.mkdir(parents=True, exist_ok=True)
-    if removed:
-        logger.info("removed from %s before writing: %s", out, ", ".join(removed))
-    return removed
+# ----------------------------------------------------------------------------- 5: quarantine
+@contextmanager
+def naming_file(path):
+    """Gives an ``OSError`` raised inside the block ``filename=path`` when it names no file (a
+    ``write`` on a full disk names none), so the error says which file could not be written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
 
 
 def write_quarantine(out: Path, entries: list[dict]) -> None:
     """Step 5: writes ``OUT/quarantine.jsonl`` (one sorted-key JSON object per line), atomically."""
-    manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, b"".join(
-        manifest_mod.json_bytes(q, sort_keys=True) + b"\n" for q in entries))
+    with naming_file(out / QUARANTINE_NAME):
+        manifest_mod.atomic_write_bytes(out / QUARANTINE_NAME, b"".join(
+            manifest_mod.json_bytes(q, sort_keys=True) + b"\n" for q in entries))
 
 
 # ----------------------------------------------------------------------------- 6: write
@@ -113,7 +82,8 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
                                        options.seed, pos, name)
             records, shards = _write_split(out, name, members, source.items, label_idx,
                                            checked.results, options, bar)
-            manifest_mod.write_split_files(out, name, records)
+            with naming_file(out / "splits" / f"{name}.jsonl"):
+                manifest_mod.write_split_files(out, name, records)
             split_manifest[name] = {
                 "num_samples": len(records),
                 "class_counts": np.bincount([r["label"] for r in records],
@@ -144,8 +114,12 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
         records = [_write_one(sink, f"{name}_{n:08d}", items[i], results[i], label_idx[i], bar)
                    for n, i in enumerate(members)]
         return records, sink.close()
-    except BaseException:
+    except BaseException as e:
         sink.abort()
+        if isinstance(e, OSError) and (e.filename is None or  # the shard being written
+                                       Path(str(e.filename)).name.startswith(".")):
+            e.filename = str(out / "shards" / formats.base.shard_name(
+                name, len(sink.records), sink.writer_cls.suffix))
         raise
 
 
@@ -185,11 +159,21 @@ def class_warnings(classes: list[str], split_manifest: dict[str, dict]) -> list[
     return out
 
 
+def transcoded_counts(checked: CheckedFiles, keep: list[int]) -> dict[str, int]:
+    """``{rule: number of packed samples}`` for the packed samples (``keep``) that were stored
+    transcoded, i.e. whose normalisation ``rule`` is not ``"original"``; sorted by rule."""
+    counts = Counter(checked.results[i]["rule"] for i in keep)
+    counts.pop("original", None)
+    return dict(sorted(counts.items()))
+
+
 def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOutcome,
                    quarantine: list[dict], split_manifest: dict[str, dict],
-                   packed_warnings: list[str], options: PackOptions) -> dict:
+                   packed_warnings: list[str], options: PackOptions,
+                   transcoded: dict[str, int] | None = None) -> dict:
     """Step 7: the ``manifest.json`` content (schema: ``docs/DESIGN.md``), with the resolved
     ``options`` where the schema has them (format, split seed/ratios, normalization).
+    ``normalization.transcoded`` is ``transcoded`` (:func:`transcoded_counts`; ``{}`` if None).
 
     Raises:
         PackInvariantError: scanned files != packed + quarantined.
@@ -221,6 +205,6 @@ def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOut
                    "num_duplicates": plan.num_duplicates, "num_ignored": len(source.ignored),
                    "ignored": [{"path": path, "reason": why} for path, why in source.ignored]},
         "normalization": {"rules": dict(images.RULES), "max_pixels": options.max_pixels,
-                          "strict": options.strict},
+                          "strict": options.strict, "transcoded": dict(transcoded or {})},
         "splits": split_manifest,
     }

@@ -161,11 +161,13 @@ def test_case5_shards_10_10_5_and_resume_after_kill(sample_dir, tmp_path, monkey
     with pytest.raises(KeyboardInterrupt):
         pack(src, out, **opts)
     monkeypatch.undo()
-    assert not (out / "manifest.json").exists()          # nothing looks finished
-    assert (out / "shards" / "train-000000.tar").exists()  # the first shard was finished
-    (out / "shards" / ".train-000001.tar.tmp").write_bytes(b"half")  # as a real kill leaves it
+    assert len(calls) == 12 and not out.exists()  # an interrupted run removes what it wrote
+    (out / "shards").mkdir(parents=True)  # what a SIGKILL after 12 samples leaves behind
+    shutil.copyfile(tmp_path / "clean" / "shards" / "train-000000.tar",
+                    out / "shards" / "train-000000.tar")
+    (out / "shards" / ".train-000001.tar.tmp").write_bytes(b"half")
     resumed = pack(src, out, **opts)
-    assert "shards/" in resumed.cleaned
+    assert resumed.cleaned == ["shards/.train-000001.tar.tmp", "shards/train-000000.tar"]
     assert sorted(os.listdir(out / "shards")) == sorted(os.listdir(tmp_path / "clean" / "shards"))
     assert load_manifest(out)["splits"] == man["splits"]  # same shards, same sha256
     check_packed(out, src, 25)
@@ -436,7 +438,11 @@ pack({str(src)!r}, {str(out)!r}, format="wds", split={{"train": 1.0}}, shard_sam
         ".train-000001.tar.tmp", "train-000000.tar"]  # half-written shard under its temp name
     assert not (out / "manifest.json").exists()
     summary = pack(src, out, format="wds", split={"train": 1.0}, shard_samples=10, progress=False)
-    assert "shards/" in summary.cleaned
+    assert summary.cleaned == ["quarantine.jsonl", "shards/.train-000001.tar.tmp",
+                               "shards/train-000000.tar"]
+    assert "removed from OUT before writing (left by an unfinished run): quarantine.jsonl, " \
+        "shards/.train-000001.tar.tmp, shards/train-000000.tar" in summary.format_text()
+    assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards", "splits"]
     assert sorted(os.listdir(out / "shards")) == ["train-000000.tar", "train-000001.tar",
                                                   "train-000002.tar"]
     check_packed(out, src, 25)

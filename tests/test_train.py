@@ -63,10 +63,11 @@ def test_cli_reports_a_missing_dataset_without_traceback(tmp_path):
 
     from shardkit.cli import main
 
-    result = CliRunner().invoke(main, ["train", "--data", str(tmp_path / "nowhere"), "--out",
-                                       str(tmp_path / "run"), "--config", "cpu-smoke"])
-    assert result.exit_code == 1
-    assert "ManifestError" in result.output and "nowhere" in result.output
+    result = CliRunner().invoke(main, ["-q", "train", "--data", str(tmp_path / "nowhere"),
+                                       "--out", str(tmp_path / "run"), "--config", "cpu-smoke"])
+    assert result.exit_code == 2  # the convention of every command: 2 = could not run
+    (line,) = result.output.splitlines()
+    assert line.startswith("Error: ManifestError: ") and "nowhere" in line
     assert "Traceback" not in result.output
 
 
@@ -436,6 +437,44 @@ def test_resolve_splits_train_required_val_optional(caplog):
         resolve_splits(config.replace(test_split="holdout"), splits)
 
 
+def test_resolve_splits_treats_empty_eval_splits_as_missing(caplog):
+    import logging
+
+    from shardkit.train.engine import resolve_splits
+
+    splits = {"train": {"num_samples": 160}, "val": {"num_samples": 0},
+              "test": {"num_samples": 0}}
+    config = TrainConfig(data="/d")
+    with caplog.at_level(logging.INFO, logger="shardkit.train"):
+        assert resolve_splits(config, splits) == (None, None)
+    notes = [r.getMessage() for r in caplog.records]
+    assert len(notes) == 2 and all(r.levelname == "WARNING" for r in caplog.records)
+    assert notes[0].startswith("no test: the 'test' split of /d is empty (0 samples)")
+    assert notes[1].startswith("no validation: /d has an empty 'val' split (0 samples)")
+    assert notes[1].endswith("no best.pt, no test split")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="shardkit.train"):
+        assert resolve_splits(config, {**splits, "test": {"num_samples": 40}}) == (None, "test")
+    (note,) = [r.getMessage() for r in caplog.records]
+    assert note.endswith("test split 'test' scored with the last weights")
+    for flag, value in (("val_split", "val"), ("test_split", "test"), ("train_split", "val")):
+        with pytest.raises(ConfigError, match=rf"--{flag.replace('_', '-')} {value!r}: the "
+                                              r"split is empty in /d \(0 samples; samples per "
+                                              r"split: \{'test': 0, 'train': 160, 'val': 0\}\)"):
+            resolve_splits(config.replace(**{flag: value}), splits, False)
+
+
+def test_metrics_of_no_samples_are_null_with_a_reason_never_nan():
+    result = classification_metrics(torch.zeros((0, 3)), torch.zeros(0, dtype=torch.long),
+                                     CLASSES3)
+    assert result["num_samples"] == 0 and result["reason"] == "no samples to evaluate"
+    assert result["loss"] is None and result["top1"] is None and result["macro_f1"] is None
+    json.dumps(result, allow_nan=False)  # raises on NaN
+    assert not better("top1", None, None) and not better("loss", None, 0.5)
+    stopper = EarlyStopping("top1", patience=1)
+    assert not stopper.update(None) and stopper.should_stop
+
+
 def _support(result: dict) -> int:
     return sum(c["support"] for c in result["per_class"].values())
 
@@ -665,6 +704,45 @@ def test_cli_without_val_split_trains_and_split_errors_exit_nonzero(sample_dir, 
         assert bad.returncode != 0, bad.stdout + bad.stderr
         assert needle in bad.stderr and "splits: ['test', 'train']" in bad.stderr
         assert "Traceback" not in bad.stderr and bad.stdout == ""
+
+
+def _no_nan(text: str):
+    def refuse(constant):
+        raise AssertionError(f"{constant} in metrics.json")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_cli_with_an_empty_val_split_says_so_once_and_writes_no_nan(sample_dir, tmp_path):
+    """Issue 9, 5b: val rounds to 0 samples (ratio 0.005 of 120 photographer groups); the run
+    trains without validation, notes it once at the start, and metrics hold no NaN."""
+    from shardkit.pack import pack
+
+    data = tmp_path / "d"
+    summary = pack(sample_dir, data, split="train=0.8,val=0.005,test=0.195", seed=0,
+                   metadata=sample_dir / "metadata.csv", group_column="group_flickr_user",
+                   shard_samples=64, progress=False)
+    assert {s: v["samples"] for s, v in summary.splits.items()} == {
+        "train": 160, "val": 0, "test": 40}
+    assert any(w.startswith("split 'val' is empty") for w in summary.warnings)
+    common = ["--config", "cpu-smoke", "--model", "test_resnet", "--image-size", "32",
+              "--warmup-steps", "0"]
+    run = tmp_path / "run"
+    ok = _cli("train", "--data", data, "--out", run, *common, "--max-steps", "2", "--epochs", "2")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stderr.count("no validation") == 1
+    assert ok.stderr.splitlines()[0].startswith(  # said once, at the start
+        f"WARNING shardkit.train: no validation: {data} has an empty 'val' split (0 samples)")
+    summary = _no_nan(ok.stdout[ok.stdout.index("{"):])
+    assert summary["best"] is None and summary["test"]["top1"] is not None
+    metrics = _no_nan((run / "metrics.json").read_text())
+    assert all("val" not in h for h in metrics["history"])
+    assert metrics["test"]["num_samples"] == 40 and (run / "eval" / "test_last.json").is_file()
+    bad = _cli("-q", "train", "--data", data, "--out", tmp_path / "bad", *common,
+               "--val-split", "val")
+    assert bad.returncode == 2 and bad.stdout == ""
+    (line,) = bad.stderr.splitlines()
+    assert line.startswith("Error: ConfigError: --val-split 'val': the split is empty in ")
 
 
 def test_options_run_focal_balanced_bf16_sgd_clip_dataset_stats(packed_sample, tmp_path):

@@ -23,6 +23,7 @@ uses SWMR. Readers open lazily per process, read-only, after any fork (field cas
 """
 from __future__ import annotations
 
+import errno
 import os
 
 import h5py
@@ -53,8 +54,23 @@ class Writer(FormatWriter):
         return len(self._images) - 1
 
     def close(self) -> None:
+        """Writes the shard file. On failure the file is removed and an OSError naming it is
+        raised, one line (``ENOSPC`` "No space left on device" for a full disk)."""
         if self._images is None:
             return
+        try:
+            self._write()
+        except OSError as e:
+            self.abort()
+            self.path.unlink(missing_ok=True)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
+                raise OSError(e.errno or errno.ENOSPC, "No space left on device",
+                              str(self.path)) from None
+            raise OSError(e.errno, f"HDF5 write failed: {' '.join(str(e).split())}",
+                          str(self.path)) from None
+        self._images = self._labels = self._keys = None
+
+    def _write(self) -> None:
         sizes = np.fromiter((len(b) for b in self._images), dtype=np.int64, count=len(self._images))
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         blob = np.frombuffer(b"".join(self._images), dtype=np.uint8)
@@ -67,7 +83,6 @@ class Writer(FormatWriter):
             f.create_dataset("keys", data=np.asarray(self._keys, dtype=f"S{width}"))
         with open(self.path, "rb+") as fh:
             os.fsync(fh.fileno())
-        self._images = self._labels = self._keys = None
 
     def abort(self) -> None:
         self._images = self._labels = self._keys = None

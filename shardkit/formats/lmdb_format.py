@@ -6,7 +6,11 @@ counts live in the manifest and split index, so a reader never needs a transacti
 
 Writing (field case 9): puts are committed in batches; on ``MapFullError`` the map size is doubled
 and the batch retried, so no size guess can fail a pack. After the last batch the environment is
-copied with compaction to a tight file, and the working copy is removed.
+copied with compaction to a tight file, and the working copy is removed. LMDB reports a full disk
+during a commit as an "Input/output error" without an errno: a failed commit with less free space
+left than it needed, or a ``DiskError``, raises ``OSError(ENOSPC, ..., <shard file>)``, any other
+failure an ``OSError(EIO, ...)`` naming the file; either way the writer's files are removed
+first.
 
 Reading (field cases 8 and 9): opened lazily per process (reopened after fork), with
 ``readonly=True, readahead=False, meminit=False`` and ``lock=False``. Lock-free reading is safe
@@ -18,7 +22,9 @@ recipe for training data (BasicSR and most PyTorch LMDB datasets open with ``loc
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -67,26 +73,51 @@ class Writer(FormatWriter):
                 self._env.set_mapsize(self._map_size)
                 self.map_growths += 1
                 continue
+            except lmdb.Error as e:
+                self._fail(e, self._batch_bytes + (1 << 20))
             self._batch, self._batch_bytes = [], 0
 
     def close(self) -> None:
         if self._env is None:
             return
-        self._commit()
-        self._env.sync(True)
-        self.path.unlink(missing_ok=True)
-        self._env.copy(str(self.path), compact=True)
-        self._env.close()
-        self._env = None
-        self._work.unlink(missing_ok=True)
-        with open(self.path, "rb+") as f:
-            os.fsync(f.fileno())
+        try:
+            self._commit()
+            self._env.sync(True)
+            self.path.unlink(missing_ok=True)
+            needed = self._work.stat().st_size
+            try:
+                self._env.copy(str(self.path), compact=True)
+            except lmdb.Error as e:
+                self._fail(e, needed)
+            self._env.close()
+            self._env = None
+            self._work.unlink(missing_ok=True)
+            with open(self.path, "rb+") as f:
+                os.fsync(f.fileno())
+        except BaseException:
+            self.abort()
+            raise
+
+    def _fail(self, exc: lmdb.Error, needed: int):
+        """Raises the OSError for a failed LMDB write (see the module doc); files removed."""
+        try:
+            free = shutil.disk_usage(self.path.parent).free
+        except OSError:
+            free = None
+        self.abort()
+        if isinstance(exc, lmdb.DiskError) or (free is not None and free < needed):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path)) from exc
+        raise OSError(errno.EIO, f"LMDB write failed ({exc})", str(self.path)) from exc
 
     def abort(self) -> None:
         if self._env is not None:
-            self._env.close()
+            try:
+                self._env.close()
+            except lmdb.Error:
+                pass
             self._env = None
-        self._work.unlink(missing_ok=True)
+        for p in (self._work, Path(str(self._work) + "-lock"), self.path):
+            p.unlink(missing_ok=True)
 
 
 _ENVS: dict[tuple, lmdb.Environment] = {}  # per process: py-lmdb allows one Environment per file

@@ -90,8 +90,10 @@ def train_command(config_name, compile_, **flags):
 
     Writes RUN/config.yaml, RUN/metrics.json, RUN/checkpoints/{last,best}.pt, RUN/eval/*.json|png
     and TensorBoard scalars in RUN/tb/, then prints a JSON summary on stdout (once, from rank 0
-    under torchrun); notes (seeds and TF32 set, warmup cut, no val split...) go to stderr.
-    Any error exits with a non-zero code (1; 2 for unusable flags).
+    under torchrun); notes (seeds and TF32 set, warmup cut, no or empty val split...) go to
+    stderr. A run that cannot start or stops on bad input (a bad flag, a missing or empty split,
+    an unreadable dataset or checkpoint, a diverged loss, an unwritable run folder) exits 2 with
+    one "Error: <ErrorType>: <message>" line on stderr, as every shardkit command does.
     """
     from ..errors import ShardkitError
     from .config import load_config
@@ -102,8 +104,10 @@ def train_command(config_name, compile_, **flags):
     try:
         config = load_config(config_name, **flags)
         metrics = train(config)
-    except ShardkitError as e:
-        raise click.ClickException(f"{type(e).__name__}: {e}") from e
+    except (ShardkitError, OSError) as e:
+        from shardkit.doctor.cli import CommandError
+
+        raise CommandError(e) from None
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: every rank returns the same metrics
         return
     summary = {"step": metrics["step"], "stopped": metrics["stopped"], "best": metrics["best"]}

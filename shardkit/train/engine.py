@@ -318,15 +318,17 @@ class Trainer:
         self.loader_state = None if self.fixed is not None else self.train_loader.state_dict()
         totals = self._reduce([loss_sum, images, wait, compute, done], [seconds])
         loss_sum, images, wait, compute, done, seconds = totals
-        nan = float("nan")
-        stats = {"loss": loss_sum / images if images else nan,
+        stats = {"loss": loss_sum / images if images else None,  # None, never NaN: no data
                  "lr": self.optimizer.param_groups[0]["lr"],
                  "steps": int(done / self.info.world_size), "images": int(images),
-                 "seconds": seconds, "images_per_s": images / seconds if seconds > 0 else nan,
-                 "data_wait_fraction": wait / (wait + compute) if wait + compute > 0 else nan}
+                 "seconds": seconds, "images_per_s": images / seconds if seconds > 0 else None,
+                 "data_wait_fraction": wait / (wait + compute) if wait + compute > 0 else None}
+        if not images:
+            stats["reason"] = "no train batch in this epoch"
         if self.writer is not None:
             for key in ("loss", "images_per_s", "data_wait_fraction"):
-                self.writer.add_scalar(f"epoch/train_{key}", stats[key], epoch)
+                if stats[key] is not None:
+                    self.writer.add_scalar(f"epoch/train_{key}", stats[key], epoch)
         return stats
 
     def _reduce(self, sums: list[float], maxes: list[float]) -> list[float]:
@@ -374,7 +376,7 @@ class Trainer:
         if self.info.is_main:
             result["files"] = save_eval(result, self.classes, self.out / "eval", f"{split}_{name}")
             for key in ("loss", "top1", "top5", "macro_f1"):
-                if key in result:
+                if result.get(key) is not None:
                     self.writer.add_scalar(f"{split}/{key}", result[key], self.step)
         self.model.train()
         return result

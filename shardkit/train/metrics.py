@@ -30,7 +30,9 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor,
     Returns:
         ``{"num_samples", "loss" (mean CE, nats, no smoothing, no class weights), "top1" (0-1),
         "top5" (only when C > 5), "macro_f1" (0-1), "per_class" {name: {precision, recall, f1,
-        support}}, "confusion_matrix" (C x C list, rows = true, columns = predicted)}``.
+        support}}, "confusion_matrix" (C x C list, rows = true, columns = predicted)}``. With no
+        sample at all the scores are None (never NaN, which JSON cannot hold) and ``"reason"``
+        says why.
     """
     from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
 
@@ -39,8 +41,9 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor,
     num_classes = len(classes)
     out: dict = {"num_samples": int(labels.numel())}
     if labels.numel() == 0:
-        out.update(loss=float("nan"), top1=float("nan"), macro_f1=float("nan"), per_class={},
-                   confusion_matrix=np.zeros((num_classes, num_classes), int).tolist())
+        out.update(loss=None, top1=None, macro_f1=None, per_class={},
+                   confusion_matrix=np.zeros((num_classes, num_classes), int).tolist(),
+                   reason="no samples to evaluate")
         return out
     out["loss"] = float(F.cross_entropy(logits, labels))
     top = logits.topk(max(topk_for(num_classes)), dim=1).indices
@@ -97,8 +100,9 @@ def save_eval(result: dict, classes: list[str], folder: str | Path, name: str) -
 
 
 def better(monitor: str, value: float, best: float | None) -> bool:
-    """True when ``value`` of ``monitor`` improves on ``best`` (loss: lower; others: higher)."""
-    if value != value:  # NaN never improves
+    """True when ``value`` of ``monitor`` improves on ``best`` (loss: lower; others: higher).
+    None (no data) and NaN never improve."""
+    if value is None or value != value:
         return False
     if best is None:
         return True

@@ -1,0 +1,371 @@
+"""The output folder of one pack run: what shardkit owns in it, the run lock, staging, the swap.
+
+Rules (a pack never destroys what it did not write):
+
+- **Owned names.** In ``OUT`` shardkit writes, and so deletes or replaces, only: ``manifest.json``,
+  ``quarantine.jsonl``, ``splits/<split>.jsonl``, ``splits/<split>.index.npz``,
+  ``shards/<split>-NNNNNN<suffix>`` (``<suffix>`` of a registered format: ``.tar``, ``.lmdb``,
+  ``.h5``), their temporary names (``.<name>.<random>.tmp`` of :mod:`shardkit.fsio`,
+  ``shards/.<shard>.tmp`` and LMDB's ``.tmp.work`` of :class:`shardkit.formats.ShardSink`), the
+  staging folder :data:`STAGING_NAME` and the lock file :data:`LOCK_NAME`. Every other entry, in
+  ``OUT``, ``OUT/shards`` or ``OUT/splits`` (a user's ``splits/fold0.txt``), is left alone;
+  ``shards/`` and ``splits/`` are removed only when nothing else is left in them. Whatever is
+  removed is logged (INFO, ``shardkit.pack``) and listed in the summary.
+- **Checked before the scan** (:meth:`PackOutput.open`, nothing is written): ``OUT`` is not a file,
+  its nearest existing folder is writable, ``OUT`` is not inside the source and the source
+  (folder or CSV) is not inside ``OUT``; a ``manifest.json`` needs ``overwrite``.
+- **One packer per OUT.** An exclusive ``fcntl.flock`` on ``OUT/.shardkit-pack.lock`` is held for
+  the whole run (from the start when ``OUT`` exists, else from the moment the run creates it). The
+  file holds the holder's pid, host and start time; a second packer fails at once with
+  :class:`OutputLockedError` naming them. The file is removed when the run ends.
+- **Fresh OUT** (no ``manifest.json``): owned leftovers of a killed run are deleted, then the run
+  writes into ``OUT`` itself, ``manifest.json`` last. If the run fails (an exception, a full disk),
+  everything it wrote is deleted again (a SIGKILL leaves only unlisted files and no manifest).
+- **overwrite** of a finished dataset: the new dataset is built in ``OUT/.shardkit-new/`` (same
+  file system, so the swap is renames only; the disk needs room for both), while the old one
+  stays complete and readable. :meth:`PackOutput.commit` then removes the old ``manifest.json``,
+  renames the new files into place, writes the new ``manifest.json`` last and deletes the old
+  dataset's remaining owned files. A kill or a full disk before the swap leaves the old dataset
+  untouched (the staging folder is removed on errors, or by the next run after a kill); a kill
+  during the swap (renames only) leaves ``OUT`` without a manifest, i.e. visibly unfinished.
+
+Disk-full errors (``ENOSPC``, ``EDQUOT``) while writing become :class:`DiskFullError`: one line
+naming the file, after the run's files were removed.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from shardkit.errors import ConfigError, OutputExistsError, ShardkitError
+from shardkit.fsio import fsync_dir
+
+__all__ = ["PackOutput", "OutputLockedError", "DiskFullError", "owned_entries", "LOCK_NAME",
+           "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
+
+logger = logging.getLogger("shardkit.pack")
+
+MANIFEST_NAME = "manifest.json"
+QUARANTINE_NAME = "quarantine.jsonl"
+LOCK_NAME = ".shardkit-pack.lock"
+STAGING_NAME = ".shardkit-new"
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_SPLIT = r"[A-Za-z0-9_]+"  # shardkit.split.SPLIT_NAME_RE
+
+
+class OutputLockedError(ShardkitError):
+    """Another pack run holds the lock on the output folder (names its pid, host, start time)."""
+
+
+class DiskFullError(ShardkitError, OSError):
+    """No space left on the device (or quota) while writing a pack; ``filename`` is the file that
+    was being written, ``errno`` is ``ENOSPC`` or ``EDQUOT``. The files of the run were removed."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def _shard_suffixes() -> str:
+    from shardkit.formats import FORMATS
+
+    return "|".join(re.escape(m.suffix) for m in FORMATS.values())
+
+
+def _owned_patterns() -> dict[str, re.Pattern]:
+    """Folder (``""`` for OUT) -> regex of the names shardkit writes there."""
+    tmp = r"\..+\.tmp"  # fsio's mkstemp names: .<name>.<random>.tmp
+    sfx = _shard_suffixes()
+    return {
+        "": re.compile(rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(QUARANTINE_NAME)}|"
+                       rf"\.(?:{re.escape(MANIFEST_NAME)}|{re.escape(QUARANTINE_NAME)}){tmp})"),
+        "splits": re.compile(rf"{_SPLIT}\.(?:jsonl|index\.npz)|"
+                             rf"\.{_SPLIT}\.(?:jsonl|index\.npz){tmp}"),
+        "shards": re.compile(rf"{_SPLIT}-\d{{6}}(?:{sfx})|"
+                             rf"\.{_SPLIT}-\d{{6}}(?:{sfx})\.tmp(?:\.work(?:-lock)?)?"),
+    }
+
+
+def owned_entries(out: str | os.PathLike) -> list[str]:
+    """The entries of ``out`` that a pack writes (see the module doc), as posix paths relative to
+    ``out``: ``manifest.json`` first (deleting it first makes the folder visibly unfinished), the
+    staging folder as ``.shardkit-new/``, then files in ``shards/``, ``splits/``, ``OUT``. The
+    lock file is not listed."""
+    out = Path(out)
+    patterns = _owned_patterns()
+    found = []
+    for folder, pattern in patterns.items():
+        where = out / folder if folder else out
+        if not where.is_dir():
+            continue
+        for entry in sorted(os.scandir(where), key=lambda e: e.name):
+            if pattern.fullmatch(entry.name) and not entry.is_dir(follow_symlinks=False):
+                found.append(f"{folder}/{entry.name}" if folder else entry.name)
+    if (out / STAGING_NAME).is_dir() and not (out / STAGING_NAME).is_symlink():
+        found.insert(0, STAGING_NAME + "/")
+    if MANIFEST_NAME in found:
+        found.insert(0, found.pop(found.index(MANIFEST_NAME)))
+    return found
+
+
+def remove_owned(out: Path, entries: list[str], prune: bool = True) -> list[str]:
+    """Deletes ``entries`` (from :func:`owned_entries`) and then, with ``prune``, ``shards/`` and
+    ``splits/`` when empty; fsyncs ``out``; returns what was removed."""
+    removed = []
+    for rel in entries:
+        p = out / rel.rstrip("/")
+        try:
+            if rel.endswith("/"):
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(rel)
+    for folder in ("shards", "splits") if prune else ():
+        try:
+            (out / folder).rmdir()
+            removed.append(folder + "/")
+        except OSError:  # absent, or holds the user's files: left alone
+            pass
+    if removed:
+        fsync_dir(out)
+    return removed
+
+
+# ----------------------------------------------------------------------------- the lock
+class _RunLock:
+    """An exclusive ``flock`` on ``folder/.shardkit-pack.lock`` (see the module doc)."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Raises OutputLockedError when another run holds it; ConfigError when the folder cannot
+        be written."""
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError as e:
+                raise ConfigError(f"output folder {self.path.parent} is not writable: cannot "
+                                  f"create {LOCK_NAME} there ({e.strerror})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise OutputLockedError(
+                    f"{self.path.parent} is being packed by another run ({holder}; lock file "
+                    f"{self.path}); wait for it to finish, or stop it, then rerun") from None
+            try:  # the holder before us may have removed the file after we opened it: retry
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        """Removes the lock file (while still holding the lock) and releases the lock."""
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"null")
+        return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return "holder details not written yet"
+
+
+# ----------------------------------------------------------------------------- the run
+class PackOutput:
+    """The output side of one pack run; a context manager around the whole run.
+
+    ``open()`` (``__enter__``) checks the rules before the scan and locks an existing ``OUT``;
+    :meth:`prepare` (step 5) returns the folder to write into; :meth:`commit` (after
+    ``manifest.json`` was written there) swaps a staged dataset into place; leaving the ``with``
+    block with an exception deletes what the run wrote and turns a full disk into
+    :class:`DiskFullError`; the lock is released in every case.
+
+    Attributes:
+        root: where the run writes (``OUT`` or ``OUT/.shardkit-new``); None before prepare.
+        cleaned: owned leftovers removed before writing (relative to ``OUT``).
+        replaced: files of the previous dataset removed by the swap (overwrite).
+    """
+
+    def __init__(self, src: Path, out: Path, overwrite: bool):
+        self.src, self.out, self.overwrite = Path(src), Path(out), bool(overwrite)
+        self.root: Path | None = None
+        self.cleaned: list[str] = []
+        self.replaced: list[str] = []
+        self._lock = _RunLock(self.out)
+        self._created_out = False
+        self._committed = False
+
+    @property
+    def staging(self) -> bool:
+        """True when the run writes beside a finished dataset (overwrite)."""
+        return self.root is not None and self.root != self.out
+
+    # ------------------------------------------------------------------ before the scan
+    def open(self) -> PackOutput:
+        """Checks the output rules, touching nothing but the lock file of an existing ``OUT``.
+
+        Raises:
+            ConfigError: ``OUT`` is a file, lies inside the source, holds the source, or cannot
+                be written. OutputExistsError: a finished dataset and no ``overwrite``.
+            OutputLockedError: another run packs into ``OUT``.
+        """
+        src, out = self.src, self.out
+        if src.is_dir() and (out == src or src in out.parents):
+            raise ConfigError(f"output {out} lies inside the source {src}; choose a folder "
+                              "outside it")
+        if out in src.parents:
+            raise ConfigError(f"source {src} lies inside the output folder {out}; a pack may "
+                              "delete and replace files there: move the source out of it, or "
+                              "choose another output folder")
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"output {out} exists and is not a folder; choose a folder path")
+        folder = next(p for p in (out, *out.parents) if p.exists())
+        if not folder.is_dir():
+            raise ConfigError(f"output {out} cannot be created: {folder} is a file, not a folder")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            why = "it is on a read-only file system" if _read_only_fs(folder) else \
+                "no write permission"
+            raise ConfigError(f"output {out} cannot be written: {folder} is not writable "
+                              f"({why})")
+        if out.is_dir():
+            self._lock.acquire()
+        self._check_finished()
+        return self
+
+    def _check_finished(self) -> None:
+        if (self.out / MANIFEST_NAME).exists() and not self.overwrite:
+            self.close()
+            raise OutputExistsError(f"{self.out} already holds a packed dataset "
+                                    f"({MANIFEST_NAME}); pass --overwrite (overwrite=True) to "
+                                    "replace it")
+
+    # ------------------------------------------------------------------ step 5
+    def prepare(self) -> Path:
+        """Step 5: creates and locks ``OUT`` if needed, removes owned leftovers, and returns the
+        folder to write the dataset into (``OUT``, or a fresh staging folder for overwrite)."""
+        try:
+            self.out.mkdir(parents=True)
+            self._created_out = True
+        except FileExistsError:
+            pass
+        if self._lock.fd is None:
+            self._lock.acquire()
+        self._check_finished()  # a run that finished meanwhile, before we held the lock
+        if (self.out / MANIFEST_NAME).exists():  # overwrite: build beside the old dataset
+            staging = self.out / STAGING_NAME
+            if staging.exists():
+                shutil.rmtree(staging)
+                self.cleaned.append(STAGING_NAME + "/")
+            staging.mkdir()
+            self.root = staging
+        else:
+            self.cleaned += remove_owned(self.out, owned_entries(self.out), prune=False)
+            self.root = self.out
+        if self.cleaned:
+            logger.info("removed from %s before writing (left by an unfinished run): %s",
+                        self.out, ", ".join(self.cleaned))
+        return self.root
+
+    def commit(self) -> None:
+        """Swaps a staged dataset into ``OUT`` (nothing to do for a fresh one); see the module
+        doc for the order. Logs what of the old dataset was removed."""
+        self._committed = True
+        if not self.staging:
+            return
+        out, staging = self.out, self.root
+        old = [e for e in owned_entries(out) if e != STAGING_NAME + "/"]
+        (out / MANIFEST_NAME).unlink()  # from here on OUT is visibly unfinished
+        fsync_dir(out)
+        new = [e for e in owned_entries(staging) if e != MANIFEST_NAME]
+        for rel in new:
+            (out / rel).parent.mkdir(exist_ok=True)
+            os.replace(staging / rel, out / rel)
+        for folder in {str(Path(rel).parent) for rel in new}:
+            fsync_dir(out / folder)
+        os.replace(staging / MANIFEST_NAME, out / MANIFEST_NAME)
+        fsync_dir(out)
+        shutil.rmtree(staging, ignore_errors=True)
+        self.replaced = [MANIFEST_NAME] + remove_owned(
+            out, [e for e in old if e not in new and e != MANIFEST_NAME])
+        logger.info("replaced the dataset in %s; removed %d file(s) of the old one", out,
+                    len(self.replaced))
+
+    def rollback(self) -> list[str]:
+        """Deletes what this run wrote (the staging folder, or the owned files of a fresh OUT,
+        and OUT itself when the run created it and nothing else is in it)."""
+        if self.root is None or self._committed:
+            return []
+        if self.staging:
+            shutil.rmtree(self.root, ignore_errors=True)
+            removed = [STAGING_NAME + "/"]
+        else:
+            removed = remove_owned(self.out, owned_entries(self.out))
+        logger.info("pack failed: removed what it wrote in %s (%d entries)", self.out,
+                    len(removed))
+        return removed
+
+    def close(self) -> None:
+        """Releases the lock; removes ``OUT`` if this run created it and it is empty."""
+        self._lock.release()
+        if self._created_out and not self._committed:
+            try:
+                self.out.rmdir()
+            except OSError:
+                pass
+
+    def __enter__(self) -> PackOutput:
+        return self.open()
+
+    def __exit__(self, kind, exc, tb) -> None:
+        full = (self._disk_full(exc) if isinstance(exc, OSError) and exc.errno in _DISK_FULL
+                and not isinstance(exc, DiskFullError) else None)
+        try:
+            if exc is not None:
+                self.rollback()
+        finally:
+            self.close()
+        if full is not None:
+            raise full from exc
+
+    def _disk_full(self, exc: OSError) -> DiskFullError:
+        kept = ("the previous dataset in OUT is unchanged" if self.staging else
+                "nothing was kept")
+        return DiskFullError(exc.errno, f"no space left on device while writing "
+                             f"{exc.filename or 'a file in ' + str(self.out)}; the files of this "
+                             f"run were removed and {kept}: free some space there and rerun",
+                             exc.filename)
+
+
+def _read_only_fs(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
