@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, LoaderError, ManifestError, ShardCorruptError
 from shardkit.formats import FORMATS, get_format
-from shardkit.manifest import load_index, write_manifest, write_split_files
+from shardkit.manifest import load_index, sample_checksum, write_manifest, write_split_files
 from shardkit.stream import MapShardDataset, SamplingOptions, ShardDataset
 
 ALL = sorted(FORMATS)
@@ -44,7 +44,8 @@ def build_split(sample_dir: Path, out: Path, fmt: str, shard_sizes: list[int],
             offset = writer.add(key, data, "jpg", label)
             records.append(dict(key=key, shard=s, offset=offset, size=len(data), label=label,
                                 path=p.relative_to(sample_dir).as_posix(),
-                                sha256=hashlib.sha256(data).hexdigest()))
+                                sha256=hashlib.sha256(data).hexdigest(),
+                                xxh3=f"{sample_checksum(data):016x}"))
             i += 1
         writer.close()
         shards.append({"path": rel, "num_samples": count, "bytes": (out / rel).stat().st_size,

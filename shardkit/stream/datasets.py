@@ -110,6 +110,8 @@ class ShardDataset(_Iterable):
         on_error: ``"raise"`` (names shard and key) or ``"skip"`` (logged; keys in ``skipped``
             of the consuming process). on_warning: ``"keep"``, ``"skip"`` or ``"raise"`` for a
             decode with libjpeg warnings (``decode=True`` only).
+        verify_reads: check each sample's xxh3 against the index (a damaged sample is a
+            ShardCorruptError naming it, handled by ``on_error``).
 
     Raises:
         ManifestError: no finished dataset or unknown split. ConfigError: invalid option.
@@ -119,8 +121,8 @@ class ShardDataset(_Iterable):
     def __init__(self, root, split: str, *, sampling: SamplingOptions | None = None,
                  seed: int = 0, batch_size: int = 1, streams: int = 1, decode: bool = True,
                  decoder: str = "auto", transform: Callable | None = None,
-                 on_error: str = "raise", on_warning: str = "keep"):
-        self.source = ShardSource(root, split, on_error)
+                 on_error: str = "raise", on_warning: str = "keep", verify_reads: bool = True):
+        self.source = ShardSource(root, split, on_error, verify_reads)
         sampling = sampling or SamplingOptions()
         sampling = replace(sampling, shuffle=bool(sampling.shuffle))
         self.sampling = Sampling(self.source, sampling, seed=seed, batch_size=batch_size,
@@ -182,8 +184,8 @@ class MapShardDataset(Dataset):
     """
 
     def __init__(self, root, split: str, *, decode: bool = True, transform: Callable | None = None,
-                 seed: int = 0, decoder: str = "auto"):
-        self.source = ShardSource(root, split)
+                 seed: int = 0, decoder: str = "auto", verify_reads: bool = True):
+        self.source = ShardSource(root, split, verify_reads=verify_reads)
         self.decode = bool(decode)
         self.decoder = decoder
         self.transform = transform

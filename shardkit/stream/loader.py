@@ -205,7 +205,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
                 prefetch_factor: int | None = 2, pin_memory: bool = False, seed: int = 0,
                 transform=None, sampling: SamplingOptions | None = None,
                 workers: WorkerOptions | None = None, on_error: str = "raise",
-                on_warning: str = "keep", return_meta: bool = False,
+                on_warning: str = "keep", verify_reads: bool = True, return_meta: bool = False,
                 device_decode=None) -> ShardLoader:
     """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
 
@@ -232,6 +232,9 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
         on_error: ``"raise"`` (names shard and key) or ``"skip"`` (keys in ``loader.skipped``).
         on_warning: ``"keep"`` (keys in ``loader.warned``, logged once), ``"skip"`` or
             ``"raise"`` for samples whose JPEG decode gives libjpeg warnings (field case 12).
+        verify_reads: check each sample's stored bytes against its xxh3 in the index (a damaged
+            sample is a ShardCorruptError naming it, handled by ``on_error``); ~0.5% of the fused
+            decode (benchmarks/README.md).
         return_meta: also yield ``{"index": int64 (N,), "valid": bool (N,)}`` per batch.
         device_decode: None (default: decode in the workers, the fused CPU path) or a device
             (``"cuda"``, ``"cuda:1"``; ``"cpu"`` runs the same code without a GPU): workers only
@@ -266,7 +269,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
     if sampling.even is None and train and world_size > 1 and split not in EVAL_SPLITS:
         sampling = replace(sampling, even="pad")
     sampling = replace(sampling, rank=rank, world_size=world_size)
-    source = ShardSource(root, split, on_error)
+    source = ShardSource(root, split, on_error, verify_reads)
     plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
     if device_decode is not None and not hasattr(tf, "crop_box"):
         raise ConfigError("device_decode needs a TransformConfig transform (a custom callable "
