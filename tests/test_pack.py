@@ -1,4 +1,5 @@
-"""shardkit.pack on real data: formats, splits, quarantine, crash safety, field cases 5/7/9/11/14/15/24."""
+"""shardkit.pack on real data: formats, splits, quarantine, crash safety, field cases
+5/7/9/11/14/15/24."""
 from __future__ import annotations
 
 import csv
@@ -77,7 +78,8 @@ def check_packed(out: Path, src: Path, num_files: int) -> dict:
         assert all(0 < s["num_samples"] for s in info["shards"])  # no empty shard (case 5)
         readers = {}
         for r in rs:  # every stored original is byte-identical to its source file
-            reader = readers.setdefault(r["shard"], formats.open_reader(out, man, split, r["shard"]))
+            reader = readers.setdefault(r["shard"],
+                                        formats.open_reader(out, man, split, r["shard"]))
             data = bytes(reader.read(r["key"], r["offset"], r["size"]))
             if r["rule"] == "original":
                 assert sha(data) == r["sha256"] == sha((src / r["path"]).read_bytes())
@@ -136,7 +138,7 @@ def test_flowers_packed_in_every_format(packed_flowers, flowers_dir, fmt):
     assert man["split"]["warnings"] == []
 
 
-# ------------------------------------------------------------------ case 5: shard sizes, kill + resume
+# ------------------------------------------------------------- case 5: shard sizes, kill + resume
 def test_case5_shards_10_10_5_and_resume_after_kill(sample_dir, tmp_path, monkeypatch):
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir, 5)})
@@ -192,7 +194,7 @@ def test_case7_class_sorted_input_gives_mixed_shards(flowers_dir, tmp_path):
         assert max(abs(n - 25) for n in h.values()) <= 12, (shard, h)
 
 
-# ------------------------------------------------------------------ case 9: LMDB map growth, read-only copy
+# ------------------------------------------------------- case 9: LMDB map growth, read-only copy
 def test_case9_lmdb_tiny_map_grows_and_reads_from_readonly_copy(sample_dir, tmp_path):
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir)})
@@ -221,13 +223,14 @@ def test_case9_lmdb_tiny_map_grows_and_reads_from_readonly_copy(sample_dir, tmp_
             os.chmod(dirpath, stat.S_IRWXU)
 
 
-# ------------------------------------------------------------------ cases 11 and 14: bad files quarantined
+# ------------------------------------------------------- cases 11 and 14: bad files quarantined
 def test_case11_14_empty_tiny_truncated_files_quarantined(sample_dir, awkward_dir, tmp_path):
     photos = sample_files(sample_dir, 2)[:6]
     src = link_folder(tmp_path / "src", {f"a/{p.name}": p for p in photos})
     (src / "a" / "zero.jpg").write_bytes(b"")
     (src / "a" / "one.jpg").write_bytes(b"\xff")
-    (src / "a" / "trunc60.jpg").write_bytes(photos[0].read_bytes()[: len(photos[0].read_bytes()) * 6 // 10])
+    first = photos[0].read_bytes()
+    (src / "a" / "trunc60.jpg").write_bytes(first[: len(first) * 6 // 10])
     png = (awkward_dir / "png_rgba.png").read_bytes()
     (src / "a" / "trunc.png").write_bytes(png[: len(png) // 2])
     summary = pack(src, tmp_path / "o", format="hdf5", split={"train": 1.0}, progress=False)
@@ -242,7 +245,8 @@ def test_case11_14_empty_tiny_truncated_files_quarantined(sample_dir, awkward_di
     assert summary.quarantine_reasons["empty file"] == 1
     check_packed(tmp_path / "o", src, 10)
     with pytest.raises(SourceError, match="fail_fast"):
-        pack(src, tmp_path / "ff", format="hdf5", split={"train": 1.0}, fail_fast=True, progress=False)
+        pack(src, tmp_path / "ff", format="hdf5", split={"train": 1.0}, fail_fast=True,
+             progress=False)
     assert not (tmp_path / "ff" / "manifest.json").exists()
 
 
@@ -271,7 +275,7 @@ def test_awkward_folder_accepts_packed_rejects_quarantined(awkward_dir, tmp_path
     assert verify(tmp_path / "o").ok
 
 
-# ------------------------------------------------------------------ case 24: group prefix + duplicates
+# ----------------------------------------------------------- case 24: group prefix + duplicates
 def _case24_folder(sample_dir: Path, root: Path) -> tuple[Path, Path]:
     photos = sample_files(sample_dir)
     files, k = {}, 0
@@ -400,14 +404,17 @@ def test_label_map_order_and_aliases(sample_dir, tmp_path):
     files = {f"Rose/{p.name}": p for p in sorted((sample_dir / "roses").glob("*.jpg"))[:3]}
     files.update({f"daisy/{p.name}": p for p in sorted((sample_dir / "daisy").glob("*.jpg"))[:2]})
     src = link_folder(tmp_path / "src", files)
-    (tmp_path / "labels.yaml").write_text("classes: [tulips, roses, daisy]\naliases: {Rose: roses}\n")
+    (tmp_path / "labels.yaml").write_text(
+        "classes: [tulips, roses, daisy]\naliases: {Rose: roses}\n")
     summary = pack(src, tmp_path / "o", split={"train": 1.0}, labels=tmp_path / "labels.yaml",
                    progress=False)
     man = load_manifest(tmp_path / "o")
-    assert man["classes"] == ["tulips", "roses", "daisy"] and man["label_aliases"] == {"Rose": "roses"}
+    assert man["classes"] == ["tulips", "roses", "daisy"]
+    assert man["label_aliases"] == {"Rose": "roses"}
     assert man["splits"]["train"]["class_counts"] == [0, 3, 2]
     assert summary.splits["train"]["class_counts"] == [0, 3, 2]
-    labels = {r["path"].split("/")[0]: r["label"] for r in read_split_records(tmp_path / "o", "train")}
+    labels = {r["path"].split("/")[0]: r["label"]
+              for r in read_split_records(tmp_path / "o", "train")}
     assert labels == {"Rose": 1, "daisy": 2}
 
 
@@ -511,7 +518,8 @@ def test_non_utf8_file_names_are_packed_quarantined_ignored_and_printed(sample_d
     assert os.fsencode(q["path"]) == b"daisy/r\xe9sum\xe9.txt"
     assert q["reason"].startswith("not an image") and q["sha256"] == sha(b"some notes\n")
     (ign,) = man["source"]["ignored"]
-    assert os.fsencode(ign["path"]) == b"daisy/.caf\xe9" and ign["reason"] == "hidden entry (dot-name)"
+    assert os.fsencode(ign["path"]) == b"daisy/.caf\xe9"
+    assert ign["reason"] == "hidden entry (dot-name)"
     for text in (summary.format_text(), logged):  # the summary shows the name escaped
         assert "daisy/.caf\\udce9: hidden entry" in text
         assert "scanned 8 = packed 7 + quarantined 1" in text

@@ -1,0 +1,107 @@
+"""The summary of one :func:`shardkit.pack.pack` run (:class:`PackSummary`), as returned and as
+printed by ``shardkit pack``, and the text helpers shared with the packer's messages."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["PackSummary", "printable", "reason_kind"]
+
+
+@dataclass
+class PackSummary:
+    """What :func:`shardkit.pack.pack` did.
+
+    ``splits`` maps split -> {"samples", "fraction" (achieved, 0..1), "groups", "shards",
+    "class_counts" (list aligned with ``classes``)}; ``quarantine_reasons`` counts rejects by reason
+    kind (text before the first ``':'`` or ``' ('``); ``ignored`` lists ``[relpath, reason]`` of
+    scanner-ignored entries; ``cleaned`` the leftovers of an unfinished run removed from OUT
+    before writing and ``replaced`` the files of the previous dataset removed by an overwrite
+    (paths relative to OUT); ``num_with_warnings`` packed samples whose decode gave warnings
+    (listed per sample in the split files' ``warnings``); ``transcoded`` packed samples stored
+    transcoded, by normalisation rule (the manifest's ``normalization.transcoded``).
+    """
+
+    out: Path
+    format: str
+    classes: list[str]
+    num_files: int
+    num_packed: int
+    num_quarantined: int
+    num_duplicates: int
+    num_ignored: int
+    splits: dict[str, dict]
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+    ignored: list = field(default_factory=list)
+    label_conflicts: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    cleaned: list[str] = field(default_factory=list)
+    num_with_warnings: int = 0
+    transcoded: dict[str, int] = field(default_factory=dict)
+    replaced: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_manifest(cls, out: Path, manifest: dict, quarantine: list[dict], *,
+                      warnings: list[str], cleaned: list[str], num_with_warnings: int,
+                      replaced: list[str] | None = None) -> PackSummary:
+        """The summary of a pack that wrote ``manifest`` and ``quarantine`` to ``out``."""
+        src, split = manifest["source"], manifest["split"]
+        return cls(
+            out=out, format=manifest["format"], classes=list(manifest["classes"]),
+            num_files=src["num_files"], num_packed=src["num_packed"],
+            num_quarantined=src["num_quarantined"], num_duplicates=src["num_duplicates"],
+            num_ignored=src["num_ignored"], splits={
+                name: {"samples": sm["num_samples"],
+                       "fraction": split["achieved"]["samples"][name],
+                       "groups": sm["num_groups"], "shards": len(sm["shards"]),
+                       "class_counts": sm["class_counts"]}
+                for name, sm in manifest["splits"].items()},
+            quarantine_reasons=dict(Counter(reason_kind(q["reason"]) for q in quarantine)),
+            ignored=[[e["path"], e["reason"]] for e in src["ignored"]],
+            label_conflicts=split["label_conflicts"], warnings=warnings, cleaned=cleaned,
+            num_with_warnings=num_with_warnings, replaced=list(replaced or []),
+            transcoded=dict(manifest["normalization"].get("transcoded", {})))
+
+    def format_text(self) -> str:
+        """The human-readable summary (printed by ``shardkit pack``)."""
+        lines = [f"packed {self.out} (format {self.format}, {len(self.classes)} classes)"]
+        for name, s in self.splits.items():
+            counts = ", ".join(f"{c}={n}" for c, n in zip(self.classes, s["class_counts"]))
+            lines.append(f"  {name}: {s['samples']} samples ({s['fraction']:.3f}), {s['groups']} "
+                         f"groups, {s['shards']} shards [{counts}]")
+        reasons = ", ".join(f"{r}={n}" for r, n in sorted(self.quarantine_reasons.items()))
+        lines.append(f"  scanned {self.num_files} = packed {self.num_packed} + quarantined "
+                     f"{self.num_quarantined}" + (f" ({reasons})" if reasons else ""))
+        if self.num_quarantined:
+            lines.append(f"    rejected files, one reason each: {self.out / 'quarantine.jsonl'}")
+        rules = ", ".join(f"{r}={n}" for r, n in self.transcoded.items())
+        lines.append(f"  transcoded: {sum(self.transcoded.values())} samples"
+                     + (f" ({rules})" if rules else "") + "; the others are stored as the "
+                     "source bytes")
+        lines.append(f"  duplicates (identical bytes): {self.num_duplicates}; label conflicts: "
+                     f"{len(self.label_conflicts)}; packed with decoder warnings: "
+                     f"{self.num_with_warnings}; ignored entries: {self.num_ignored}")
+        lines += [f"    ignored {path}: {why}" for path, why in self.ignored[:10]]
+        if len(self.ignored) > 10:
+            lines.append(f"    ... and {len(self.ignored) - 10} more ignored entries")
+        if self.cleaned:
+            shown = ", ".join(self.cleaned[:10]) + (f" and {len(self.cleaned) - 10} more"
+                                                    if len(self.cleaned) > 10 else "")
+            lines.append(f"  removed from OUT before writing (left by an unfinished run): {shown}")
+        if self.replaced:
+            lines.append(f"  replaced the previous dataset in OUT ({len(self.replaced)} of its "
+                         "files removed)")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return printable("\n".join(lines))
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates (from file names that are not valid UTF-8) written as
+    ``\\udcXX`` escapes, so printing it never raises UnicodeEncodeError."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def reason_kind(reason: str) -> str:
+    """The kind of a quarantine reason: its text before the first ``':'`` or ``' ('``."""
+    return reason.split(":", 1)[0].split(" (", 1)[0].strip()
