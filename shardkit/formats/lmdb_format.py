@@ -152,13 +152,15 @@ class Reader(FormatReader):
         cache_key = (path, st.st_ino, st.st_mtime_ns, st.st_size)  # a rewritten file is a new env
         env = _ENVS.get(cache_key)
         if env is None:
+            # the file was rewritten: py-lmdb refuses a second environment on one path in a
+            # process, so the stale one is closed first
+            for old in [k for k in _ENVS if k[0] == path]:
+                _ENVS.pop(old).close()
             try:
                 env = lmdb.open(path, subdir=False, readonly=True, lock=False,
                                 readahead=False, meminit=False)
             except lmdb.Error as e:
                 raise ShardCorruptError(f"shard {self.name}: cannot open LMDB: {e}") from e
-            for old in [k for k in _ENVS if k[0] == path]:
-                _ENVS.pop(old).close()
             _ENVS[cache_key] = env
         return env
 
