@@ -397,7 +397,10 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
 @click.option("--strict", is_flag=True, help="Reject images with decoder warnings.")
 @click.option("--max-pixels", type=click.IntRange(min=1), metavar="N",
               help="Pixel limit per image.")
-@click.option("--overwrite", is_flag=True, help="Replace a finished dataset in OUT.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a finished dataset in OUT: the new one is built beside it (in "
+                   "OUT/.shardkit-new, so the disk needs room for both) and swapped in at the "
+                   "end; until then the old one stays valid.")
 @click.option("--wds-cls", is_flag=True, help="Also write '<key>.cls' tar members (wds).")
 @click.option("--on-label-conflict", type=click.Choice(LABEL_CONFLICT_POLICIES), default="error",
               show_default=True, help="Identical bytes under different labels.")
