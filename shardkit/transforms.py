@@ -14,10 +14,10 @@ the crop >= S in both dimensions (``dct_scaling``; reductions 1/2, 1/4, 1/8, see
 extension's Pillow-exact resample (``shardkit.decode.resize_into``: antialiased, bit-identical to
 Pillow's ``resize(box=...)``, i.e. torchvision's PIL path), all in one call without the GIL.
 Whenever no DCT reduction applies (every flowers photo: crops are < 2S) the result equals
-torchvision v2 ``resized_crop`` + ``horizontal_flip`` on the same decoded pixels, bit for bit
-(tests/test_transforms.py). Measured single-core cost on the flowers photos: 0.64 ms per sample,
-vs 1.67 ms for PIL + torchvision v2 and 0.62-0.65 ms for a bare full decode
-(benchmarks/bench_decode.py).
+torchvision v2 ``resized_crop`` + ``horizontal_flip`` on the same decoded pixels, bit for bit,
+also on 4:2:0 JPEGs (the ROI decode reads chroma past the crop edges; tests/test_transforms.py).
+Measured single-core cost on the flowers photos: 0.64 ms per sample, vs 1.67 ms for PIL +
+torchvision v2 and 0.62-0.65 ms for a bare full decode (benchmarks/bench_decode.py).
 
 Eval/inference: timm's default: resize the shorter side to ``floor(S / crop_pct)`` then center
 crop S (``timm/data/transforms_factory.py``, ``transforms_imagenet_eval``), fused into one resize

@@ -335,12 +335,18 @@ def test_case12_scaled_sizes_are_ceil_and_checked(name, case12, monkeypatch):
 
 # ---------------------------------------------------------------- ROI exactness -------------
 
-def _windows(w: int, h: int, rng: np.random.Generator):
+def _windows(w: int, h: int, rng: np.random.Generator, step: int = 16):
+    """Edge windows, two with the left edge on a multiple of ``step`` (the scaled iMCU width, 16
+    at full scale for 4:2:x) and an even width, then 12 random windows, as (x0, y0, x1, y1)."""
     yield 0, 0, w, h                       # whole image
     yield 0, 0, 1, h                       # 1 px wide, left edge
     yield w - 1, 0, w, h                   # 1 px wide, right edge
     yield 0, h - 1, w, h                   # 1 px high, bottom edge
     yield w - 1, h - 1, w, h               # bottom-right pixel
+    # where cropped fancy upsampling would replicate chroma (see ROI_EDGE_CONTEXT)
+    a, c = w // 3 // step * step, h // 2 // step * step
+    yield a, 0, min(w, a + 2 * max(1, (w - a) // 4)), h
+    yield a, c, min(w, a + 2), min(h, c + 3)
     for _ in range(12):
         x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
         yield x0, y0, int(rng.integers(x0 + 1, w + 1)), int(rng.integers(y0 + 1, h + 1))
@@ -352,7 +358,7 @@ def _roi_windows_exact(dec, data: bytes, factor: Fraction, rng: np.random.Genera
     full = dec._run(data, (0, 0, 0, 0), factor)  # whole image at this scale
     assert full.shape[:2] == scaled_size(*dec.probe(data)[:2], factor)[::-1]
     h, w = full.shape[:2]
-    for x0, y0, x1, y1 in _windows(w, h, rng):
+    for x0, y0, x1, y1 in _windows(w, h, rng, 2 * int(factor * 8)):  # iMCU of 4:2:x at M/8
         part = dec._run(data, (x0, y0, x1, y1), factor)
         assert np.array_equal(part, full[y0:y1, x0:x1]), (factor, (x0, y0, x1, y1))
 
@@ -364,17 +370,6 @@ def _reencode(path: Path, subsampling: int, progressive: bool = False) -> bytes:
     Image.open(path).save(buf, "JPEG", quality=90, subsampling=subsampling,
                           progressive=progressive)
     return buf.getvalue()
-
-
-#: A defect of the roi decoder found while moving these tests to made files: with fancy
-#: upsampling (the default) on a chroma-subsampled JPEG, jpeg_crop_scanline() starts and ends the
-#: chroma upsampling at the window, so the window's first or last column can differ from the full
-#: decode (up to 20 levels; merged "fast" upsampling is exact). Decoding a window 2 scaled pixels
-#: wider on each side, then cutting, was exact on all 1,088 windows tried: the fix for _jpegroi.c.
-ROI_SUBSAMPLED_EDGES = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="roi window edges differ from the full decode on 4:2:0 / 4:2:2 JPEGs with fancy "
-           "upsampling (jpeg_crop_scanline edge replication)")
 
 
 @pytest.mark.parametrize("fast", [(False, False), (True, True)], ids=["exact", "fast"])
@@ -391,14 +386,18 @@ def test_roi_equals_full_decode_then_crop(factor, fast, sample_dir):
 
 @pytest.mark.parametrize("sub, fast", [
     pytest.param(0, False, id="444-exact"), pytest.param(0, True, id="444-fast"),
-    pytest.param(1, False, id="422-exact", marks=ROI_SUBSAMPLED_EDGES),
-    pytest.param(1, True, id="422-fast"),
-    pytest.param(2, False, id="420-exact", marks=ROI_SUBSAMPLED_EDGES),
-    pytest.param(2, True, id="420-fast"),
+    pytest.param(1, False, id="422-exact"), pytest.param(1, True, id="422-fast"),
+    pytest.param(2, False, id="420-exact"), pytest.param(2, True, id="420-fast"),
 ])
 def test_roi_exact_on_chroma_subsampled_jpegs(sub, fast, sample_dir):
     """Most JPEGs in the wild are 4:2:0, the flowers sample is all 4:4:4: two sample photos
-    saved again by Pillow at each subsampling, every DCT scale, every window exact."""
+    saved again by Pillow at each subsampling, every DCT scale, every window exact.
+
+    Regression guard: with fancy upsampling (the default), jpeg_crop_scanline() makes
+    libjpeg-turbo upsample chroma as if the crop were the whole image, so a window's first or
+    last column differed from the full decode on 4:2:2 (every scale) and 4:2:0 (scale 1) by up
+    to ~35 levels, at an iMCU-aligned left edge or an even right edge (windows _windows()
+    yields). _jpegroi.c decodes 2 more columns on each side and cuts (ROI_EDGE_CONTEXT)."""
     _decoder_or_skip("roi")
     dec = get_decoder("roi", fast_dct=fast, fast_upsample=fast)
     for path in _flower_files(sample_dir, 2):
@@ -431,8 +430,9 @@ def test_progressive_full_decode_matches_pillow(name, made_awkward_dir):
     assert np.abs(arr.astype(np.int16) - ref).mean() <= bound
 
 
-@ROI_SUBSAMPLED_EDGES  # the made progressive file is 4:2:0 (Pillow's default subsampling)
 def test_progressive_roi_matches_full(made_awkward_dir):
+    """The made progressive file is 4:2:0 (Pillow's default subsampling), decoded with fancy
+    upsampling: windows at iMCU-aligned edges included."""
     dec = _decoder_or_skip("roi")
     data = (made_awkward_dir / "progressive_photo.jpg").read_bytes()
     full = dec.decode(data)
@@ -484,6 +484,29 @@ def test_decode_resize_equals_region_then_resize(name, sample_dir):
     arr = dec.decode_region(data, region, Fraction(1))
     ref = resize_into(arr, box, np.empty((64, 80, 3), np.uint8), True)
     assert np.array_equal(fused, ref)
+
+
+@pytest.mark.parametrize("sub", [1, 2], ids=["422", "420"])
+def test_roi_fused_resize_exact_on_chroma_subsampled_jpegs(sub, sample_dir):
+    """The fused crop + resize (the train transform's path) reads the same window pixels as a
+    full decode on 4:2:2 / 4:2:0 with fancy upsampling: equal to resize_into() of the window cut
+    from the full decode, at scales 1 and 1/2, edge, iMCU-aligned and random windows."""
+    dec = _decoder_or_skip("roi")
+    rng = np.random.default_rng(sub)
+    for path in _flower_files(sample_dir, 2):
+        data = _reencode(path, sub)
+        for factor in (Fraction(1), Fraction(1, 2)):
+            full = dec.decode_scaled(data, factor)
+            for x0, y0, x1, y1 in _windows(full.shape[1], full.shape[0], rng, int(factor * 16)):
+                rw, rh = x1 - x0, y1 - y0
+                box = (rw * rng.uniform(0, 0.25), rh * rng.uniform(0, 0.25),
+                       rw * rng.uniform(0.75, 1), rh * rng.uniform(0.75, 1))
+                flip = bool(rng.random() < 0.5)
+                fused = dec.decode_resize(data, (x0, y0, x1, y1), factor, box,
+                                          np.empty((24, 32, 3), np.uint8), flip)
+                ref = resize_into(np.ascontiguousarray(full[y0:y1, x0:x1]), box,
+                                  np.empty((24, 32, 3), np.uint8), flip)
+                assert np.array_equal(fused, ref), (path.name, factor, (x0, y0, x1, y1), box)
 
 
 # ---------------------------------------------------------------- pixel limit ---------------

@@ -7,6 +7,16 @@
  * (libjpeg-turbo's jdmaster.c: output size = ceil(image_size * M / 8)). Rows below the window
  * are never entropy-decoded: decompression is aborted once the window is read.
  *
+ * Exactness: the window equals the same window of a full decode at the same scale, also with
+ * chroma subsampling. jpeg_crop_scanline() makes the upsampler treat the cropped columns as the
+ * whole image, so fancy (triangle) horizontal upsampling replicates the chroma at the crop's
+ * first and last columns instead of reading its neighbours (up to ~35 levels off on 4:2:2 and
+ * 4:2:0). When a component is upsampled horizontally with fancy upsampling, roi_window()
+ * therefore decodes ROI_EDGE_CONTEXT more columns on each side (clamped to the image) and cuts
+ * the window out of them. Rows need nothing: jpeg_skip_scanlines() decodes the context row
+ * group above the window for fancy vertical upsampling (4:2:0 is exact in tests/test_decode.py,
+ * 4:4:0 was checked too), and rows below the window are read as in a full decode.
+ *
  * Errors use a setjmp/longjmp error manager (libjpeg's example.c pattern); warnings are
  * counted (and the last one kept) instead of printed. The GIL is released while libjpeg runs.
  *
@@ -38,6 +48,21 @@
 
 #define ROI_FAST_DCT 1
 #define ROI_FAST_UPSAMPLE 2
+
+/* Extra columns decoded on each side of a window whose chroma is upsampled horizontally with
+ * fancy upsampling: the triangle filter of a 2x upsampled component reads one chroma sample on
+ * each side, i.e. 2 output pixels (libjpeg-turbo's jdsample.c, h2v1/h2v2_fancy_upsample).
+ * 1 is enough in practice (the crop start is iMCU-aligned, so even); 2 needs no such argument
+ * and costs the same except in 1 window of 16 (4:2:0 at full scale, one more iMCU column). */
+#define ROI_EDGE_CONTEXT 2
+
+#if JPEG_LIB_VERSION >= 70
+#define ROI_DCT_H(c) ((c)->DCT_h_scaled_size)
+#define ROI_MIN_DCT_H(ci) ((ci)->min_DCT_h_scaled_size)
+#else
+#define ROI_DCT_H(c) ((c)->DCT_scaled_size)
+#define ROI_MIN_DCT_H(ci) ((ci)->min_DCT_scaled_size)
+#endif
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -102,6 +127,20 @@ static PyObject *roi_header(PyObject *self, PyObject *args) {
     return Py_BuildValue("(lllll)", width, height, comps, cs, prog);
 }
 
+/* 1 when some component is upsampled horizontally (its scaled width is not the output's, after
+ * jpeg_calc_output_dimensions: libjpeg-turbo upscales chroma in the IDCT where it can, e.g. 4:2:0
+ * at scales below 1) with fancy upsampling: then cropped columns need ROI_EDGE_CONTEXT. */
+static int roi_h_fancy(const struct jpeg_decompress_struct *cinfo) {
+    int ci;
+    if (!cinfo->do_fancy_upsampling) return 0;
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+        const jpeg_component_info *c = &cinfo->comp_info[ci];
+        if (c->h_samp_factor * ROI_DCT_H(c) != cinfo->max_h_samp_factor * ROI_MIN_DCT_H(cinfo))
+            return 1;
+    }
+    return 0;
+}
+
 /* Decode window (x, y, w, h) (scaled coordinates; w <= 0 or h <= 0: whole image) at scale m/8
  * into dst (w*h*3 bytes), or, when dst is NULL, only report the scaled size. Runs without the
  * GIL. Returns 0 on success, 1 on a libjpeg error (err->error), 2 for a window outside the image,
@@ -136,11 +175,15 @@ static int roi_window(const unsigned char *data, size_t len, long x, long y, lon
             } else if (!(row = (unsigned char *)malloc((size_t)*sw * 3 + 64))) {
                 rc = 3;
             } else {
-                JDIMENSION xoff = (JDIMENSION)X, cw = (JDIMENSION)W;
+                /* decoded columns [c0, c1): the window, plus context where fancy upsampling
+                 * would otherwise replicate chroma at the crop edges (see ROI_EDGE_CONTEXT) */
+                long ctx = roi_h_fancy(&cinfo) ? ROI_EDGE_CONTEXT : 0;
+                long c0 = X - ctx < 0 ? 0 : X - ctx, c1 = X + W + ctx > *sw ? *sw : X + W + ctx;
+                JDIMENSION xoff = (JDIMENSION)c0, cw = (JDIMENSION)(c1 - c0);
                 long shift, r;
                 jpeg_start_decompress(&cinfo);
                 if (cw < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoff, &cw);
-                shift = X - (long)xoff; /* columns of the iMCU-aligned window left of X */
+                shift = X - (long)xoff; /* decoded columns left of X (iMCU alignment, context) */
                 if (Y > 0) jpeg_skip_scanlines(&cinfo, (JDIMENSION)Y);
                 for (r = 0; r < H; r++) {
                     JSAMPROW rows[1];

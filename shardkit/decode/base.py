@@ -301,7 +301,8 @@ class Decoder:
         ``box = (x0, y0, x1, y1)`` in *scaled* pixel coordinates, inside
         ``scaled_size(W, H, factor)``. Returns RGB uint8 ``(y1-y0, x1-x0, 3)`` C-contiguous.
         This default decodes the whole scaled image and slices; ROI-capable backends decode
-        only the window. Raises DecodeError (bad box, decode failure).
+        only the window, to the same pixels (at every chroma subsampling: tests/test_decode.py).
+        Raises DecodeError (bad box, decode failure).
         """
         probe = probe or self.probe(data)
         full = self.decode_scaled(data, factor, probe)

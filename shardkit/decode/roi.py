@@ -4,7 +4,13 @@ Decodes only the crop window: rows above it are skipped (``jpeg_skip_scanlines``
 but not IDCT'd), columns outside it are skipped down to iMCU alignment (``jpeg_crop_scanline``),
 rows below it are never read (decompression is aborted). Combined with DCT scaling (M/8,
 M = 1..8) and direct RGB output (``JCS_EXT_RGB``; grayscale expands to RGB). The result equals a
-full decode at the same scale, cropped (tested pixel-exact on real photos).
+full decode at the same scale, cropped, at every chroma subsampling (tested pixel-exact on real
+photos at 4:4:4, 4:2:2, 4:2:0, also through the fused resize). Where chroma is upsampled
+horizontally with fancy upsampling (4:2:2 at every scale, 4:2:0 at scale 1), a cropped decode
+would replicate chroma at the crop's edge columns, so the extension decodes 2 more columns on
+each side and cuts them off (``ROI_EDGE_CONTEXT`` in ``_jpegroi.c``; cost: see
+benchmarks/bench_decode.py). Rows need no margin: ``jpeg_skip_scanlines`` decodes the context
+rows above the window.
 
 Warnings are counted by the extension, never printed. Because rows below the window are not
 read, a file truncated below the window decodes without a warning on this path: corruption is
