@@ -128,7 +128,7 @@ def load_manifest(root: str | os.PathLike) -> dict:
 
     Raises:
         ManifestError: the file is missing (the dataset is not packed or a pack run did not
-            finish), is not JSON, or has an unknown ``schema_version``.
+            finish), is not JSON, not a JSON object, or has an unknown ``schema_version``.
     """
     location = join(root, MANIFEST_NAME)
     try:
@@ -139,6 +139,10 @@ def load_manifest(root: str | os.PathLike) -> dict:
                             ) from None
     except (OSError, ValueError) as e:
         raise ManifestError(f"cannot read {location}: {e}") from e
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{location} is valid JSON but not a JSON object (found "
+                            f"{type(manifest).__name__}); expected the manifest object of "
+                            "docs/DESIGN.md")
     version = manifest.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ManifestError(f"{location} has schema_version {version!r}; this shardkit reads "
@@ -268,6 +272,19 @@ def read_split_records(root: str | os.PathLike, split: str) -> list[dict]:
     location = join(root, f"splits/{split}.jsonl")
     try:
         text = _read_bytes(location).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{location} is not UTF-8 ({e.reason} at byte {e.start}); the file "
+                            "is damaged") from None
     except OSError as e:
         raise ManifestError(f"cannot read {location}: {e}") from e
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as e:
+            reason = getattr(e, "msg", None) or str(e)
+            raise ManifestError(f"{location} holds a line that is not JSON (line {number}: "
+                                f"{reason}); the file is damaged (truncated or edited?)") from None
+    return records
