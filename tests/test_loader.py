@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from shardkit.decode import DecodeWarningError, auto_choice
-from shardkit.errors import ConfigError, DecodeError, LoaderError
+from shardkit.errors import ConfigError, DecodeError, LoaderError, ShardCorruptError
 from shardkit.manifest import load_index
 from shardkit.stream import (DeviceNormalizer, MapShardDataset, ProcessBackend, SamplingOptions,
                              ThreadBackend, WorkerOptions, make_loader)
@@ -341,6 +341,11 @@ def test_skip_policy_counts_and_default_raises_naming_shard_and_key(sample_dir, 
         f["images"][start:stop] = np.frombuffer(b"\xff\xd8\xff\xe0" + b"\x00" * (stop - start - 4),
                                                 np.uint8)
     kw = dict(num_workers=1, image_size=S, sampling=NO_SHUFFLE, workers=_workers(backend))
+    # by default the read checksum catches the damage before the decoder sees it
+    with pytest.raises(ShardCorruptError, match=r"train-000000\.h5: sample 'train_00000002' is "
+                                                 r"corrupt: xxh3"):
+        list(make_loader(tmp_path, "train", 4, **kw))
+    kw["verify_reads"] = False  # the decode-failure path itself
     with pytest.raises(DecodeError, match=r"train-000000\.h5.*'train_00000002'"):
         list(make_loader(tmp_path, "train", 4, **kw))
     loader = make_loader(tmp_path, "train", 4, on_error="skip", return_meta=True, **kw)

@@ -138,17 +138,17 @@ def test_pack_cli_summary_overwrite_and_errors(small_src, tmp_path):
     assert "no group rule" in res.output
     assert "ignored entries: 1" in res.output and "ignored notes.txt: " in res.output
     again = runner.invoke(main, args + ["--format", "lmdb"])
-    assert again.exit_code == 1 and "Traceback" not in again.output
+    assert again.exit_code == 2 and "Traceback" not in again.output
     assert "already holds a packed dataset" in again.output and "--overwrite" in again.output
     over = runner.invoke(main, args + ["--format", "lmdb", "--overwrite"])
     assert over.exit_code == 0 and load_manifest(out)["format"] == "lmdb"
     bad_split = runner.invoke(main, ["pack", str(small_src), str(tmp_path / "o2"), "--split",
                                      "train=0.5,val=0.4", "--no-progress"])
-    assert bad_split.exit_code == 1
+    assert bad_split.exit_code == 2
     assert "split spec 'train=0.5,val=0.4'" in bad_split.output and "sum to 0.9" in bad_split.output
     no_col = runner.invoke(main, ["pack", str(small_src), str(tmp_path / "o4"), "--metadata",
                                   __file__])
-    assert no_col.exit_code == 1 and "needs --group-column" in no_col.output
+    assert no_col.exit_code == 2 and "needs --group-column" in no_col.output
     bad_fmt = runner.invoke(main, ["pack", str(small_src), str(tmp_path / "o3"), "--format", "zip"])
     assert bad_fmt.exit_code == 2 and "'zip' is not one of" in bad_fmt.output
 
@@ -162,7 +162,7 @@ def test_pack_cli_unknown_labels_listed_with_closest(small_src, tmp_path):
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["pack", str(small_src), str(out), "--labels", str(labels),
                                     "--no-progress"])
-    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.exit_code == 2 and "Traceback" not in res.output
     assert "2 label(s) match no class" in res.output
     assert "'dasiy' (closest: 'daisy')" in res.output
     assert "'Tulip' (closest: 'tulips')" in res.output
@@ -283,12 +283,14 @@ def test_broken_dataset_gives_one_line_and_the_documented_exit_code(packed_sampl
 
 
 def test_broken_dataset_error_through_the_installed_command(packed_sample, tmp_path):
-    """The real process (not CliRunner): one stderr line, exit code 2, no traceback."""
+    """The real process (not CliRunner): one error line (the last on stderr; only INFO notes such
+    as the decoder choice may come before it), exit code 2, no traceback."""
     root = copy_of(packed_sample("wds"), tmp_path)
     shard = _deleted_shard(root)
     proc = subprocess.run([sys.executable, "-m", "shardkit.cli", "check", str(root),
                            "--no-transforms"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    (line,) = proc.stderr.splitlines()
+    *notes, line = proc.stderr.splitlines()
+    assert all(n.startswith("INFO shardkit.") for n in notes), proc.stderr
     assert line.startswith("Error: ShardCorruptError: shard ") and shard in line
     assert proc.stdout == ""
