@@ -54,3 +54,15 @@ def test_device_decode_needs_a_transform_config(photos):
 def test_device_decode_on_cuda_matches_the_fused_path(photos):
     diffs = _compare(photos, "cuda", True)
     assert max(diffs) < 3.0, diffs
+
+
+def test_device_decode_process_backend_gives_the_thread_backends_batches(photos):
+    """The encoded batch (bytes + crops) crosses from worker processes intact."""
+    from shardkit.stream import WorkerOptions
+
+    kw = dict(num_workers=2, image_size=32, seed=2, device_decode="cpu")
+    thread = list(make_loader(photos, "train", 8, **kw))
+    proc = list(make_loader(photos, "train", 8, workers=WorkerOptions(backend="process"), **kw))
+    assert len(thread) == len(proc) == 5
+    for (x1, y1), (x2, y2) in zip(thread, proc):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
