@@ -9,7 +9,12 @@ and reports the median rate (images per CPU-second of the process, i.e. per core
 too) and its ratio to Pillow full decode measured in the same run. The "step" rows show the
 payoff of each idea: ROI decoding, DCT scaling, the fused C crop+resize+flip.
 
+``--subsampling 420`` (or 422, 444) re-encodes every photo with Pillow at quality 90 and that
+chroma subsampling before timing (the flowers sample is all 4:4:4, most camera JPEGs are 4:2:0);
+``--only TEXT`` (repeatable) runs only the cases whose name contains one of the texts.
+
 Usage: python benchmarks/bench_decode.py [--data DIR] [--limit N] [--repeat R] [--out JSON]
+           [--subsampling keep|444|422|420] [--only TEXT ...]
 """
 from __future__ import annotations
 
@@ -29,11 +34,27 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(data: Path, limit: int) -> list[bytes]:
+_SUBSAMPLING = {"444": 0, "422": 1, "420": 2}  # Pillow's JPEG ``subsampling`` codes
+
+
+def _load(data: Path, limit: int, subsampling: str = "keep") -> list[bytes]:
+    """The first ``limit`` JPEGs under ``data`` (sorted paths), as stored or, unless
+    ``subsampling`` is "keep", saved again by Pillow at quality 90 with that subsampling."""
     files = sorted(p for p in data.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
     if not files:
         raise click.UsageError(f"no JPEG files under {data}")
-    return [p.read_bytes() for p in files[:limit]]
+    blobs = [p.read_bytes() for p in files[:limit]]
+    if subsampling == "keep":
+        return blobs
+    from PIL import Image
+
+    out = []
+    for b in blobs:
+        buf = io.BytesIO()
+        with Image.open(io.BytesIO(b)) as im:
+            im.convert("RGB").save(buf, "JPEG", quality=90, subsampling=_SUBSAMPLING[subsampling])
+        out.append(buf.getvalue())
+    return out
 
 
 def _time(fn, blobs: list[bytes], repeat: int) -> dict:
@@ -239,12 +260,19 @@ def _environment() -> dict:
 @click.option("--repeat", type=int, default=3, show_default=True, help="timed passes")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("bench-results/decode.json"), show_default=True)
-def main(data: Path, limit: int, repeat: int, out: Path) -> None:
+@click.option("--subsampling", type=click.Choice(["keep", *_SUBSAMPLING]), default="keep",
+              show_default=True, help="re-encode every photo (Pillow, quality 90) first")
+@click.option("--only", multiple=True, help="run only cases whose name contains this text "
+              "(repeatable; the Pillow baseline always runs)")
+def main(data: Path, limit: int, repeat: int, out: Path, subsampling: str,
+         only: tuple[str, ...]) -> None:
     """Benchmark decoders and the train transform; print a table, write JSON."""
-    blobs = _load(data, limit)
+    blobs = _load(data, limit, subsampling)
     results = []
     base = None
     for name, group, fn in _cases(blobs):
+        if only and base is not None and not any(t in name for t in only):
+            continue
         r = _time(fn, blobs, repeat)
         if base is None:
             base = r["images_per_s"]
@@ -252,7 +280,8 @@ def main(data: Path, limit: int, repeat: int, out: Path) -> None:
         results.append(r)
         click.echo(f"{name:<66} {r['images_per_s']:7.0f} img/s/core {r['ms_per_image']:6.3f} ms"
                    f"  x{r['ratio_vs_pil_full']:.2f}  (wall {r['wall_images_per_s']:.0f}/s)")
-    report = {"data": str(data), "num_images": len(blobs), "repeat": repeat,
+    report = {"data": str(data), "subsampling": subsampling, "num_images": len(blobs),
+              "repeat": repeat,
               "mean_bytes": float(np.mean([len(b) for b in blobs])),
               "baseline": "pil full decode", "results": results,
               "fast_flags_pixel_diff": _fast_flag_diff(blobs[:50]),

@@ -395,9 +395,9 @@ def test_roi_exact_on_chroma_subsampled_jpegs(sub, fast, sample_dir):
 
     Regression guard: with fancy upsampling (the default), jpeg_crop_scanline() makes
     libjpeg-turbo upsample chroma as if the crop were the whole image, so a window's first or
-    last column differed from the full decode on 4:2:2 (every scale) and 4:2:0 (scale 1) by up
-    to ~35 levels, at an iMCU-aligned left edge or an even right edge (windows _windows()
-    yields). _jpegroi.c decodes 2 more columns on each side and cuts (ROI_EDGE_CONTEXT)."""
+    last column differed from the full decode on 4:2:2 (scales > 1/8) and 4:2:0 (scale 1) by up
+    to 36 levels, at an iMCU-aligned left edge or an even right edge (windows _windows()
+    yields). _jpegroi.c decodes 1 more column on each side and cuts (ROI_EDGE_CONTEXT)."""
     _decoder_or_skip("roi")
     dec = get_decoder("roi", fast_dct=fast, fast_upsample=fast)
     for path in _flower_files(sample_dir, 2):

@@ -12,10 +12,11 @@
  * whole image, so fancy (triangle) horizontal upsampling replicates the chroma at the crop's
  * first and last columns instead of reading its neighbours (up to ~35 levels off on 4:2:2 and
  * 4:2:0). When a component is upsampled horizontally with fancy upsampling, roi_window()
- * therefore decodes ROI_EDGE_CONTEXT more columns on each side (clamped to the image) and cuts
- * the window out of them. Rows need nothing: jpeg_skip_scanlines() decodes the context row
- * group above the window for fancy vertical upsampling (4:2:0 is exact in tests/test_decode.py,
- * 4:4:0 was checked too), and rows below the window are read as in a full decode.
+ * therefore decodes ROI_EDGE_CONTEXT more columns on each side (clamped to the image), at least
+ * ROI_MIN_FANCY_COLUMNS in all, and cuts the window out of them. Rows need nothing:
+ * jpeg_skip_scanlines() decodes the context row group above the window for fancy vertical
+ * upsampling (4:2:0 is exact in tests/test_decode.py, 4:4:0 was checked too), and rows below the
+ * window are read as in a full decode.
  *
  * Errors use a setjmp/longjmp error manager (libjpeg's example.c pattern); warnings are
  * counted (and the last one kept) instead of printed. The GIL is released while libjpeg runs.
@@ -50,11 +51,23 @@
 #define ROI_FAST_UPSAMPLE 2
 
 /* Extra columns decoded on each side of a window whose chroma is upsampled horizontally with
- * fancy upsampling: the triangle filter of a 2x upsampled component reads one chroma sample on
- * each side, i.e. 2 output pixels (libjpeg-turbo's jdsample.c, h2v1/h2v2_fancy_upsample).
- * 1 is enough in practice (the crop start is iMCU-aligned, so even); 2 needs no such argument
- * and costs the same except in 1 window of 16 (4:2:0 at full scale, one more iMCU column). */
-#define ROI_EDGE_CONTEXT 2
+ * fancy upsampling (libjpeg-turbo's jdsample.c h2v1/h2v2_fancy_upsample, and the SIMD ones).
+ * Counting from the crop start, output pixel 2k blends chroma samples k-1 and k, pixel 2k+1
+ * blends k and k+1, and a missing sample is replaced by the crop's first or last one. So only
+ * the crop's first pixel (no sample -1) and, when the crop's width is even, its last pixel (no
+ * sample k+1) differ from a full decode. The crop starts on an iMCU boundary, even whenever 2x
+ * fancy upsampling applies (iMCU width = 2 * h_samp_factor * DCT scaled size): one more column
+ * on the left puts the crop start left of the window, one more on the right gives the window's
+ * last pixel its sample k+1. Cost: one more iMCU column in 1 window of 16 (4:2:0 at full
+ * scale); no measurable change per train sample (benchmarks/bench_decode.py). */
+#define ROI_EDGE_CONTEXT 1
+
+/* ... and at least this many columns: libjpeg-turbo (jdsample.c, jinit_upsampler) upsamples 2x
+ * with the fancy filter only when a component has more than 2 samples per row, and
+ * jpeg_crop_scanline() re-initialises the upsampler when the crop leaves fewer than 2: a crop of
+ * 1-4 columns could switch 4:2:0 to box upsampling (rows off by up to 6 levels). 5 columns keep
+ * 3 chroma samples. */
+#define ROI_MIN_FANCY_COLUMNS 5
 
 #if JPEG_LIB_VERSION >= 70
 #define ROI_DCT_H(c) ((c)->DCT_h_scaled_size)
@@ -179,6 +192,10 @@ static int roi_window(const unsigned char *data, size_t len, long x, long y, lon
                  * would otherwise replicate chroma at the crop edges (see ROI_EDGE_CONTEXT) */
                 long ctx = roi_h_fancy(&cinfo) ? ROI_EDGE_CONTEXT : 0;
                 long c0 = X - ctx < 0 ? 0 : X - ctx, c1 = X + W + ctx > *sw ? *sw : X + W + ctx;
+                if (ctx && c1 - c0 < ROI_MIN_FANCY_COLUMNS) { /* see ROI_MIN_FANCY_COLUMNS */
+                    c1 = c0 + ROI_MIN_FANCY_COLUMNS > *sw ? *sw : c0 + ROI_MIN_FANCY_COLUMNS;
+                    c0 = c1 - ROI_MIN_FANCY_COLUMNS < 0 ? 0 : c1 - ROI_MIN_FANCY_COLUMNS;
+                }
                 JDIMENSION xoff = (JDIMENSION)c0, cw = (JDIMENSION)(c1 - c0);
                 long shift, r;
                 jpeg_start_decompress(&cinfo);

@@ -6,9 +6,9 @@ rows below it are never read (decompression is aborted). Combined with DCT scali
 M = 1..8) and direct RGB output (``JCS_EXT_RGB``; grayscale expands to RGB). The result equals a
 full decode at the same scale, cropped, at every chroma subsampling (tested pixel-exact on real
 photos at 4:4:4, 4:2:2, 4:2:0, also through the fused resize). Where chroma is upsampled
-horizontally with fancy upsampling (4:2:2 at every scale, 4:2:0 at scale 1), a cropped decode
-would replicate chroma at the crop's edge columns, so the extension decodes 2 more columns on
-each side and cuts them off (``ROI_EDGE_CONTEXT`` in ``_jpegroi.c``; cost: see
+horizontally with fancy upsampling (4:2:2 at scales above 1/8, 4:2:0 at scale 1), a cropped
+decode would replicate chroma at the crop's edge columns, so the extension decodes 1 more
+column on each side and cuts it off (``ROI_EDGE_CONTEXT`` in ``_jpegroi.c``; cost: see
 benchmarks/bench_decode.py). Rows need no margin: ``jpeg_skip_scanlines`` decodes the context
 rows above the window.
 
