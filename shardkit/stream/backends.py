@@ -51,8 +51,9 @@ class ThreadBackend(_Backend):
     FFCV and DALI. All threads share the dataset's :class:`ShardSource` (shard readers, index);
     each has its own copy of the transform (decoder handles are not thread-safe) and its own
     read buffer; batch memory is recycled through a :class:`~shardkit.stream.datasets.BufferPool`
-    once the consumer has dropped a batch. ``prefetch_factor`` batches per thread are in flight; they are yielded in
-    batch order. ``num_workers=0`` builds every batch in the consumer's thread.
+    once the consumer has dropped a batch. ``prefetch_factor`` batches per thread are in
+    flight; they are yielded in batch order. ``num_workers=0`` builds every batch in the
+    consumer's thread.
     """
 
     def __init__(self, dataset: BatchDataset, num_workers: int, prefetch_factor: int,

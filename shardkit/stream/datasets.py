@@ -30,7 +30,8 @@ from .options import ON_WARNING, SamplingOptions
 from .source import ShardSource, worker_id_count
 from .state import Sampling
 
-__all__ = ["ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport", "EncodedBatch", "BufferPool"]
+__all__ = ["ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport", "EncodedBatch",
+           "BufferPool"]
 
 log = logging.getLogger("shardkit.stream")
 

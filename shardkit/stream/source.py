@@ -109,7 +109,8 @@ class ShardSource:
     or an fsspec URL for ``wds`` tar shards).
 
     Attributes:
-        root, split: as given. remote: True for a remote (non-``file://``) URL. index: the :class:`shardkit.manifest.SplitIndex`.
+        root, split: as given. remote: True for a remote (non-``file://``) URL.
+        index: the :class:`shardkit.manifest.SplitIndex`.
         classes: class names (label ``i`` is ``classes[i]``). format: ``"wds"|"lmdb"|"hdf5"``.
         max_pixels: the pack-time pixel limit (``manifest.normalization.max_pixels``), applied
             again by decoders at read time. on_error: ``"raise"`` or ``"skip"``.
