@@ -53,8 +53,8 @@ are packed: the bytes are read by path, keys do not depend on names, ``path`` me
 name as a ``\\udcXX`` JSON escape (``os.fsencode`` of the loaded str gives the original bytes), and
 the summary text shows such names with backslash escapes.
 
-:func:`pack` logs its notes and the summary to the ``shardkit.pack`` logger (INFO); the
-``shardkit pack`` command prints the summary.
+:func:`pack` logs its notes to the ``shardkit.pack`` logger (INFO) and returns the summary
+(also logged at DEBUG); the ``shardkit pack`` command prints it.
 """
 from __future__ import annotations
 
@@ -340,7 +340,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         out, manifest, quarantine, warnings=option_warnings + outcome.warnings + packed_warnings,
         cleaned=target.cleaned, replaced=target.replaced,
         num_with_warnings=sum(bool(checked.results[i]["warnings"]) for i in outcome.keep))
-    logger.info("%s", summary.format_text())
+    logger.debug("%s", summary.format_text())  # the command prints it; callers get it returned
     return summary
 
 

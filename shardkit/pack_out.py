@@ -211,7 +211,7 @@ class PackOutput:
     Attributes:
         root: where the run writes (``OUT`` or ``OUT/.shardkit-new``); None before prepare.
         cleaned: owned leftovers removed before writing (relative to ``OUT``).
-        replaced: files of the previous dataset removed by the swap (overwrite).
+        replaced: files of the previous dataset overwritten or removed by the swap (overwrite).
     """
 
     def __init__(self, src: Path, out: Path, overwrite: bool):
@@ -230,7 +230,8 @@ class PackOutput:
 
     # ------------------------------------------------------------------ before the scan
     def open(self) -> PackOutput:
-        """Checks the output rules, touching nothing but the lock file of an existing ``OUT``.
+        """Checks the output rules, then creates ``OUT`` if needed and locks it (the lock file is
+        all it writes; a run that fails before step 5 removes an ``OUT`` it created).
 
         Raises:
             ConfigError: ``OUT`` is a file, lies inside the source, holds the source, or cannot
@@ -255,9 +256,17 @@ class PackOutput:
                 "no write permission"
             raise ConfigError(f"output {out} cannot be written: {folder} is not writable "
                               f"({why})")
-        if out.is_dir():
+        try:  # OUT exists and is locked before the long scan, so a second packer fails at once
+            out.mkdir(parents=True)
+            self._created_out = True
+        except FileExistsError:
+            pass
+        try:
             self._lock.acquire()
-        self._check_finished()
+            self._check_finished()
+        except BaseException:
+            self.close()  # removes an OUT this run created
+            raise
         return self
 
     def _check_finished(self) -> None:
@@ -313,10 +322,10 @@ class PackOutput:
         os.replace(staging / MANIFEST_NAME, out / MANIFEST_NAME)
         fsync_dir(out)
         shutil.rmtree(staging, ignore_errors=True)
-        self.replaced = [MANIFEST_NAME] + remove_owned(
-            out, [e for e in old if e not in new and e != MANIFEST_NAME])
-        logger.info("replaced the dataset in %s; removed %d file(s) of the old one", out,
-                    len(self.replaced))
+        gone = remove_owned(out, [e for e in old if e not in new and e != MANIFEST_NAME])
+        self.replaced = sorted(set(old) - set(gone)) + gone  # overwritten, then removed
+        logger.info("replaced the dataset in %s: %d file(s) of the old one overwritten or "
+                    "removed", out, len(self.replaced))
 
     def rollback(self) -> list[str]:
         """Deletes what this run wrote (the staging folder, or the owned files of a fresh OUT,

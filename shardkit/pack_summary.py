@@ -91,7 +91,7 @@ class PackSummary:
             lines.append(f"  removed from OUT before writing (left by an unfinished run): {shown}")
         if self.replaced:
             lines.append(f"  replaced the previous dataset in OUT ({len(self.replaced)} of its "
-                         "files removed)")
+                         "files overwritten or removed)")
         lines += [f"  warning: {w}" for w in self.warnings]
         return printable("\n".join(lines))
 

@@ -498,7 +498,7 @@ def test_non_utf8_file_names_are_packed_quarantined_ignored_and_printed(sample_d
     with open(os.path.join(daisy, b".caf\xe9"), "wb") as f:  # ignored: hidden
         f.write(b"x")
     out = tmp_path / "o"
-    with caplog.at_level(logging.INFO, logger="shardkit.pack"):
+    with caplog.at_level(logging.DEBUG, logger="shardkit.pack"):
         summary = pack(src, out, format="wds", split={"train": 1.0}, progress=True)
     logged = caplog.text
     assert summary.num_packed == 7 and summary.num_quarantined == 1 and summary.num_ignored == 1

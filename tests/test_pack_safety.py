@@ -245,10 +245,12 @@ def test_overwrite_killed_mid_pack_keeps_the_old_dataset_then_swaps(sample_dir, 
     assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards", "splits"]
     old_shards = sorted(k for k in old if k.endswith(".tar"))
     assert len(old_shards) == 8
-    assert sorted(summary.replaced) == sorted(["manifest.json", "splits/val.jsonl",
-                                               "splits/val.index.npz", *old_shards])
+    # every file of the old dataset was overwritten (same name) or removed; the user's kept
+    assert sorted(summary.replaced) == sorted([
+        "manifest.json", "quarantine.jsonl", "splits/train.jsonl", "splits/train.index.npz",
+        "splits/val.jsonl", "splits/val.index.npz", *old_shards])
     assert summary.cleaned == [STAGING_NAME + "/"]
-    assert "replaced the previous dataset in OUT (11 of its files removed)" in \
+    assert "replaced the previous dataset in OUT (14 of its files overwritten or removed)" in \
         summary.format_text()
 
 
@@ -551,3 +553,24 @@ def test_pack_errors_are_one_line_with_exit_code_2(sample_dir, tmp_path):
         pack(src, tmp_path / "o3", labels=bad, progress=False)
     with pytest.raises(OutputExistsError):
         pack(src, tmp_path / "o", split={"train": 1.0}, progress=False)
+
+
+def test_second_packer_fails_before_scanning_even_into_a_new_out(sample_dir, tmp_path,
+                                                                 monkeypatch):
+    """The first run creates and locks OUT before its scan, so a second run into the same new
+    OUT fails at once, without scanning or decoding anything (a user found it waiting through
+    the whole decode-check pass first)."""
+    from shardkit.pack_out import LOCK_NAME, OutputLockedError, PackOutput
+
+    src = copy_tree(tmp_path / "src", photos(sample_dir, 2))
+    out = tmp_path / "new" / "out"
+    with PackOutput(src, out, overwrite=False):  # the first run, before its scan
+        assert (out / LOCK_NAME).is_file()
+
+        def no_scan(*a, **k):
+            raise AssertionError("the second run scanned the source")
+
+        monkeypatch.setattr(pack_plan, "scan_source", no_scan)
+        with pytest.raises(OutputLockedError, match=f"pid {os.getpid()}"):
+            pack(src, out, format="wds", progress=False)
+    assert not out.exists()  # the first run created OUT, wrote nothing, and removed it

@@ -819,3 +819,12 @@ def test_balance_class_reaches_the_loader(packed_sample):
                          num_workers=0)
     assert len(train_loader(longer, DistInfo(), transform_config(longer, (0.5,) * 3,
                                                                  (0.25,) * 3))) == 12  # 100 // 8
+
+
+def test_unknown_model_names_the_closest_timm_models():
+    from shardkit.errors import ConfigError
+    from shardkit.train.model import build_model
+
+    with pytest.raises(ConfigError, match=r"'hrnet_w18_smal' is not a timm model; similar names: "
+                                          r"hrnet_w18_small, "):
+        build_model("hrnet_w18_smal", 5)

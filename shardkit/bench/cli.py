@@ -217,8 +217,10 @@ def bench_command(data, split, out, formats, decoders, backends, num_workers, pr
                             step_ms=step_ms, model=model, device=device, baseline=baseline,
                             expect_pil=expect_pil, tolerance=tolerance,
                             threshold=data_bound_threshold)
-    except ShardkitError as exc:
-        raise click.ClickException(str(exc)) from exc
+    except ShardkitError as exc:  # cannot run: exit 2, one line (as every command)
+        from shardkit.doctor.cli import CommandError
+
+        raise CommandError(exc) from exc
     errors = [r["id"] for r in payload["rows"] if r["status"] == "error"]
     if errors:
         raise click.ClickException(f"{len(errors)} row(s) failed: {errors} (see the notes above "

@@ -247,6 +247,9 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
     Raises:
         ConfigError, LoaderError: invalid options (the message names the value);
         ManifestError: no finished dataset at ``root`` or unknown ``split``.
+        ShardCorruptError: a shard of the split is missing or its size differs from the
+            manifest (checked up front, whatever ``on_error``: a damaged dataset, not a bad
+            sample).
     """
     _check_int("batch_size", batch_size, 1)
     _check_int("num_workers", num_workers, 0)

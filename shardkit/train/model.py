@@ -34,8 +34,12 @@ def build_model(name: str, num_classes: int) -> nn.Module:
     if num_classes < 2:
         raise ConfigError(f"num_classes={num_classes}: a classifier needs at least 2 classes")
     if not timm.is_model(name):
-        close = timm.list_models(f"*{name.split('_')[0]}*")[:10]
-        raise ConfigError(f"model {name!r} is not a timm model; similar names: {close}")
+        import difflib
+
+        close = difflib.get_close_matches(name, timm.list_models(), n=8, cutoff=0.6)
+        hint = (f"similar names: {', '.join(close)}" if close else
+                "see timm.list_models('hrnet*') for names, e.g. hrnet_w18_small")
+        raise ConfigError(f"model {name!r} is not a timm model; {hint}")
     return timm.create_model(name, pretrained=False, num_classes=num_classes)
 
 
