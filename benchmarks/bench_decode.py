@@ -13,8 +13,14 @@ payoff of each idea: ROI decoding, DCT scaling, the fused C crop+resize+flip.
 chroma subsampling before timing (the flowers sample is all 4:4:4, most camera JPEGs are 4:2:0);
 ``--only TEXT`` (repeatable) runs only the cases whose name contains one of the texts.
 
+``--compare-ext OTHER.so`` instead times the roi train transform (dct_scaling off and on) with
+the built ``_jpegroi`` and with another build of it (e.g. the previous commit's), for a change
+that moves the cost by ~1%: per-pass rates on a shared machine swing by 10-30%, so each sample
+runs 7 times per build, interleaved, on the same crop, and the minima are summed; each line
+gives the time ratio built/other (``x1.005``: the built one is 0.5% slower).
+
 Usage: python benchmarks/bench_decode.py [--data DIR] [--limit N] [--repeat R] [--out JSON]
-           [--subsampling keep|444|422|420] [--only TEXT ...]
+           [--subsampling keep|444|422|420] [--only TEXT ...] [--compare-ext OTHER.so]
 """
 from __future__ import annotations
 
@@ -220,6 +226,42 @@ def _batched_cases(cfg, rng, gpu: str | None):
                "train", batched(gpu, 64))
 
 
+def _compare_ext(blobs: list[bytes], other: Path, rounds: int = 7) -> dict:
+    """Seconds per sample of the roi train transform with the built ``_jpegroi`` ("built") and
+    the extension file ``other`` ("other"): the sum over samples of the fastest of ``rounds``
+    interleaved runs per build (same seed, hence the same crop, for both)."""
+    import importlib.util
+
+    import shardkit.decode.roi as roi
+    from shardkit.transforms import TransformConfig, make_transform
+
+    spec = importlib.util.spec_from_file_location("other._jpegroi", other)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    builds = {"built": roi._jpegroi, "other": mod}
+    out = np.empty((224, 224, 3), np.uint8)
+    res = {}
+    try:
+        for dct in (False, True):
+            t = make_transform(TransformConfig(decoder="roi", dct_scaling=dct), train=True)
+            total = dict.fromkeys(builds, 0.0)
+            for i, b in enumerate(blobs):
+                best = dict.fromkeys(builds, float("inf"))
+                for r in range(rounds):
+                    for k in (("built", "other") if r % 2 else ("other", "built")):
+                        roi._jpegroi = builds[k]
+                        rng = np.random.default_rng(i)
+                        t0 = time.perf_counter()
+                        t(b, rng, out)
+                        best[k] = min(best[k], time.perf_counter() - t0)
+                for k in builds:
+                    total[k] += best[k]
+            res[f"dct_scaling={dct}"] = {k: v / len(blobs) for k, v in total.items()}
+    finally:
+        roi._jpegroi = builds["built"]
+    return res
+
+
 def _fast_flag_diff(blobs: list[bytes]) -> dict:
     """Mean / max abs pixel difference of fast_dct / fast_upsample full decodes vs exact."""
     from shardkit.decode import available_decoders, get_decoder
@@ -264,10 +306,25 @@ def _environment() -> dict:
               show_default=True, help="re-encode every photo (Pillow, quality 90) first")
 @click.option("--only", multiple=True, help="run only cases whose name contains this text "
               "(repeatable; the Pillow baseline always runs)")
+@click.option("--compare-ext", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="only compare the roi train transform with this other _jpegroi build")
 def main(data: Path, limit: int, repeat: int, out: Path, subsampling: str,
-         only: tuple[str, ...]) -> None:
+         only: tuple[str, ...], compare_ext: Path | None) -> None:
     """Benchmark decoders and the train transform; print a table, write JSON."""
     blobs = _load(data, limit, subsampling)
+    if compare_ext is not None:
+        res = _compare_ext(blobs, compare_ext)
+        for case, sec in res.items():
+            click.echo(f"shardkit train roi {case:<18} built {1000 * sec['built']:.4f} ms  "
+                       f"other {1000 * sec['other']:.4f} ms  built/other "
+                       f"x{sec['built'] / sec['other']:.4f}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"data": str(data), "subsampling": subsampling,
+                                   "num_images": len(blobs), "other_extension": str(compare_ext),
+                                   "seconds_per_sample": res, "environment": _environment()},
+                                  indent=1))
+        click.echo(f"wrote {out}")
+        return
     results = []
     base = None
     for name, group, fn in _cases(blobs):

@@ -58,8 +58,9 @@
  * sample k+1) differ from a full decode. The crop starts on an iMCU boundary, even whenever 2x
  * fancy upsampling applies (iMCU width = 2 * h_samp_factor * DCT scaled size): one more column
  * on the left puts the crop start left of the window, one more on the right gives the window's
- * last pixel its sample k+1. Cost: one more iMCU column in 1 window of 16 (4:2:0 at full
- * scale); no measurable change per train sample (benchmarks/bench_decode.py). */
+ * last pixel its sample k+1. Cost: one more iMCU column in about 1 window of 8 (4:2:0 at full
+ * scale): the train transform +0.7-1.0% per sample on 4:2:0 and 4:2:2 re-encodes of the flowers
+ * sample, none on 4:4:4 (benchmarks/bench_decode.py --compare-ext). */
 #define ROI_EDGE_CONTEXT 1
 
 /* ... and at least this many columns: libjpeg-turbo (jdsample.c, jinit_upsampler) upsamples 2x

@@ -8,9 +8,10 @@ full decode at the same scale, cropped, at every chroma subsampling (tested pixe
 photos at 4:4:4, 4:2:2, 4:2:0, also through the fused resize). Where chroma is upsampled
 horizontally with fancy upsampling (4:2:2 at scales above 1/8, 4:2:0 at scale 1), a cropped
 decode would replicate chroma at the crop's edge columns, so the extension decodes 1 more
-column on each side and cuts it off (``ROI_EDGE_CONTEXT`` in ``_jpegroi.c``; cost: see
-benchmarks/bench_decode.py). Rows need no margin: ``jpeg_skip_scanlines`` decodes the context
-rows above the window.
+column on each side (at least 5 in all) and cuts them off (``ROI_EDGE_CONTEXT`` in
+``_jpegroi.c``; the train transform is 0.7-1.0% slower for it on 4:2:x, unchanged on 4:4:4:
+benchmarks/bench_decode.py --compare-ext). Rows need no margin: ``jpeg_skip_scanlines`` decodes
+the context rows above the window.
 
 Warnings are counted by the extension, never printed. Because rows below the window are not
 read, a file truncated below the window decodes without a warning on this path: corruption is
