@@ -10,7 +10,7 @@ repeat in turn (so drift of the machine hits every row alike), medians over ``--
   decode limit of this host without any loader machinery (< cores x the single rate when the
   cores share caches or memory bandwidth, or are SMT siblings);
 - ``read``: :meth:`ShardSource.read` (allocating) vs :meth:`ShardSource.read_scratch` (reused
-  buffer), per sample;
+  buffer), per sample; ``batch_memory``: filling a fresh batch tensor vs a reused one, per batch;
 - ``loader_thread`` / ``loader_process``: ``make_loader`` batches of ``--batch-size`` at
   ``num_workers = cores`` (images/s of the consumer, no step in between).
 
@@ -72,6 +72,27 @@ def _loader_rate(root, split, batch_size, size, workers, backend, epoch) -> floa
         return n / (time.perf_counter() - t0), cpu
 
 
+def _batch_memory_cost(batch_size: int, size: int, n: int = 30) -> dict:
+    """ms per batch to fill a fresh ``(B, 3, S, S)`` uint8 channels_last batch (allocation, page
+    faults and zeroing by the kernel included) vs to fill one reused buffer (the thread
+    backend's :class:`~shardkit.stream.datasets.BufferPool`)."""
+    import torch
+
+    def fill(t):
+        t.permute(0, 2, 3, 1).numpy()[...] = 7
+
+    shape = (batch_size, 3, size, size)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fill(torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last))
+    fresh = (time.perf_counter() - t0) / n * 1e3
+    buf = torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fill(buf)
+    return {"fresh_batch_ms": fresh, "reused_batch_ms": (time.perf_counter() - t0) / n * 1e3}
+
+
 def _read_cost(source, n: int) -> dict:
     res = {}
     for name, fn in (("read_us", source.read), ("read_scratch_us", source.read_scratch)):
@@ -115,7 +136,8 @@ def main(data, split, batch_size, image_size, repeats, workers, out):
         for backend in ("thread", "process"):
             add(f"loader_{backend}",
                 _loader_rate(data, split, batch_size, image_size, workers, backend, r))
-        reads.append(_read_cost(source, min(len(source), 2000)))
+        reads.append({**_read_cost(source, min(len(source), 2000)),
+                      **_batch_memory_cost(batch_size, image_size)})
         click.echo(f"repeat {r}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rows.items()),
                    err=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
@@ -128,7 +150,10 @@ def main(data, split, batch_size, image_size, repeats, workers, out):
                            if k != "loader_process"},
         "ratio_cpu_loader_thread_to_fused_1thread": (statistics.median(cpu["loader_thread"])
                                                      / statistics.median(cpu["fused_1thread"])),
-        "read_us_per_sample": {k: statistics.median(d[k] for d in reads) for k in reads[0]},
+        "read_us_per_sample": {k: statistics.median(d[k] for d in reads)
+                               for k in ("read_us", "read_scratch_us")},
+        "batch_memory_ms": {k: statistics.median(d[k] for d in reads)
+                            for k in ("fresh_batch_ms", "reused_batch_ms")},
         "ratio_loader_thread_to_cores_x_fused": med["loader_thread"] / limit,
         "ratio_loader_process_to_cores_x_fused": med["loader_process"] / limit,
         "ratio_loader_thread_to_fused_Nthreads": med["loader_thread"] / med["fused_Nthreads"],
