@@ -73,6 +73,16 @@ class FormatWriter(ABC):
 _OPEN_LOCK = threading.Lock()
 
 
+def _new_open_lock_in_child() -> None:
+    """A child forked while a decoding thread held the lock would inherit it locked forever:
+    it starts with a fresh one (as CPython's logging module does for its locks)."""
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_open_lock_in_child)
+
+
 class FormatReader(ABC):
     """Reads samples from one finished shard. Opens lazily, once per process (after fork it
     reopens; field cases 8 and 10), and pickles without its handle (spawn start method).

@@ -158,6 +158,14 @@ class ShardSource:
         self._readers: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._pid = os.getpid()
+
+    def _forked(self) -> None:
+        """In a forked child (a DataLoader worker), start with a fresh lock and reader table:
+        the parent's decoding threads may have held the lock at the fork (it would stay locked
+        forever here), and the readers reopen per process anyway."""
+        if self._pid != os.getpid():
+            self._init_runtime()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -184,6 +192,8 @@ class ShardSource:
         return self.index.key_at(pos)
 
     def _reader(self, s: int):
+        if self._pid != os.getpid():
+            self._forked()
         reader = self._readers.get(s)
         if reader is not None:
             if self.max_open is not None:
@@ -246,6 +256,8 @@ class ShardSource:
     def decoder(self, name: str = "auto"):
         """This thread's decoder ``name`` (created on first use, with the dataset's pixel
         limit)."""
+        if self._pid != os.getpid():
+            self._forked()
         decoders = getattr(self._local, "decoders", None)
         if decoders is None:
             decoders = self._local.decoders = {}
