@@ -194,6 +194,10 @@ class SampleTransform:
     policy is the caller's: :func:`shardkit.decode.apply_warning_policy`).
     """
 
+    #: ``data`` may be any bytes-like object (a memoryview of a reused read buffer): it is
+    #: consumed within the call and never kept (see ``BatchDataset.build``).
+    accepts_buffers = True
+
     def __init__(self, cfg: TransformConfig, train: bool):
         self.cfg = cfg
         self.train = bool(train)

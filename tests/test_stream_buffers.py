@@ -40,3 +40,34 @@ def test_pool_without_use_counts_allocates(monkeypatch):
     a, b = pool.get(2, 4, False), pool.get(2, 4, False)
     assert a.data_ptr() != b.data_ptr() and a.shape == (2, 3, 4, 4)
     assert a.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_custom_transforms_get_bytes_the_factory_gets_the_reused_buffer(sample_dir, tmp_path):
+    """A user's transform may keep or use ``data`` as ``bytes`` (``data.startswith``); only the
+    factory's transform, which declares ``accepts_buffers``, reads from the reused buffer."""
+    from shardkit.transforms import TransformConfig, make_transform
+
+    build_split(sample_dir, tmp_path, "wds", [6])
+    seen = []
+
+    def mine(data, rng, out=None):
+        assert data.startswith(b"\xff\xd8")  # a bytes method: a memoryview has none
+        seen.append(data)
+        out[...] = 0
+        return out
+
+    list(make_loader(tmp_path, "train", 3, num_workers=2, image_size=8, transform=mine))
+    assert len(seen) == 6 and all(type(d) is bytes for d in seen)
+    assert len({bytes(d) for d in seen}) == 6  # kept data stayed intact
+    got = []
+    factory = make_transform(TransformConfig(image_size=8), True)
+
+    class Spy:
+        accepts_buffers = True
+
+        def __call__(self, data, rng, out=None):
+            got.append(type(data))
+            return factory(data, rng, out=out)
+
+    list(make_loader(tmp_path, "train", 3, num_workers=0, image_size=8, transform=Spy()))
+    assert got == [memoryview] * 6 and factory.accepts_buffers is True

@@ -292,7 +292,8 @@ class BatchDataset(_Iterable):
             transform: the calling thread's copy of ``self.transform`` (a transform keeps
                 per-call state such as ``last_warnings``); default ``self.transform``.
             pin: allocate the batch in pinned memory. scratch: read through the thread's reused
-                buffer (:meth:`ShardSource.read_scratch`); the transform must not keep ``data``.
+                buffer (:meth:`ShardSource.read_scratch`) when the transform declares
+                ``accepts_buffers = True`` (any bytes-like ``data``, not kept after the call).
             buffers: a :class:`BufferPool` to take the batch memory from (the thread backend's).
         """
         tf = transform or self.transform
@@ -306,7 +307,9 @@ class BatchDataset(_Iterable):
         positions = plan.positions[sl]
         keep = np.ones(n, dtype=bool)
         skipped, warned = [], []
-        read = src.read_scratch if scratch else src.read
+        # the thread's reused buffer only for transforms that say they take any buffer and keep
+        # nothing (the factory's); a custom transform gets ``bytes`` it may keep
+        read = src.read_scratch if scratch and getattr(tf, "accepts_buffers", False) else src.read
         seed, epoch, rank, policy = self.sampling.seed, plan.epoch, plan.rank, self.on_warning
         for i in range(n):
             pos = int(positions[i])
