@@ -15,14 +15,12 @@ import logging
 from dataclasses import replace
 from typing import Callable, Iterator
 
-import numpy as np
-
 from ..errors import ConfigError, LoaderError, ShardkitError
 from .backends import ProcessBackend, ThreadBackend
 from .datasets import BatchDataset
 from .options import SamplingOptions, WorkerOptions
 from .source import EVAL_SPLITS, ShardSource, dist_rank_world
-from .state import Sampling
+from .state import Sampling, check_epoch
 
 __all__ = ["make_loader", "ShardLoader"]
 
@@ -97,10 +95,9 @@ class ShardLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch (order and augmentation). A different epoch drops a pending resume."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
-        if int(epoch) != self._epoch:
-            self._epoch, self._position, self._resume = int(epoch), 0, False
+        epoch = check_epoch(epoch)
+        if epoch != self._epoch:
+            self._epoch, self._position, self._resume = epoch, 0, False
 
     def state_dict(self) -> dict:
         """``{"epoch", "batches_consumed", "num_batches", "seed", "rank", "world_size",

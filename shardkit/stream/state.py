@@ -9,6 +9,8 @@ iteration, so persistent workers see ``set_epoch`` and ``load_state_dict`` too (
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -17,10 +19,13 @@ from ..sharding import EpochPlan, plan_epoch, rank_count
 from .options import SamplingOptions
 from .source import EVAL_SPLITS, ShardSource, dist_rank_world
 
-__all__ = ["EpochState", "Sampling"]
+__all__ = ["EpochState", "Sampling", "check_epoch"]
+
+log = logging.getLogger("shardkit.stream")
 
 
-def _check_epoch(epoch) -> int:
+def check_epoch(epoch) -> int:
+    """``epoch`` as an int; ConfigError unless it is an int >= 0 (bools refused)."""
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
         raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
     return int(epoch)
@@ -86,9 +91,7 @@ class Sampling:
         self.block = source.remote if o.block is None else bool(o.block)
         if source.remote and not self.block and self.shuffle:
             source.max_open = None  # random order would re-fetch evicted shards per sample
-            import logging
-
-            logging.getLogger("shardkit.stream").warning(
+            log.warning(
                 "block=False on remote shards (%s): every process keeps each whole shard it "
                 "touches in memory; block=True (the default for URLs) reads shard by shard",
                 source.root)
@@ -104,7 +107,7 @@ class Sampling:
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch used for order and augmentation RNG (call before iterating)."""
-        self.state.epoch = _check_epoch(epoch)
+        self.state.epoch = check_epoch(epoch)
 
     @property
     def streams(self) -> int:
