@@ -129,7 +129,8 @@ class PackOptions:
     max_pixels: int | None = None               # width*height limit; None: images' default
     overwrite: bool = False                     # replace a finished dataset in OUT
     progress: bool = True                       # tqdm progress bars
-    wds_cls: bool = False                       # also write "<key>.cls" tar members (wds)
+    wds_cls: bool = True                        # also write "<key>.cls" tar members (wds)
+    wds_json: bool = False                      # also write "<key>.json" (key, label, class, path)
     on_label_conflict: str = "error"            # one of LABEL_CONFLICT_POLICIES
     fail_fast: bool = False                     # raise on the first reject, write nothing
     writer_options: Mapping[str, Any] | None = None  # extra kwargs of the format's Writer
@@ -168,7 +169,7 @@ class PackOptions:
         self._set("shard_bytes", parse_size(self.shard_bytes))
         pixels = images.DEFAULT_MAX_PIXELS if self.max_pixels is None else self.max_pixels
         self._set("max_pixels", _integer("max_pixels", pixels, 1, "a pixel count"))
-        for name in ("strict", "overwrite", "progress", "wds_cls", "fail_fast"):
+        for name in ("strict", "overwrite", "progress", "wds_cls", "wds_json", "fail_fast"):
             self._set(name, bool(getattr(self, name)))
         if self.writer_options is not None:
             if not isinstance(self.writer_options, Mapping):
@@ -202,10 +203,10 @@ class PackOptions:
     @property
     def sink_writer_options(self) -> dict:
         """The format Writer's keyword arguments: ``writer_options`` if given, else
-        ``{"wds_cls": True}`` for ``wds`` with ``wds_cls``, else ``{}``."""
+        ``{"wds_cls": ..., "wds_json": ...}`` for ``wds``, else ``{}``."""
         if self.writer_options is not None:
             return self.writer_options
-        return {"wds_cls": True} if (self.format == "wds" and self.wds_cls) else {}
+        return {"wds_cls": self.wds_cls, "wds_json": self.wds_json} if self.format == "wds" else {}
 
     def replace(self, **changes: Any) -> PackOptions:
         """A copy with ``changes`` applied (validated again); an unset ``split`` stays unset."""
@@ -328,7 +329,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         root = target.prepare()  # 5: OUT is written from here on
         write.write_quarantine(root, quarantine)
         splits = write.write_shards(root, source, label_idx, checked, outcome,       # 6
-                                    len(label_map.classes), opts)
+                                    label_map.classes, opts)
         packed_warnings = write.class_warnings(label_map.classes, splits)            # 7
         manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
                                         packed_warnings, opts,
@@ -401,7 +402,11 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
               help="Replace a finished dataset in OUT: the new one is built beside it (in "
                    "OUT/.shardkit-new, so the disk needs room for both) and swapped in at the "
                    "end; until then the old one stays valid.")
-@click.option("--wds-cls", is_flag=True, help="Also write '<key>.cls' tar members (wds).")
+@click.option("--wds-cls/--no-wds-cls", default=True, show_default=True,
+              help="Write a '<key>.cls' tar member (the label) beside each image (wds), as "
+                   "timm, DALI and webdataset readers expect.")
+@click.option("--wds-json", is_flag=True,
+              help="Also write '<key>.json' (key, label, class, source path) per sample (wds).")
 @click.option("--on-label-conflict", type=click.Choice(LABEL_CONFLICT_POLICIES), default="error",
               show_default=True, help="Identical bytes under different labels.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first rejected file.")
@@ -409,7 +414,7 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
               help="No progress bars (the summary is still printed).")
 def pack_command(src, out, fmt, split_spec, layout, split_column, seed, group_by, metadata,
                  group_column, labels,
-                 shard_samples, shard_bytes, workers, strict, max_pixels, overwrite, wds_cls,
+                 shard_samples, shard_bytes, workers, strict, max_pixels, overwrite, wds_cls, wds_json,
                  on_label_conflict, fail_fast, no_progress):
     """Pack SRC (an ImageFolder tree or a .csv list) into shards in OUT.
 
@@ -420,7 +425,7 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, group_by
             format=fmt, split=split_spec, seed=seed, group_by=group_by, metadata=metadata,
             group_column=group_column, labels=labels, shard_samples=shard_samples,
             shard_bytes=shard_bytes, workers=workers, strict=strict, max_pixels=max_pixels,
-            overwrite=overwrite, progress=not no_progress, wds_cls=wds_cls,
+            overwrite=overwrite, progress=not no_progress, wds_cls=wds_cls, wds_json=wds_json,
             on_label_conflict=on_label_conflict, fail_fast=fail_fast, layout=layout,
             split_column=split_column)
         summary = pack(src, out, options=options)

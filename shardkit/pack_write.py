@@ -65,11 +65,12 @@ def write_quarantine(out: Path, entries: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------- 6: write
 def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked: CheckedFiles,
-                 outcome: SplitOutcome, num_classes: int, options: PackOptions
+                 outcome: SplitOutcome, classes: list[str], options: PackOptions
                  ) -> dict[str, dict]:
     """Step 6 (and the split files of step 7): writes every split's shards, then its
     ``splits/<split>.jsonl`` + ``.index.npz``. Returns the manifest's ``splits`` section:
-    ``{split: {"num_samples", "class_counts", "num_groups", "shards"}}``.
+    ``{split: {"num_samples", "class_counts", "num_groups", "shards"}}``. ``classes``: the
+    label map's class names (label ``k`` is ``classes[k]``).
 
     Raises:
         SourceError: a source file changed since step 3. OSError: from the shard writers.
@@ -81,13 +82,13 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
             members = shuffled_members([outcome.keep[j] for j in outcome.plan.indices(name)],
                                        options.seed, pos, name)
             records, shards = _write_split(out, name, members, source.items, label_idx,
-                                           checked.results, options, bar)
+                                           checked.results, classes, options, bar)
             with naming_file(out / "splits" / f"{name}.jsonl"):
                 manifest_mod.write_split_files(out, name, records)
             split_manifest[name] = {
                 "num_samples": len(records),
                 "class_counts": np.bincount([r["label"] for r in records],
-                                            minlength=num_classes).tolist(),
+                                            minlength=len(classes)).tolist(),
                 "num_groups": len({source.items[i].group for i in members}), "shards": shards}
             logger.info("split %s: %d samples in %d shards", name, len(records), len(shards))
     finally:
@@ -103,7 +104,7 @@ def shuffled_members(members: list[int], seed: int, pos: int, name: str) -> list
     return [members[int(k)] for k in rng.permutation(len(members))]
 
 
-def _write_split(out: Path, name: str, members: list[int], items, label_idx, results,
+def _write_split(out: Path, name: str, members: list[int], items, label_idx, results, classes,
                  options: PackOptions, bar) -> tuple[list[dict], list[dict]]:
     """Writes the shards of one split through :class:`shardkit.formats.ShardSink` (aborted on any
     error); returns ``(split records, shard entries)``."""
@@ -111,7 +112,8 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
                              max_bytes=options.shard_byte_limit,
                              writer_options=options.sink_writer_options)
     try:
-        records = [_write_one(sink, f"{name}_{n:08d}", items[i], results[i], label_idx[i], bar)
+        records = [_write_one(sink, f"{name}_{n:08d}", items[i], results[i], label_idx[i], classes,
+                              bar)
                    for n, i in enumerate(members)]
         return records, sink.close()
     except BaseException as e:
@@ -123,7 +125,7 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
         raise
 
 
-def _write_one(sink, key: str, it, res: dict, label: int, bar) -> dict:
+def _write_one(sink, key: str, it, res: dict, label: int, classes, bar) -> dict:
     """Stores one checked sample through ``sink``; returns its split record (docs/DESIGN.md)."""
     data = res.get("data")
     if data is None:  # stored as the original bytes: re-read, and make sure they did not change
@@ -131,7 +133,9 @@ def _write_one(sink, key: str, it, res: dict, label: int, bar) -> dict:
         if hashlib.sha256(data).hexdigest() != res["sha256"]:
             raise SourceError(f"{it.path} changed while packing (its sha256 differs from the "
                               "checked file); rerun the pack")
-    shard_idx, offset = sink.add(key, data, res["ext"], int(label))
+    shard_idx, offset = sink.add(key, data, res["ext"], int(label),
+                                 {"key": key, "label": int(label), "class": classes[label],
+                                  "path": it.relpath})
     bar.update()
     return {"key": key, "path": it.relpath, "label": int(label), "group": it.group,
             "sha256": res["sha256"], "shard": shard_idx, "offset": int(offset), "size": len(data),

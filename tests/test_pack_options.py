@@ -67,8 +67,10 @@ def test_defaults_that_depend_on_two_options_follow_both():
     assert PackOptions().shard_byte_limit == DEFAULT_SHARD_BYTES == 256 << 20
     assert PackOptions(shard_samples=10).shard_byte_limit is None
     assert PackOptions(shard_samples=10, shard_bytes="1MB").shard_byte_limit == 1_000_000
-    with_cls = PackOptions(format="wds", wds_cls=True)
-    assert with_cls.sink_writer_options == {"wds_cls": True}
+    with_cls = PackOptions(format="wds")
+    assert with_cls.sink_writer_options == {"wds_cls": True, "wds_json": False}
+    assert PackOptions(wds_cls=False, wds_json=True).sink_writer_options == {
+        "wds_cls": False, "wds_json": True}
     assert with_cls.replace(format="lmdb").sink_writer_options == {}
     given = PackOptions(format="wds", wds_cls=True, writer_options={"x": 1})
     assert given.sink_writer_options == {"x": 1}  # explicit writer options win

@@ -23,6 +23,7 @@ import hashlib
 import os
 import threading
 from abc import ABC, abstractmethod
+from typing import Any, Mapping
 from pathlib import Path
 
 __all__ = ["FormatWriter", "FormatReader", "sha256_file", "remove_partial", "shard_name",
@@ -54,8 +55,12 @@ class FormatWriter(ABC):
         self.path = Path(path)
 
     @abstractmethod
-    def add(self, key: str, data: bytes, ext: str, label: int) -> int:
-        """Appends one sample; returns its offset for the index (format-specific meaning)."""
+    def add(self, key: str, data: bytes, ext: str, label: int,
+            meta: Mapping[str, Any] | None = None) -> int:
+        """Appends one sample; returns its offset for the index (format-specific meaning).
+
+        ``meta`` is the sample's ``{"key", "label", "class", "path"}`` (source relpath); a
+        format stores it only when asked to (wds ``wds_json``), the others ignore it."""
 
     @abstractmethod
     def close(self) -> None:

@@ -47,7 +47,7 @@ class Writer(FormatWriter):
         self._labels: list[int] = []
         self._keys: list[bytes] = []
 
-    def add(self, key: str, data: bytes, ext: str, label: int) -> int:
+    def add(self, key: str, data: bytes, ext: str, label: int, meta=None) -> int:
         self._images.append(bytes(data))
         self._labels.append(int(label))
         self._keys.append(key.encode("ascii"))

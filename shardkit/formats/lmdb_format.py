@@ -55,7 +55,7 @@ class Writer(FormatWriter):
         self._batch_bytes = 0
         self.map_growths = 0
 
-    def add(self, key: str, data: bytes, ext: str, label: int) -> int:
+    def add(self, key: str, data: bytes, ext: str, label: int, meta=None) -> int:
         self._batch.append((key.encode("ascii"), bytes(data)))
         self._batch_bytes += len(data)
         if self._batch_bytes >= BATCH_BYTES:

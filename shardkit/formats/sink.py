@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Mapping
 
 from ..errors import ConfigError
 from ..fsio import fsync_dir
@@ -53,8 +54,10 @@ class ShardSink:
         final = self._final_path(index)
         return final.with_name("." + final.name + TMP_SUFFIX)
 
-    def add(self, key: str, data: bytes, ext: str, label: int) -> tuple[int, int]:
-        """Appends one sample; returns ``(shard_index, offset)`` for the split index."""
+    def add(self, key: str, data: bytes, ext: str, label: int,
+            meta: Mapping[str, Any] | None = None) -> tuple[int, int]:
+        """Appends one sample; returns ``(shard_index, offset)`` for the split index. ``meta``:
+        see :meth:`shardkit.formats.base.FormatWriter.add`."""
         if self._writer is not None and (
             (self.max_samples is not None and self._count >= self.max_samples)
             or (self.max_bytes is not None and self._bytes + len(data) > self.max_bytes)
@@ -67,7 +70,7 @@ class ShardSink:
             self._count = 0
             self._bytes = 0
         try:
-            offset = self._writer.add(key, data, ext, label)
+            offset = self._writer.add(key, data, ext, label, meta)
         except BaseException:
             self.abort()
             raise

@@ -33,8 +33,9 @@ BLOCK = tarfile.BLOCKSIZE  # 512
 class Writer(FormatWriter):
     suffix = suffix
 
-    def __init__(self, path, wds_cls: bool = False):
+    def __init__(self, path, wds_cls: bool = False, wds_json: bool = False):
         super().__init__(path)
+        self.wds_json = wds_json
         self._file = open(self.path, "wb")
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
         self.wds_cls = wds_cls
@@ -48,10 +49,15 @@ class Writer(FormatWriter):
         blocks = -(-len(data) // BLOCK)
         return self._tar.offset - blocks * BLOCK  # start of the member's data
 
-    def add(self, key: str, data: bytes, ext: str, label: int) -> int:
+    def add(self, key: str, data: bytes, ext: str, label: int, meta=None) -> int:
         offset = self._member(f"{key}.{ext}", data)
         if self.wds_cls:
             self._member(f"{key}.cls", str(int(label)).encode("ascii"))
+        if self.wds_json:
+            import json
+
+            self._member(f"{key}.json", json.dumps(dict(meta or {}), sort_keys=True,
+                                                   ensure_ascii=False).encode("utf-8"))
         return offset
 
     def close(self) -> None:
