@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from shardkit import interop
 from shardkit import manifest as manifest_mod
 from shardkit import pack_plan as plan
 from shardkit import pack_write as write
@@ -334,6 +335,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
                                         packed_warnings, opts,
                                         write.transcoded_counts(checked, outcome.keep))
+        interop.write_pack_metadata(root, manifest)  # what timm / DALI / HF readers look for
         with write.naming_file(root / "manifest.json"):
             manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
         target.commit()
