@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import io
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, features
@@ -97,6 +97,9 @@ class ImageResult:
         warnings: decoder/metadata warnings, deduplicated, in order of first appearance, each
             prefixed by its source ("libjpeg-turbo: ..." or "pillow: ...").
         icc: whether the source carried an ICC profile (it is not applied).
+        pixels: with ``check_image(keep_pixels=True)`` and ``ok``: the stored image's upright
+            pixels as decoded by the check, ``(height, width, 3)`` uint8 RGB (libjpeg-turbo for
+            JPEGs stored as they are, Pillow otherwise); else None.
     """
 
     ok: bool
@@ -109,6 +112,7 @@ class ImageResult:
     height: int
     warnings: tuple[str, ...]
     icc: bool
+    pixels: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 class _Reject(Exception):
@@ -159,8 +163,10 @@ def _orientation(im: Image.Image) -> int:
     return value if isinstance(value, int) and 2 <= value <= 8 else 1
 
 
-def _check_jpeg(data: bytes, im: Image.Image, messages: list[str]) -> bool:
-    """Fully decode a JPEG with libjpeg-turbo (recording warnings); return True if CMYK/YCCK."""
+def _check_jpeg(data: bytes, im: Image.Image, messages: list[str]
+                ) -> tuple[bool, np.ndarray]:
+    """Fully decode a JPEG with libjpeg-turbo (recording warnings); return ``(cmyk, pixels)``:
+    True if CMYK/YCCK, and the decoded ``(H, W, 3 or 4)`` uint8 array (RGB or CMYK)."""
     from turbojpeg import TJPF_CMYK, TJPF_RGB
 
     turbo = _turbo()
@@ -169,7 +175,7 @@ def _check_jpeg(data: bytes, im: Image.Image, messages: list[str]) -> bool:
             warnings.simplefilter("always")
             _w, _h, _sub, colorspace = turbo.decode_header(data)
             cmyk = colorspace in (_TJCS_CMYK, _TJCS_YCCK)
-            turbo.decode(data, pixel_format=TJPF_CMYK if cmyk else TJPF_RGB)
+            pixels = turbo.decode(data, pixel_format=TJPF_CMYK if cmyk else TJPF_RGB)
     except (OSError, ValueError) as e:
         raise _Reject(f"corrupt JPEG: libjpeg-turbo cannot decode it: {e}", im.size) from e
     turbo_msgs = [str(w.message) for w in caught]
@@ -177,7 +183,7 @@ def _check_jpeg(data: bytes, im: Image.Image, messages: list[str]) -> bool:
     for m in turbo_msgs:
         if "premature end" in m.lower():
             raise _Reject(f"truncated JPEG: {m} (libjpeg-turbo)", im.size)
-    return cmyk
+    return cmyk, pixels
 
 
 def _sixteen_bit(im: Image.Image) -> bool:
@@ -230,16 +236,18 @@ def _png_bytes(im: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> ImageResult:
+def _check(data: bytes, media: str, max_pixels: int, messages: list[str],
+           keep_pixels: bool = False) -> ImageResult:
     im = _open(data, media, max_pixels)
     width, height = im.size
     icc = bool(im.info.get("icc_profile"))
-    cmyk = _check_jpeg(data, im, messages) if media == "jpeg" else False
+    cmyk, pixels = _check_jpeg(data, im, messages) if media == "jpeg" else (False, None)
     if media == "jpeg" and not cmyk and im.mode in ("RGB", "L") and _orientation(im) == 1:
         # libjpeg-turbo has just decoded every pixel (warnings recorded); a second full decode by
         # Pillow would find nothing more. JPEG EXIF (APP1) precedes the scan, so the orientation
         # is known before load().
-        return ImageResult(True, None, media, "jpg", data, "original", width, height, (), icc)
+        return ImageResult(True, None, media, "jpg", data, "original", width, height, (), icc,
+                           pixels if keep_pixels else None)
     sixteen = _sixteen_bit(im)  # from the tile's raw mode, which load() clears
     try:
         frames = getattr(im, "n_frames", 1)  # GIF: walks every frame header
@@ -262,11 +270,11 @@ def _check(data: bytes, media: str, max_pixels: int, messages: list[str]) -> Ima
     except Exception as e:  # noqa: BLE001
         raise _decode_failure(media, "Pillow", e) from e
     return ImageResult(True, None, media, "png", out, "+".join(steps), im.width, im.height, (),
-                       icc)
+                       icc, np.asarray(im, dtype=np.uint8) if keep_pixels else None)
 
 
 def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
-                strict: bool = False) -> ImageResult:
+                strict: bool = False, keep_pixels: bool = False) -> ImageResult:
     """Check one source file by decoding it completely, and say what to store.
 
     Args:
@@ -275,6 +283,8 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
             positive int. Checked before decoding. Default: Pillow's limit, 89,478,485.
         strict: reject files that decode only with warnings (libjpeg-turbo "Corrupt JPEG data"
             and friends, or Pillow metadata warnings).
+        keep_pixels: also return the decoded upright RGB pixels (:attr:`ImageResult.pixels`),
+            for hashes computed from the same decode (pack's near-duplicate pHash).
 
     Returns:
         :class:`ImageResult`. A rejected file gets ``ok=False`` and a ``reason`` such as
@@ -313,7 +323,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            result = _check(data, media, max_pixels, messages)
+            result = _check(data, media, max_pixels, messages, keep_pixels)
         except _Reject as r:
             result = rejected(r.reason, r.size)
     for w in caught:
@@ -324,7 +334,7 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         return rejected(f"{media.upper()} decodes only with warnings (strict): " + "; ".join(found),
                         (result.width, result.height), found)
     return ImageResult(result.ok, result.reason, media, result.ext, result.data, result.rule,
-                       result.width, result.height, found, result.icc)
+                       result.width, result.height, found, result.icc, result.pixels)
 
 
 def decode_reference(data: bytes, max_pixels: int | None = None) -> np.ndarray:

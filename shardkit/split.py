@@ -4,20 +4,45 @@ Method (:func:`assign_splits`):
 
 1. **Dedup merge.** A union-find over groups joins every two groups that hold a sample with the same
    content hash, so identical bytes always land in one split whatever their groups (field case 24:
-   byte-identical copies under different names must not straddle train and test). The merged sets
-   are the atomic units ("components") of the split.
+   byte-identical copies under different names must not straddle train and test). ``links`` (pairs
+   of near-duplicate samples found by :mod:`shardkit.neardup`) join their groups the same way. The
+   merged sets are the atomic units ("components") of the split.
 2. **Label conflicts.** Identical bytes under different labels are reported in
    :attr:`SplitPlan.label_conflicts`; the plan itself never drops samples. The packer turns a
    conflict into a :class:`~shardkit.errors.LabelError` unless told otherwise (see
    ``shardkit.pack.pack(on_label_conflict=...)``).
-3. **Greedy stratified assignment.** Components are sorted by size (descending) with a seeded random
-   tie-break, then each goes to the split that least increases Pearson's chi-square statistic of
-   observed vs expected counts, summed over the per-split totals and the per-(split, class) cells:
+3. **Kept placements** (``fixed``, from a previous pack: ``shardkit pack --split-from PREV``). A
+   component holding a group that the previous pack placed goes where that group was (when its
+   groups were in several splits, the split holding most of their samples; the others are listed
+   in :attr:`SplitPlan.moved_groups`). Only components without such a group are assigned below,
+   and always by the balanced rule, starting from the kept counts, so they make up for the kept
+   groups' imbalance as far as they can.
+4. **Assignment** of the remaining components, by ``method``:
+
+   - ``"hash"`` (the default of ``shardkit pack``): **stable under additions.** A component's
+     split is decided by ``u``, a keyed hash of its smallest group name (BLAKE2b, 64 bits, keyed by
+     the seed) read as a fraction in [0, 1): the first split whose cumulative ratio exceeds ``u``
+     (in the order of the ratios). Adding groups never moves an old group (unless a new file joins
+     it to another group by identical bytes or a near-duplicate), for any dataset size. Each class
+     is balanced in expectation only: a split's share varies by chance, with a standard deviation
+     of about ``sqrt(r (1 - r) / G)`` for ``G`` equal-sized groups (0.02 for r = 0.1, G = 225), so
+     small datasets can miss their ratios by more than the tolerance (reported). Changing a ratio
+     moves only the groups whose ``u`` lies between an old and a new cumulative boundary (e.g.
+     train 0.8 -> 0.7 of train/val/test moves the groups with u in [0.7, 0.8) from train to val and
+     those in [0.8, 0.85) from val to test); changing the seed or the order of the splits
+     reassigns everything. This is the "repeatable splitting" practice of hashing a stable id
+     (Lakshmanan, Robinson & Munn 2020, "Machine Learning Design Patterns", ch. 6).
+   - ``"balanced"``: **closest to the ratios, not stable.** Components are sorted by size
+     (descending) with a seeded random tie-break, then each goes to the split that least increases
+     Pearson's chi-square statistic of observed vs expected counts, summed over the per-split
+     totals and the per-(split, class) cells:
    ``sum_s (n_s - r_s N)^2 / (r_s N) + sum_{s,c} (n_sc - r_s N_c)^2 / (r_s N_c)``. Largest-first
    greedy placement is Graham's LPT rule for number partitioning (Graham 1969, "Bounds on
    multiprocessing timing anomalies"); stratifying by the most-needed class follows the idea of
    iterative stratification (Sechidis, Tsoumakas & Vlahavas 2011, "On the stratification of
    multi-label data"). Ties between splits go to the larger ratio, then the earlier name.
+     Adding data can move any old group (a test measured a third of them moving for 15% more
+     groups), which puts yesterday's validation images into today's training set.
 
 **Given splits** (:func:`given_splits`: split folders or a split column) keep every sample where
 the source put it. The same dedup and label-conflict checks run, but nothing moves: identical
@@ -32,6 +57,7 @@ with 70/15/15 give at best 80/10/10).
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -42,12 +68,15 @@ import numpy as np
 from shardkit.errors import SplitError
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "SPLIT_NAME_RE", "SplitSample", "LabelConflict", "SplitPlan",
+    "DEFAULT_TOLERANCE", "SPLIT_METHODS", "SPLIT_NAME_RE", "SplitSample", "LabelConflict", "SplitPlan",
     "assign_splits", "given_splits", "parse_split_spec", "validate_ratios",
 ]
 
 DEFAULT_TOLERANCE = 0.02
 """Largest accepted absolute difference between a split's achieved and requested sample fraction."""
+
+SPLIT_METHODS = ("hash", "balanced")
+"""Assignment rules of :func:`assign_splits` (see the module docstring)."""
 
 SPLIT_NAME_RE = re.compile(r"[A-Za-z0-9_]+")
 _RATIO_SUM_EPS = 1e-6
@@ -90,13 +119,19 @@ class SplitPlan:
         counts: samples per split. ``class_counts``: split -> {label: samples}.
         achieved: split -> achieved sample fraction in [0, 1].
         class_achieved: split -> {label: fraction of that class's samples in this split}.
-        merged_groups: sets of >= 2 groups joined because they share identical bytes (sorted lists).
+        merged_groups: sets of >= 2 groups joined because they share identical bytes or are
+            linked by ``links`` (near-duplicates) (sorted lists).
         label_conflicts: identical bytes under different labels (see :class:`LabelConflict`).
         num_duplicates: samples whose bytes already appeared earlier in the input.
         tolerance: the absolute tolerance checked (given splits: 0.0, nothing is checked);
             ``warnings``: human-readable infeasibility notes (given splits: shared bytes and
             groups, empty splits).
         mode: ``"ratios"`` (:func:`assign_splits`) or ``"given"`` (:func:`given_splits`).
+        method: the assignment rule of the components not kept (:data:`SPLIT_METHODS`;
+            given splits: ``"given"``).
+        kept_groups: groups placed where ``fixed`` said (0 without ``fixed``).
+        moved_groups: ``{"group", "from", "to"}`` of each group of ``fixed`` that had to move
+            because new links or identical bytes joined it to a group kept in another split.
         shared_bytes: given splits only: ``{"sha256", "indices", "splits": {split: count}}`` for
             each content found in more than one split, sorted by sha256.
         shared_groups: given splits only: ``{"group", "splits": {split: count}}`` for each
@@ -120,6 +155,9 @@ class SplitPlan:
     mode: str = "ratios"
     shared_bytes: list[dict] = field(default_factory=list)
     shared_groups: list[dict] = field(default_factory=list)
+    method: str = "balanced"
+    kept_groups: int = 0
+    moved_groups: list[dict] = field(default_factory=list)
 
     def groups_per_split(self) -> dict[str, int]:
         """Number of distinct input groups in each split."""
@@ -225,8 +263,9 @@ def _sort_key(label: Any) -> tuple:
     return (type(label).__name__, label) if isinstance(label, (int, str)) else ("~", repr(label))
 
 
-def _dedup(items: list[SplitSample]):
-    """Union-find over groups joined by shared content hash, and the label conflicts.
+def _dedup(items: list[SplitSample], links: Iterable[tuple[int, int]] = ()):
+    """Union-find over groups joined by shared content hash or by ``links`` (pairs of sample
+    positions), and the label conflicts.
 
     Returns ``(group_ids, union_find, by_sha, conflicts)``: group -> id (first-seen order), the
     :class:`_UnionFind` over group ids, sha256 -> input positions, :class:`LabelConflict` list.
@@ -244,6 +283,10 @@ def _dedup(items: list[SplitSample]):
             uf.union(first_group_of_sha[s.sha256], gid)
         else:
             first_group_of_sha[s.sha256] = gid
+    for a, b in links:
+        if not (0 <= a < len(items) and 0 <= b < len(items)):
+            raise SplitError(f"link ({a}, {b}) names a sample outside 0..{len(items) - 1}")
+        uf.union(group_ids[items[a].group], group_ids[items[b].group])
     conflicts = []
     for sha, idx in by_sha.items():
         labels = {items[i].label for i in idx}
@@ -253,7 +296,9 @@ def _dedup(items: list[SplitSample]):
 
 
 def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int,
-                  tolerance: float = DEFAULT_TOLERANCE) -> SplitPlan:
+                  tolerance: float = DEFAULT_TOLERANCE, *, method: str = "hash",
+                  links: Iterable[tuple[int, int]] = (),
+                  fixed: Mapping[str, str] | None = None) -> SplitPlan:
     """Assigns every sample to one split, group-atomically after dedup, stratified by class.
 
     Args:
@@ -261,24 +306,41 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
             with ``.group``, ``.label`` and ``.sha256``. A sample with a unique group is its own
             group.
         ratios: ``{split name: fraction}``, checked by :func:`validate_ratios`.
-        seed: integer seed of the tie-break between equal-sized components.
+        seed: non-negative integer: the key of the ``"hash"`` rule, the tie-break of
+            ``"balanced"``.
         tolerance: largest accepted ``|achieved - requested|`` sample fraction per split, in [0, 1).
+        method: ``"hash"`` (stable when the dataset grows) or ``"balanced"`` (closest to the
+            ratios); see the module docstring.
+        links: pairs ``(i, j)`` of sample positions that must share a split (near-duplicates).
+        fixed: ``{group: split}`` placements to keep (a previous pack's); groups not among the
+            samples are ignored. Every split named must be one of ``ratios``.
 
     Returns:
         a :class:`SplitPlan`; see the module docstring for the method. No group and no sha256 ever
         appears in two splits, and every sample is assigned exactly once.
 
     Raises:
-        SplitError: bad ratios, bad tolerance, or a sample that is not (group, label, sha256).
+        SplitError: bad ratios, bad tolerance, unknown method, a seed < 0, a link outside the
+            samples, a ``fixed`` split not in ``ratios``, or a sample that is not
+            (group, label, sha256).
     """
     ratios = validate_ratios(ratios)
     if not (0 <= float(tolerance) < 1):
         raise SplitError(f"split tolerance {tolerance!r} is out of range; expected 0 <= t < 1")
+    if method not in SPLIT_METHODS:
+        raise SplitError(f"split method {method!r} is unknown; expected one of {SPLIT_METHODS}")
+    if int(seed) < 0:
+        raise SplitError(f"split seed {seed!r} is negative; expected an integer >= 0")
+    fixed = dict(fixed or {})
+    unknown = sorted(set(fixed.values()) - set(ratios))
+    if unknown:
+        raise SplitError(f"kept placements name split(s) {unknown} that are not among the "
+                         f"requested splits {list(ratios)}")
     items = [_as_sample(s, i) for i, s in enumerate(samples)]
     names = tuple(ratios)
     n = len(items)
 
-    group_ids, uf, by_sha, conflicts = _dedup(items)
+    group_ids, uf, by_sha, conflicts = _dedup(items, links)
     num_duplicates = n - len(by_sha)
 
     # components: root -> sample indices, groups
@@ -289,36 +351,50 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     for g, gid in group_ids.items():
         comp_groups[uf.find(gid)].append(g)
     merged = sorted(sorted(gs) for gs in comp_groups.values() if len(gs) > 1)
-
-    # 3. greedy chi-square assignment, largest component first, seeded tie-break
     roots = sorted(comp_samples)
-    tiebreak = np.random.default_rng(seed).permutation(len(roots))
-    order = sorted(range(len(roots)), key=lambda k: (-len(comp_samples[roots[k]]), tiebreak[k]))
     class_total = Counter(s.label for s in items)
-    split_order = sorted(range(len(names)), key=lambda j: (-ratios[names[j]], j))
-    n_s = {name: 0 for name in names}
-    n_sc: dict[str, Counter] = {name: Counter() for name in names}
+    state = _Counts(names, ratios, n, class_total)
+
+    # 3. kept placements
     comp_split: dict[int, str] = {}
-    for k in order:
-        root = roots[k]
-        members = comp_samples[root]
-        size = len(members)
-        cls = Counter(items[i].label for i in members)
-        best_name, best_delta = None, None
-        for j in split_order:
-            name = names[j]
-            r = ratios[name]
-            t = r * n
-            delta = ((n_s[name] + size - t) ** 2 - (n_s[name] - t) ** 2) / t
-            for c, cnt in cls.items():
-                tc = r * class_total[c]
-                have = n_sc[name][c]
-                delta += ((have + cnt - tc) ** 2 - (have - tc) ** 2) / tc
-            if best_delta is None or delta < best_delta - 1e-12:
-                best_name, best_delta = name, delta
-        comp_split[root] = best_name
-        n_s[best_name] += size
-        n_sc[best_name].update(cls)
+    moved: list[dict] = []
+    kept = 0
+    group_size = Counter(s.group for s in items)
+    for root in roots:
+        votes = Counter()
+        for g in comp_groups[root]:
+            if g in fixed:
+                votes[fixed[g]] += group_size[g]
+        if not votes:
+            continue
+        split = max(names, key=lambda x: (votes[x], -names.index(x)))
+        comp_split[root] = split
+        for g in sorted(comp_groups[root]):
+            if g in fixed:
+                kept += fixed[g] == split
+                if fixed[g] != split:
+                    moved.append({"group": g, "from": fixed[g], "to": split})
+        state.add(split, [items[i].label for i in comp_samples[root]])
+
+    # 4. the other components
+    rest = [r for r in roots if r not in comp_split]
+    if method == "hash" and not fixed:
+        for root in rest:
+            u = _unit_hash(int(seed), min(comp_groups[root]))
+            split = next((x for x, edge in zip(names, np.cumsum([ratios[x] for x in names]))
+                          if u < edge), names[-1])
+            comp_split[root] = split
+            state.add(split, [items[i].label for i in comp_samples[root]])
+    else:  # balanced, largest component first, seeded tie-break
+        tiebreak = np.random.default_rng(int(seed)).permutation(len(rest))
+        order = sorted(range(len(rest)), key=lambda k: (-len(comp_samples[rest[k]]), tiebreak[k]))
+        for k in order:
+            root = rest[k]
+            labels = [items[i].label for i in comp_samples[root]]
+            split = state.best(labels)
+            comp_split[root] = split
+            state.add(split, labels)
+    n_s, n_sc = state.n_s, state.n_sc
 
     assignment = [comp_split[uf.find(group_ids[s.group])] for s in items]
     group_to_split = {g: comp_split[uf.find(gid)] for g, gid in group_ids.items()}
@@ -328,24 +404,76 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     class_achieved = {name: {c: n_sc[name][c] / class_total[c] for c in class_keys}
                       for name in names}
 
+    why = ("the kept placements (--split-from) and the group sizes" if fixed else
+           "each group's split is drawn from a keyed hash (stable when the dataset grows), so "
+           "with few groups the fractions vary by chance; --split-method balanced meets the "
+           "ratios more closely but may move groups when the dataset grows" if method == "hash"
+           else "the group sizes make this ratio infeasible")
     warnings = []
     for name in names:
         miss = achieved[name] - ratios[name]
         if n and n_s[name] == 0:
-            warnings.append(f"split {name!r} is empty: no atomic group set fits its ratio "
-                            f"{ratios[name]:.3f} ({len(roots)} sets for {len(names)} splits)")
+            warnings.append(f"split {name!r} is empty: no atomic group set fell to its ratio "
+                            f"{ratios[name]:.3f} ({len(roots)} sets for {len(names)} splits); "
+                            f"{why}")
         elif n and abs(miss) > tolerance:
             warnings.append(
                 f"split {name!r} got {n_s[name]} of {n} samples ({achieved[name]:.3f}) but "
                 f"{ratios[name]:.3f} was requested: off by {miss:+.3f}, more than the tolerance "
-                f"{tolerance:g}; the group sizes make this ratio infeasible "
-                f"({len(roots)} atomic group sets, the largest has "
+                f"{tolerance:g}; {why} ({len(roots)} atomic group sets, the largest has "
                 f"{max((len(v) for v in comp_samples.values()), default=0)} samples)")
+    if moved:
+        warnings.append(f"{len(moved)} group(s) kept from the previous pack moved to another "
+                        "split, because identical bytes or near-duplicates now join them to "
+                        "groups kept elsewhere: " + "; ".join(
+                            f"{m['group']!r} {m['from']} -> {m['to']}" for m in moved[:5])
+                        + (f"; ... and {len(moved) - 5} more" if len(moved) > 5 else ""))
     return SplitPlan(names=names, ratios=ratios, seed=int(seed), tolerance=float(tolerance),
                      assignment=assignment, group_to_split=group_to_split, counts=dict(n_s),
                      class_counts=class_counts, achieved=achieved, class_achieved=class_achieved,
                      merged_groups=merged, label_conflicts=conflicts,
-                     num_duplicates=num_duplicates, warnings=warnings)
+                     num_duplicates=num_duplicates, warnings=warnings, method=method,
+                     kept_groups=kept, moved_groups=moved)
+
+
+def _unit_hash(seed: int, key: str) -> float:
+    """``key`` hashed with BLAKE2b (64-bit digest, keyed by the decimal ``seed``) as a fraction
+    in [0, 1). Lone surrogates (undecodable file names) are hashed as they are."""
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8,
+                             key=str(seed).encode("ascii")[:64]).digest()
+    return int.from_bytes(digest, "big") / 2.0 ** 64
+
+
+class _Counts:
+    """Samples per split and per (split, class) while assigning; :meth:`best` is the balanced
+    rule's choice (least increase of the chi-square statistic, see the module docstring)."""
+
+    def __init__(self, names: tuple[str, ...], ratios: dict[str, float], n: int,
+                 class_total: Counter):
+        self.names, self.ratios, self.n, self.class_total = names, ratios, n, class_total
+        self.n_s = {name: 0 for name in names}
+        self.n_sc: dict[str, Counter] = {name: Counter() for name in names}
+        self.order = sorted(range(len(names)), key=lambda j: (-ratios[names[j]], j))
+
+    def add(self, split: str, labels: list) -> None:
+        self.n_s[split] += len(labels)
+        self.n_sc[split].update(labels)
+
+    def best(self, labels: list) -> str:
+        size, cls = len(labels), Counter(labels)
+        best_name, best_delta = None, None
+        for j in self.order:
+            name = self.names[j]
+            r = self.ratios[name]
+            t = r * self.n
+            delta = ((self.n_s[name] + size - t) ** 2 - (self.n_s[name] - t) ** 2) / t
+            for c, cnt in cls.items():
+                tc = r * self.class_total[c]
+                have = self.n_sc[name][c]
+                delta += ((have + cnt - tc) ** 2 - (have - tc) ** 2) / tc
+            if best_delta is None or delta < best_delta - 1e-12:
+                best_name, best_delta = name, delta
+        return best_name
 
 
 def given_splits(samples: Iterable[Any], splits: Sequence[str],
@@ -417,7 +545,7 @@ def given_splits(samples: Iterable[Any], splits: Sequence[str],
                                          for c in class_keys} for x in names},
                      label_conflicts=conflicts, num_duplicates=n - len(by_sha),
                      warnings=warnings, mode="given", shared_bytes=shared_bytes,
-                     shared_groups=shared_groups)
+                     shared_groups=shared_groups, method="given")
 
 
 _GIVEN_NOTE = "left where they are (the splits are given; `shardkit check` fails on them)"

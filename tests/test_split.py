@@ -56,7 +56,7 @@ def _case24_samples():
 
 def test_case24_groups_and_duplicates_join_and_conflict_reported():
     samples = _case24_samples()
-    plan = assign_splits(samples, R3, seed=0)
+    plan = assign_splits(samples, R3, seed=0, method="balanced")
     # identical bytes pulled C, D, E and F into one atomic set
     assert plan.merged_groups == [["subjC", "subjD", "subjE", "subjF"]]
     assert plan.num_duplicates == 3
@@ -75,7 +75,7 @@ def test_case24_groups_and_duplicates_join_and_conflict_reported():
 def test_case24_without_copies_gives_80_10_10_and_warns():
     samples = [SplitSample(f"subj{g}", "x", f"{g}{i}")
                for g, size in zip("ABCDE", [50, 30, 10, 5, 5]) for i in range(size)]
-    plan = assign_splits(samples, R3, seed=0)
+    plan = assign_splits(samples, R3, seed=0, method="balanced")
     assert plan.counts == {"train": 80, "val": 10, "test": 10}
     assert plan.achieved == {"train": 0.8, "val": 0.1, "test": 0.1}
     assert plan.group_to_split == {"subjA": "train", "subjB": "train", "subjC": "val",
@@ -85,12 +85,12 @@ def test_case24_without_copies_gives_80_10_10_and_warns():
     assert "+0.100" in plan.warnings[0] and "infeasible" in plan.warnings[0]
     assert plan.groups_per_split() == {"train": 2, "val": 1, "test": 2}
     # a loose enough tolerance silences the warning
-    assert assign_splits(samples, R3, seed=0, tolerance=0.11).warnings == []
+    assert assign_splits(samples, R3, seed=0, tolerance=0.11, method="balanced").warnings == []
 
 
 def test_within_tolerance_when_groups_are_small():
     samples = [SplitSample(f"g{i // 3}", i % 4, f"h{i}") for i in range(600)]
-    plan = assign_splits(samples, R3, seed=5)
+    plan = assign_splits(samples, R3, seed=5, method="balanced")
     assert plan.warnings == []
     for name, r in R3.items():
         assert abs(plan.achieved[name] - r) <= DEFAULT_TOLERANCE
@@ -104,7 +104,7 @@ def test_stratification_beats_class_blind_split():
     for g in range(40):
         label = "r" if g < 8 else "c"
         samples += [SplitSample(f"g{g}", label, f"{g}-{i}") for i in range(5)]
-    plan = assign_splits(samples, {"train": 0.5, "test": 0.5}, seed=1)
+    plan = assign_splits(samples, {"train": 0.5, "test": 0.5}, seed=1, method="balanced")
     assert plan.class_counts["train"]["r"] == 20 and plan.class_counts["test"]["r"] == 20
     assert plan.counts == {"train": 100, "test": 100}
 
@@ -130,12 +130,17 @@ def test_rejects_bad_inputs():
         assign_splits([("g", 0, "h")], R3, seed=0).indices("dev")
 
 
-def test_flowers_metadata_split(flowers_dir):
-    """The real flowers groups (791 photographers, largest 54) meet 80/10/10 within tolerance."""
+def _flowers_samples(flowers_dir):
     with open(flowers_dir / "metadata.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    samples = [SplitSample(r["group_flickr_user"], r["label"], r["sha256"]) for r in rows]
-    plan = assign_splits(samples, {"train": 0.8, "val": 0.1, "test": 0.1}, seed=0)
+    return [SplitSample(r["group_flickr_user"], r["label"], r["sha256"]) for r in rows]
+
+
+def test_flowers_metadata_split_balanced(flowers_dir):
+    """The real flowers groups (791 photographers, largest 54) meet 80/10/10 within tolerance."""
+    samples = _flowers_samples(flowers_dir)
+    plan = assign_splits(samples, {"train": 0.8, "val": 0.1, "test": 0.1}, seed=0,
+                         method="balanced")
     assert len(samples) == 1839
     assert plan.warnings == []
     _assert_atomic(samples, plan)
@@ -143,6 +148,18 @@ def test_flowers_metadata_split(flowers_dir):
     for name in ("train", "val", "test"):
         for label, frac in plan.class_achieved[name].items():
             assert abs(frac - plan.ratios[name]) < 0.05, (name, label, frac)
+
+
+def test_flowers_metadata_split_hash_misses_ratios_by_chance_and_says_why(flowers_dir):
+    """The hash rule on the same groups: atomic, but the skewed group sizes (largest 54) make
+    the fractions land by chance (seed 0: 0.849 / 0.083 / 0.067), and the plan says so."""
+    samples = _flowers_samples(flowers_dir)
+    plan = assign_splits(samples, {"train": 0.8, "val": 0.1, "test": 0.1}, seed=0)
+    _assert_atomic(samples, plan)
+    assert plan.method == "hash"
+    assert plan.counts == {"train": 1562, "val": 153, "test": 124}
+    assert [w.split()[1] for w in plan.warnings] == ["'train'", "'test'"]  # val: 0.083
+    assert all("keyed hash" in w and "--split-method balanced" in w for w in plan.warnings)
 
 
 # ---------------------------------------------------------------- properties
@@ -166,15 +183,16 @@ _ratios = st.sampled_from([{"train": 1.0}, {"a": 0.5, "b": 0.5}, R3,
 
 
 @settings(max_examples=150, deadline=None)
-@given(samples=st.lists(_sample, max_size=80), ratios=_ratios, seed=st.integers(0, 2**31))
-def test_property_atomic_and_complete(samples, ratios, seed):
-    plan = assign_splits(samples, ratios, seed=seed)
+@given(samples=st.lists(_sample, max_size=80), ratios=_ratios, seed=st.integers(0, 2**31),
+       method=st.sampled_from(["hash", "balanced"]))
+def test_property_atomic_and_complete(samples, ratios, seed, method):
+    plan = assign_splits(samples, ratios, seed=seed, method=method)
     _assert_atomic(samples, plan)
     assert sum(plan.counts.values()) == len(samples)
     assert plan.num_duplicates == len(samples) - len({s.sha256 for s in samples})
     for conflict in plan.label_conflicts:
         assert len({samples[i].label for i in conflict.indices}) == len(conflict.labels) > 1
-    assert plan.assignment == assign_splits(samples, ratios, seed=seed).assignment
+    assert plan.assignment == assign_splits(samples, ratios, seed=seed, method=method).assignment
 
 
 # ---------------------------------------------------------------- given splits
