@@ -592,3 +592,119 @@ def test_cli_backend_thread_and_process_gives_rows_for_both(packed_sample, tmp_p
     assert rows[2]["same_as"] == rows[0]["id"] and rows[2]["setting"]["backend"] == "thread"
     assert "same work" in rows[2]["note"]
     assert doc["recommendation"]["setting"]["backend"] in {"thread", "process"}
+
+
+# --- issue 9 §6: plots a reader can use without the table ------------------------------------
+
+@pytest.fixture(scope="module")
+def small_bench(packed_sample, tmp_path_factory):
+    """A real bench on the packed sample: thread and process backends, 0-2 workers, 5 ms step."""
+    from shardkit.bench.cli import run_bench
+
+    out = tmp_path_factory.mktemp("bench-plots")
+    run_bench([str(packed_sample("wds"))], out, num_workers="0,1,2", prefetch_factor="2",
+              pin_memory="off", backends="thread,process", step_ms=5.0, echo=None,
+              cfg=RunConfig(warmup=1, batches=3, repeats=2, batch_size=8, image_size=64))
+    return json.loads((out / "bench.json").read_text()), out
+
+
+def _step_artist(ax):
+    return [ln for ln in ax.get_lines() if ln.get_label().startswith("model step")]
+
+
+def test_throughput_axis_starts_at_zero_on_a_real_bench(small_bench):
+    from shardkit.bench.report import plot_series
+
+    doc, out = small_bench
+    assert sorted(doc["plots"]) == ["data_wait_vs_workers.png", "loader_vs_step.png",
+                                    "throughput_vs_workers.png"]
+    for name in doc["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ax = plot_series(doc["rows"], "throughput_img_s").axes[0]
+    best = max(r["metrics"]["throughput_img_s"]["max"] for r in doc["rows"]
+               if r["status"] == "ok")
+    bottom, top = ax.get_ylim()
+    assert bottom == 0 and top >= best > 0
+    assert plot_series(doc["rows"], "data_wait_fraction").axes[0].get_ylim() == (0, 1.05)
+
+
+def test_loader_vs_step_bars_name_their_setting_and_show_the_step_on_a_real_bench(small_bench):
+    from matplotlib.colors import to_hex
+
+    from shardkit.bench.report import plot_loader_vs_step
+
+    doc, _ = small_bench
+    ok = [r for r in doc["rows"] if r["status"] == "ok"]
+    # the process backend's num_workers=0 row (#3) is N/A: the thread row #0 did that work
+    assert [r["id"] for r in ok] == [0, 1, 2, 4, 5]
+    ax = plot_loader_vs_step(doc["rows"]).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "thread w0 (#0)", "thread w1 pf2 (#1)", "thread w2 pf2 (#2)", "process w1 pf2 (#4)",
+        "process w2 pf2 (#5)"]
+    bars = ax.patches
+    assert [b.get_width() for b in bars] == [r["metrics"]["loader_ms_per_batch"]["median"]
+                                             for r in ok]
+    assert [b.get_y() + b.get_height() / 2 for b in bars] == [0, 1, 2, 3, 4]
+    frac = [r["metrics"]["data_wait_fraction"]["median"] for r in ok]
+    assert [to_hex(b.get_facecolor()) for b in bars] == [
+        "#d62728" if f >= 0.10 else "#1f77b4" for f in frac]  # tab:red / tab:blue
+    # decoding 8 real photos in the training loop (no workers) takes longer than 0.1 x 5 ms
+    assert to_hex(bars[0].get_facecolor()) == "#d62728"
+    step = [r["metrics"]["step_ms_per_batch"]["median"] for r in ok]
+    assert all(4.9 < s < 100.0 for s in step)  # a 5 ms sleep, late on a busy box
+    (line,) = _step_artist(ax)
+    mid = sorted(step)[2]
+    if max(step) - min(step) <= 0.10 * mid:  # one vertical line at the median step time
+        assert list(line.get_xdata()) == [mid, mid]
+        assert line.get_label() == f"model step {mid:.1f} ms/batch (median)"
+    else:  # a marker on each bar
+        assert list(line.get_xdata()) == step and list(line.get_ydata()) == [0, 1, 2, 3, 4]
+    assert ax.get_xlim()[0] == 0
+    assert "data-bound" in ax.get_title() and "10%" in ax.get_title()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[:2] == ["data-bound: waits for data >= 10% of wall time",
+                          "keeps up: waits < 10%"]
+
+
+def _timed_row(idx, nw, wait_ms, step_ms, decoder="auto", kind="shardkit", pin=False):
+    frac = wait_ms / (wait_ms + step_ms)
+    row = _ok_row(idx, nw, 2 if nw else None, _res(100.0, wait=frac, step=step_ms), pin=pin,
+                  backend="thread")
+    row["setting"] = dict(row["setting"], decoder=decoder)
+    row["metrics"]["loader_ms_per_batch"] = _res(wait_ms)["metrics"]["throughput_img_s"]
+    row["kind"] = kind
+    return row
+
+
+def test_loader_vs_step_marks_each_bar_when_step_times_differ():
+    from matplotlib.colors import to_hex
+
+    from shardkit.bench.report import plot_loader_vs_step
+
+    rows = [_timed_row(0, 0, 30.0, 10.0), _timed_row(1, 2, 1.0, 10.0, pin=True),
+            _timed_row(2, 2, 0.5, 40.0, decoder="pil"),
+            _timed_row(3, 2, 9.0, 40.0, kind="baseline")]
+    ax = plot_loader_vs_step(rows, threshold=0.2).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "wds/auto thread w0 (#0)", "wds/auto thread w2 pf2 pin (#1)", "wds/pil thread w2 pf2 (#2)",
+        "baseline w2 pf2 (#3)"]
+    (line,) = _step_artist(ax)
+    assert list(line.get_xdata()) == [10.0, 10.0, 40.0, 40.0]
+    assert list(line.get_ydata()) == [0, 1, 2, 3]
+    # wait fractions 0.75, 0.09, 0.01, 0.18 against threshold 0.2: only row 0 is data-bound
+    assert [to_hex(b.get_facecolor()) for b in ax.patches] == [
+        "#d62728", "#1f77b4", "#1f77b4", "#1f77b4"]
+    assert "20%" in ax.get_title()
+
+
+def test_loader_vs_step_without_a_step_draws_no_line_and_no_verdict():
+    from matplotlib.colors import to_hex
+
+    from shardkit.bench.report import plot_loader_vs_step
+
+    rows = [_timed_row(0, 0, 30.0, 0.001), _timed_row(1, 2, 3.0, 0.002)]
+    ax = plot_loader_vs_step(rows).axes[0]
+    assert _step_artist(ax) == []
+    assert {to_hex(b.get_facecolor()) for b in ax.patches} == {"#1f77b4"}
+    assert "no step simulated" in ax.get_title()
+    assert plot_loader_vs_step([dict(rows[0], status="error")]) is None

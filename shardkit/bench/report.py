@@ -17,7 +17,8 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["recommend", "format_table", "write_plots", "write_json", "SCHEMA_VERSION"]
+__all__ = ["recommend", "format_table", "plot_series", "plot_loader_vs_step", "write_plots",
+           "write_json", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 2
 
@@ -153,7 +154,8 @@ def format_table(results: list[dict]) -> str:
             f"{_SHORT_BACKEND.get(s.get('backend'), '-'):<7} {s['num_workers']:>2} {pf:>2} "
             f"{'on' if s['pin_memory'] else 'off':<3} "
             f"{'on' if s['persistent_workers'] else 'off':<4} {r['status']:<5} "
-            f"{_fmt(r, 'loader_ms_per_batch', '9.1f'):>9} {_fmt(r, 'step_ms_per_batch', '8.1f'):>8} "
+            f"{_fmt(r, 'loader_ms_per_batch', '9.1f'):>9} "
+            f"{_fmt(r, 'step_ms_per_batch', '8.1f'):>8} "
             f"{_fmt(r, 'throughput_img_s', '8.1f'):>8} {spread:>15} "
             f"{_fmt(r, 'data_wait_fraction', '5.0%'):>5} {_fmt(r, 'cpu_util_cores', '5.2f'):>5} "
             f"{_fmt(r, 'memory_mb', '6.0f'):>6} {ratio:>6}")
@@ -205,63 +207,152 @@ def _lines(results: list[dict]) -> dict[str, list[tuple[int, dict]]]:
     return out
 
 
-def write_plots(results: list[dict], out_dir: str | os.PathLike) -> list[str]:
-    """Writes ``throughput_vs_workers.png``, ``data_wait_vs_workers.png`` and
-    ``loader_vs_step.png`` into ``out_dir``; returns their file names (empty with nothing measured).
-
-    One series per format/decoder/backend/prefetch/pin/persistent setting (x = num_workers);
-    error bars are the min..max over repeats; baseline series are dashed.
-    """
-    # Figure + the Agg canvas: no pyplot, so no process-wide backend switch (matplotlib.use)
+def _figure(figsize: tuple[float, float]):
+    """A Figure with the Agg canvas: no pyplot, so no process-wide backend switch."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    def subplots(figsize):
-        fig = Figure(figsize=figsize)
-        FigureCanvasAgg(fig)
-        return fig, fig.add_subplot()
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+#: (metric, file name, y label) of the per-num_workers plots.
+_SERIES_PLOTS = (
+    ("throughput_img_s", "throughput_vs_workers.png", "throughput (images/s)"),
+    ("data_wait_fraction", "data_wait_vs_workers.png", "data-wait fraction of wall time"))
+
+
+def plot_series(results: list[dict], metric: str, ylabel: str = ""):
+    """``metric``'s median (error bars: min..max over repeats) against num_workers, one line per
+    :func:`_lines` series (baseline lines dashed). The y axis starts at 0 (throughput and wait
+    fraction are never negative; a cut axis exaggerates differences); the wait fraction's ends at
+    1.05. Returns a ``matplotlib.figure.Figure``, or None when no row was measured."""
     series = _lines(results)
     if not series:
-        return []
-    written = []
-    for metric, fname, ylabel in (
-            ("throughput_img_s", "throughput_vs_workers.png", "throughput (images/s)"),
-            ("data_wait_fraction", "data_wait_vs_workers.png", "data-wait fraction of wall time")):
-        fig, ax = subplots((8, 5))
-        for name, points in series.items():
-            xs = [x for x, _ in points]
-            med = [r["metrics"][metric]["median"] for _, r in points]
-            lo = [m - r["metrics"][metric]["min"] for m, (_, r) in zip(med, points)]
-            hi = [r["metrics"][metric]["max"] - m for m, (_, r) in zip(med, points)]
-            ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=name,
-                        linestyle="--" if name.startswith("baseline") else "-")
-        ax.set_xlabel("num_workers")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_ylabel(ylabel)
-        if metric == "data_wait_fraction":
-            ax.set_ylim(0, 1.05)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out_dir / fname, dpi=100)
-        written.append(fname)
-    ok = [r for r in results if r["status"] == "ok"]
-    fig, ax = subplots((max(6, 0.5 * len(ok) + 2), 5))
-    xs = range(len(ok))
-    ax.bar([x - 0.2 for x in xs], [r["metrics"]["loader_ms_per_batch"]["median"] for r in ok],
-           width=0.4, label="loader wait (ms/batch)")
-    ax.bar([x + 0.2 for x in xs], [r["metrics"]["step_ms_per_batch"]["median"] for r in ok],
-           width=0.4, label="step (ms/batch)")
-    ax.set_xticks(list(xs), [f"{r['id']}" for r in ok])
-    ax.set_xlabel("row id (see bench.json / table)")
-    ax.set_ylabel("ms per batch (median over repeats)")
-    ax.legend()
+        return None
+    fig, ax = _figure((8, 5))
+    for name, points in series.items():
+        xs = [x for x, _ in points]
+        med = [r["metrics"][metric]["median"] for _, r in points]
+        lo = [m - r["metrics"][metric]["min"] for m, (_, r) in zip(med, points)]
+        hi = [r["metrics"][metric]["max"] - m for m, (_, r) in zip(med, points)]
+        ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=name,
+                    linestyle="--" if name.startswith("baseline") else "-")
+    ax.set_xlabel("num_workers")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_ylabel(ylabel or metric)
+    if metric == "data_wait_fraction":
+        ax.set_ylim(0, 1.05)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / "loader_vs_step.png", dpi=100)
-    written.append("loader_vs_step.png")
+    return fig
+
+
+def _bar_label(rec: dict, qualify: bool) -> str:
+    """``"thread w2 pf2 pin (#3)"``: backend, num_workers, prefetch_factor (left out when not
+    passed), pin_memory and persistent workers when on, the row id; ``format/decoder`` first
+    when ``qualify``; ImageFolder baseline rows (a DataLoader) start with "baseline"."""
+    s = rec["setting"]
+    parts = ["baseline"] if rec["kind"] == "baseline" else (
+        ([f"{s['format']}/{s['decoder']}"] if qualify else []) + [s.get("backend") or "-"])
+    parts.append(f"w{s['num_workers']}")
+    if s["prefetch_factor"] is not None:
+        parts.append(f"pf{s['prefetch_factor']}")
+    parts += (["pin"] if s["pin_memory"] else []) + (["pers"] if s["persistent_workers"] else [])
+    return f"{' '.join(parts)} (#{rec['id']})"
+
+
+#: Step medians within this fraction of their median are drawn as one line, else per bar.
+_STEP_SPREAD = 0.10
+#: Below this many ms per batch no step was simulated (``NoStep``): no line, no verdict.
+_NO_STEP_MS = 0.01
+_BOUND_COLOR, _OK_COLOR, _STEP_COLOR = "tab:red", "tab:blue", "black"
+
+
+def plot_loader_vs_step(results: list[dict], threshold: float = 0.10):
+    """Horizontal bars, one per measured row (top to bottom in row order), labelled with its
+    setting (:func:`_bar_label`): the median loader wait in ms per batch, red when the row is
+    data-bound (median ``data_wait_fraction`` >= ``threshold``, the rule of :func:`recommend`),
+    blue otherwise. The model step time (ms per batch) is one vertical line at the median of the
+    rows' step medians when they all lie within 10% of it, else a black marker on each bar; a
+    bar reaching past it waits longer for data than the step computes. With no step simulated
+    (every step median < 0.01 ms) there is no line and no colour verdict. The x axis starts
+    at 0.
+
+    Returns:
+        a ``matplotlib.figure.Figure``, or None when no row was measured.
+    """
+    import statistics
+
+    from matplotlib.patches import Patch
+
+    ok = [r for r in results if r["status"] == "ok"]
+    if not ok:
+        return None
+    qualify = len({(r["setting"]["format"], r["setting"]["decoder"]) for r in ok
+                   if r["kind"] == "shardkit"}) > 1
+    labels = [_bar_label(r, qualify) for r in ok]
+    wait = [_med(r, "loader_ms_per_batch") for r in ok]
+    step = [_med(r, "step_ms_per_batch") for r in ok]
+    frac = [_med(r, "data_wait_fraction") for r in ok]
+    has_step = max(step) >= _NO_STEP_MS
+    colors = [_BOUND_COLOR if has_step and f >= threshold else _OK_COLOR for f in frac]
+    fig, ax = _figure((9, max(3.0, 0.32 * len(ok) + 1.8)))
+    ys = list(range(len(ok)))
+    ax.barh(ys, wait, height=0.6, color=colors)
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.invert_yaxis()  # row order top to bottom, as in the table
+    handles = []
+    if has_step:
+        handles += [Patch(color=_BOUND_COLOR, label=f"data-bound: waits for data >= "
+                          f"{threshold:.0%} of wall time"),
+                    Patch(color=_OK_COLOR, label=f"keeps up: waits < {threshold:.0%}")]
+        mid = statistics.median(step)
+        if max(step) - min(step) <= _STEP_SPREAD * mid:
+            handles.append(ax.axvline(mid, color=_STEP_COLOR, linestyle="--",
+                                      label=f"model step {mid:.1f} ms/batch (median)"))
+        else:
+            handles += ax.plot(step, ys, linestyle="none", marker="|", markersize=14,
+                               markeredgewidth=2.5, color=_STEP_COLOR,
+                               label="model step ms/batch (this row)")
+        title = ("Loader wait vs model step per batch: a red bar is data-bound (the device "
+                 f"waits for data >= {threshold:.0%} of the time);\na bar past the step "
+                 "waits longer for data than the step computes")
+    else:
+        handles.append(Patch(color=_OK_COLOR, label="loader wait ms/batch"))
+        title = ("Loader wait per batch (no step simulated: pass --step-ms or --model for "
+                 "a data-bound verdict)")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("ms per batch (median over repeats)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(handles=handles, fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def write_plots(results: list[dict], out_dir: str | os.PathLike, *,
+                threshold: float = 0.10) -> list[str]:
+    """Writes ``throughput_vs_workers.png``, ``data_wait_vs_workers.png``
+    (:func:`plot_series`) and ``loader_vs_step.png`` (:func:`plot_loader_vs_step`, data-bound
+    from ``threshold``) into ``out_dir`` at 100 dpi; returns their file names (empty with
+    nothing measured)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not _lines(results):
+        return []
+    figs = [(fname, plot_series(results, metric, ylabel))
+            for metric, fname, ylabel in _SERIES_PLOTS]
+    figs.append(("loader_vs_step.png", plot_loader_vs_step(results, threshold)))
+    written = []
+    for fname, fig in figs:
+        if fig is not None:
+            fig.savefig(out_dir / fname, dpi=100)
+            written.append(fname)
     return written
 
 
