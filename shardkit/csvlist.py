@@ -2,12 +2,20 @@
 
 Re-exported by :mod:`shardkit.scan` (``from shardkit.scan import scan_csv`` keeps working); the
 rules for names (NFC, stripping) and the error formats are those of :mod:`shardkit.scan`.
+
+Metadata joins (``--metadata M.csv`` with ``--group-column`` / ``--split-column``) look a row's
+path up as the file's relpath under the source root after :func:`_path_key`: "\\" read as "/",
+NFC, empty and "." segments dropped (``./daisy//x.jpg`` is ``daisy/x.jpg``), and an absolute
+path under the root made relative to it (as written by ``find "$PWD/SRC"``, also when ``$PWD``
+reaches the root through a symlink). Rows that still match no file are shown next to a file
+without a row in :func:`lacking_metadata_error`.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
 import os
+import posixpath
 import unicodedata
 from pathlib import Path, PurePosixPath
 
@@ -117,7 +125,8 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
 
 
 def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
-                         path_column: str = "path") -> tuple[list[SourceItem], list[SourceItem]]:
+                         path_column: str = "path", *, root: str | os.PathLike | None = None
+                         ) -> tuple[list[SourceItem], list[SourceItem]]:
     """Like :func:`apply_group_metadata`, but returns ``(grouped, lacking)`` instead of raising
     for items without a row or with an empty group value.
 
@@ -125,7 +134,7 @@ def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
         ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
         SourceError: the CSV cannot be read; one path has two different groups.
     """
-    groups = _metadata_values(csv_path, column, path_column)
+    groups = _metadata_values(csv_path, column, path_column, _root_of(items, root))
     out, lacking = [], []
     for item in items:
         value = groups.get(item.relpath)
@@ -136,10 +145,70 @@ def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
     return out, lacking
 
 
-def _metadata_values(csv_path: str | os.PathLike, column: str, path_column: str
-                     ) -> dict[str, str]:
-    """NFC relpath -> NFC stripped value of ``column`` in a metadata CSV (errors as
-    :func:`match_group_metadata`)."""
+def _canonical(raw: str) -> str:
+    """``raw`` stripped, "\\" as "/", NFC, without empty or "." segments (a leading "/" kept):
+    ``" ./daisy//./x.jpg"`` -> ``"daisy/x.jpg"``. ".." is kept (it may cross a symlink)."""
+    key = _nfc(raw.strip().replace("\\", "/"))
+    parts = [p for p in key.split("/") if p not in ("", ".")]
+    return ("/" if key.startswith("/") else "") + "/".join(parts)
+
+
+def _strip_root(path: str, roots: list[str]) -> str | None:
+    """``path`` relative to the first of ``roots`` (canonical, absolute) it lies under, or None."""
+    for r in roots:
+        head = r.rstrip("/") + "/"
+        if path.startswith(head):
+            return path[len(head):]
+    return None
+
+
+def _path_key(root: str | None):
+    """A function: a metadata CSV's path cell -> the key an item's relpath is looked up by.
+
+    The key is :func:`_canonical`; an absolute path under ``root`` (as spelled, or once the
+    folders of both are resolved through symlinks; the file itself is not resolved, so a
+    symlinked file keeps its own relpath) becomes relative to it. Other paths stay as they are
+    (a CSV source's files outside its root have absolute relpaths).
+    """
+    roots = [] if root is None else list(dict.fromkeys(
+        _canonical(r) for r in (root, os.path.realpath(root))))
+    real: dict[str, str] = {}  # folder -> canonical realpath, one lookup per folder
+
+    def key(raw: str) -> str:
+        k = _canonical(raw)
+        if not roots or not k.startswith("/"):
+            return k
+        rel = _strip_root(k, roots)
+        if rel is None:
+            folder, name = posixpath.split(k)
+            if folder not in real:
+                real[folder] = _canonical(os.path.realpath(folder))
+            rel = _strip_root(real[folder] + "/", roots)
+            rel = None if rel is None else posixpath.join(rel, name)
+        return k if rel is None else rel
+    return key
+
+
+def _root_of(items: list[SourceItem], root: str | os.PathLike | None) -> str | None:
+    """``root`` as an absolute path, else the source root the items' paths and relpaths imply
+    (the first item with a relative relpath and an absolute path), else None."""
+    if root is not None:
+        return os.path.abspath(os.fspath(root))
+    for it in items:
+        depth = len(PurePosixPath(it.relpath).parts)
+        if it.relpath.startswith("/") or not os.path.isabs(it.path) or not depth:
+            continue
+        found = it.path
+        for _ in range(depth):
+            found = os.path.dirname(found)
+        return found
+    return None
+
+
+def _metadata_values(csv_path: str | os.PathLike, column: str, path_column: str,
+                     root: str | None = None) -> dict[str, str]:
+    """Relpath key (:func:`_path_key` of ``root``) -> NFC stripped value of ``column`` in a
+    metadata CSV (errors as :func:`match_group_metadata`)."""
     csv_s = os.path.abspath(os.fspath(csv_path))
     header, rows = _read_csv(csv_s)
     for col in (path_column, column):
@@ -147,8 +216,9 @@ def _metadata_values(csv_path: str | os.PathLike, column: str, path_column: str
             raise ConfigError(f"metadata CSV {csv_s!r} has no column {col!r}; columns: {header}")
     values: dict[str, str] = {}
     conflicts = []
+    path_key = _path_key(root)
     for row in rows:
-        key = _nfc(row[path_column].strip().replace("\\", "/"))
+        key = path_key(row[path_column])
         value = _nfc(row[column]).strip()
         if key in values and values[key] != value:
             conflicts.append(key)
@@ -160,9 +230,9 @@ def _metadata_values(csv_path: str | os.PathLike, column: str, path_column: str
 
 
 def match_split_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
-                         path_column: str = "path"
+                         path_column: str = "path", *, root: str | os.PathLike | None = None
                          ) -> tuple[list[SourceItem], list[SourceItem], dict[str, str]]:
-    """Sets each item's given ``split`` from ``column`` of a metadata CSV, joined on the NFC
+    """Sets each item's given ``split`` from ``column`` of a metadata CSV, joined on the
     relpath like :func:`match_group_metadata`; values are mapped to split names by
     :func:`shardkit.layout.map_split_names` (values of rows that match no item are not read).
 
@@ -173,7 +243,7 @@ def match_split_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
         ConfigError: ``column`` or ``path_column`` is not a column. SourceError: the CSV cannot
             be read; one path has two different values; a value is not a valid split name.
     """
-    values = _metadata_values(csv_path, column, path_column)
+    values = _metadata_values(csv_path, column, path_column, _root_of(items, root))
     used = sorted({values[it.relpath] for it in items if values.get(it.relpath)})
     mapping = layout_mod.map_split_names(
         used, f"metadata CSV {os.path.abspath(os.fspath(csv_path))!r} column {column!r}")
@@ -187,12 +257,55 @@ def match_split_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
     return out, lacking, mapping
 
 
-def lacking_metadata_error(csv_path: str | os.PathLike, column: str,
-                           relpaths: list[str]) -> SourceError:
-    """The error for relpaths without a metadata row or group value (first 20 listed)."""
+def lacking_metadata_error(csv_path: str | os.PathLike, column: str, relpaths: list[str], *,
+                           root: str | os.PathLike | None = None,
+                           known: list[str] | None = None,
+                           path_column: str = "path") -> SourceError:
+    """The error for ``relpaths`` without a metadata row or ``column`` value (first 20 listed).
+
+    When the CSV has a row that matches no file, one such path is shown next to one of
+    ``relpaths`` so the user sees how they differ: a row with the same file name as a file
+    without a row (else the same stem, case-insensitive), else, when ``known`` (every item's
+    relpath) says which rows match no file, the first such row. ``root`` (the source folder)
+    is named in that sentence and used to read absolute CSV paths as :func:`_path_key` does.
+    Never raises: an unreadable CSV just gives no example.
+    """
     csv_s = os.path.abspath(os.fspath(csv_path))
-    return SourceError(f"metadata CSV {csv_s!r} has no row or an empty {column!r} for "
-                       f"{_listing(relpaths)} file(s)")
+    text = (f"metadata CSV {csv_s!r} has no row or an empty {column!r} for "
+            f"{_listing(relpaths)} file(s)")
+    pair = _unmatched_example(csv_s, path_column, relpaths, root, known)
+    if pair is not None:
+        where = os.fspath(root) if root is not None else "SRC"
+        text += (f". The CSV's path {pair[0]!r} matches no file; compare the file {pair[1]!r} "
+                 f"under {where}: paths must be relative to SRC like that, may start with "
+                 "'./', or be absolute under SRC")
+    return SourceError(text)
+
+
+def _unmatched_example(csv_s: str, path_column: str, relpaths: list[str], root, known
+                       ) -> tuple[str, str] | None:
+    """``(CSV path as written, relpath)`` for :func:`lacking_metadata_error`, or None."""
+    try:
+        header, rows = _read_csv(csv_s)
+    except SourceError:
+        return None
+    if path_column not in header or not relpaths:
+        return None
+    path_key = _path_key(None if root is None else os.path.abspath(os.fspath(root)))
+    taken = set(relpaths) | set(known or ())
+    free = [(raw.strip(), key) for raw, key in ((r[path_column], path_key(r[path_column]))
+                                                for r in rows) if key and key not in taken]
+    for name_of in (posixpath.basename, lambda p: posixpath.splitext(posixpath.basename(p))[0]
+                    .casefold()):
+        by_name: dict[str, str] = {}
+        for raw, key in free:
+            by_name.setdefault(name_of(key), raw)
+        for rel in relpaths:
+            if name_of(rel) in by_name:
+                return by_name[name_of(rel)], rel
+    if known is not None and free:
+        return free[0][0], relpaths[0]
+    return None
 
 
 def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
@@ -200,7 +313,8 @@ def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
     """Set each item's group from ``column`` of a metadata CSV, joined on the NFC relpath.
 
     The CSV's ``path_column`` holds paths relative to the source root (posix or Windows
-    separators, any Unicode form). Rows for files that are not items are fine.
+    separators, any Unicode form, a leading ``./`` allowed) or absolute paths under it
+    (:func:`_path_key`). Rows for files that are not items are fine.
 
     Returns:
         new items (same order) with ``group`` set.
@@ -212,5 +326,7 @@ def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
     """
     out, lacking = match_group_metadata(items, csv_path, column, path_column)
     if lacking:
-        raise lacking_metadata_error(csv_path, column, [i.relpath for i in lacking])
+        raise lacking_metadata_error(csv_path, column, [i.relpath for i in lacking],
+                                     root=_root_of(items, None), path_column=path_column,
+                                     known=[i.relpath for i in items])
     return out
