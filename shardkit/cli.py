@@ -25,6 +25,8 @@ COMMANDS = {
                 "Counts, imbalance, shard sizes and a sample grid."),
     "check": ("shardkit.doctor.cli:check_command",
               "Check splits for leakage and transform drift."),
+    "export": ("shardkit.interop.cli:export_command",
+               "Write the files timm, DALI and HF datasets need to read wds shards."),
 }
 
 

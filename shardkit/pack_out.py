@@ -80,16 +80,23 @@ def _shard_suffixes() -> str:
 
 
 def _owned_patterns() -> dict[str, re.Pattern]:
-    """Folder (``""`` for OUT) -> regex of the names shardkit writes there."""
+    """Folder (``""`` for OUT) -> regex of the names shardkit writes there.
+
+    Besides the files of the module doc, the other readers' files of :mod:`shardkit.interop`
+    (``wds`` datasets): the Hugging Face card ``README.md`` in OUT, timm's
+    ``shards/_info.json`` and DALI's ``shards/<split>-NNNNNN.idx``, and their fsio temp names.
+    """
     tmp = r"\..+\.tmp"  # fsio's mkstemp names: .<name>.<random>.tmp
     sfx = _shard_suffixes()
+    top = rf"{re.escape(MANIFEST_NAME)}|{re.escape(QUARANTINE_NAME)}|README\.md"
+    shard_meta = rf"_info\.json|{_SPLIT}-\d{{6}}\.idx"  # shardkit.interop: timm, DALI
     return {
-        "": re.compile(rf"(?:{re.escape(MANIFEST_NAME)}|{re.escape(QUARANTINE_NAME)}|"
-                       rf"\.(?:{re.escape(MANIFEST_NAME)}|{re.escape(QUARANTINE_NAME)}){tmp})"),
+        "": re.compile(rf"(?:{top}|\.(?:{top}){tmp})"),
         "splits": re.compile(rf"{_SPLIT}\.(?:jsonl|index\.npz)|"
                              rf"\.{_SPLIT}\.(?:jsonl|index\.npz){tmp}"),
         "shards": re.compile(rf"{_SPLIT}-\d{{6}}(?:{sfx})|"
-                             rf"\.{_SPLIT}-\d{{6}}(?:{sfx})\.tmp(?:\.work(?:-lock)?)?"),
+                             rf"\.{_SPLIT}-\d{{6}}(?:{sfx})\.tmp(?:\.work(?:-lock)?)?|"
+                             rf"(?:{shard_meta})|\.(?:{shard_meta}){tmp}"),
     }
 
 

@@ -2,9 +2,12 @@
 
 On-disk layout: a plain POSIX (ustar) tar, readable by ``tar`` and ``webdataset.WebDataset``. One
 member per sample, ``<key>.<ext>`` with ``ext`` in ``{"jpg", "png"}``, holding the stored image bytes
-unchanged; with ``wds_cls=True`` also ``<key>.cls`` (the label as ASCII decimal, as WebDataset's
-convention). Member headers are deterministic: mode 0644, uid/gid 0, mtime 0. Labels normally live
-only in the split index, not in one extra 1 KiB tar member per sample (field case 5).
+unchanged; with ``wds_cls=True`` (the pack default) also ``<key>.cls`` (the label as ASCII
+decimal, WebDataset's convention), and with ``wds_json=True`` ``<key>.json`` (UTF-8 JSON object
+with ``key``, ``label``, ``class``, ``path``; a non-UTF-8 file name is written with ``\\udcXX``
+escapes as in the manifest), in that order after the image. Member headers are deterministic:
+mode 0644, uid/gid 0, mtime 0. shardkit's own readers take labels from the split index only
+(field case 5); the ``.cls`` members are for other readers (:mod:`shardkit.interop`).
 
 The split index records, for each sample, the byte offset of the member's data in the tar and its
 size, so a local reader fetches one sample with a single ``pread`` of its 512-byte ustar header
@@ -21,10 +24,10 @@ import os
 import tarfile
 
 from ..errors import ShardCorruptError
-from ..manifest import is_url
+from ..manifest import is_url, json_bytes
 from .base import FormatReader, FormatWriter
 
-__all__ = ["Writer", "Reader", "suffix"]
+__all__ = ["Writer", "Reader", "suffix", "sample_members"]
 
 suffix = ".tar"
 BLOCK = tarfile.BLOCKSIZE  # 512
@@ -35,10 +38,10 @@ class Writer(FormatWriter):
 
     def __init__(self, path, wds_cls: bool = False, wds_json: bool = False):
         super().__init__(path)
+        self.wds_cls = wds_cls
         self.wds_json = wds_json
         self._file = open(self.path, "wb")
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
-        self.wds_cls = wds_cls
 
     def _member(self, name: str, data: bytes) -> int:
         info = tarfile.TarInfo(name)
@@ -54,10 +57,7 @@ class Writer(FormatWriter):
         if self.wds_cls:
             self._member(f"{key}.cls", str(int(label)).encode("ascii"))
         if self.wds_json:
-            import json
-
-            self._member(f"{key}.json", json.dumps(dict(meta or {}), sort_keys=True,
-                                                   ensure_ascii=False).encode("utf-8"))
+            self._member(f"{key}.json", json_bytes(dict(meta or {}), sort_keys=True))
         return offset
 
     def close(self) -> None:
@@ -119,3 +119,66 @@ class Reader(FormatReader):
         handle, self._handle = self._handle, None
         if isinstance(handle, int) and self._pid == os.getpid():
             os.close(handle)
+
+
+def sample_members(path, keys, offsets, sizes) -> list[list[tuple[str, int, int]]]:
+    """Every member of a local tar shard, grouped by sample and checked against the split index.
+
+    Reads the 512-byte ustar headers only (one ``pread`` each, never the data), in tar order,
+    and returns, for sample ``i`` of the arguments, its members as ``(name, data_offset, size)``
+    in tar order: the indexed image member first, then the ones that follow it with the same
+    ``<key>.`` prefix (``.cls``, ``.json``). Offsets and sizes are in bytes from the start of the
+    file, as DALI's ``wds2idx`` index records them (:mod:`shardkit.interop`).
+
+    Args:
+        path: the shard file. keys: the samples' keys (str). offsets, sizes: the split index's
+            data offset and size of each sample's image member (any order; all of this shard).
+
+    Raises:
+        ShardCorruptError: a header is damaged or truncated, a member is not a regular file or
+            belongs to no indexed sample, or an indexed sample is not where the index says
+            (the message names the shard, the member and the offset).
+    """
+    order = sorted(range(len(keys)), key=lambda i: int(offsets[i]))
+    at = {int(offsets[i]): i for i in order}
+    found: list[list[tuple[str, int, int]]] = [[] for _ in keys]
+    name = os.path.basename(os.fspath(path))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos, current, size_of_file = 0, None, os.fstat(fd).st_size
+        while True:
+            header = os.pread(fd, BLOCK, pos)
+            if len(header) < BLOCK:
+                raise ShardCorruptError(f"shard {name}: ends at byte {size_of_file} inside the "
+                                        "member list (no end-of-archive block): truncated shard?")
+            if header == bytes(BLOCK):
+                break
+            try:
+                info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+            except tarfile.HeaderError as e:
+                raise ShardCorruptError(f"shard {name}: damaged tar header at byte {pos} "
+                                        f"({e})") from None
+            data = pos + BLOCK
+            i = at.get(data)
+            if i is not None:
+                if not (info.name.startswith(keys[i] + ".") and info.size == int(sizes[i])):
+                    raise ShardCorruptError(
+                        f"shard {name}: the member at byte {data} is {info.name!r} ({info.size} "
+                        f"bytes); the index says sample {keys[i]!r} ({int(sizes[i])} bytes)")
+                current = i
+            elif current is None or not info.name.startswith(keys[current] + "."):
+                raise ShardCorruptError(f"shard {name}: member {info.name!r} at byte {data} "
+                                        "belongs to no sample of the split index")
+            if not info.isreg():
+                raise ShardCorruptError(f"shard {name}: member {info.name!r} at byte {data} is "
+                                        "not a regular file")
+            found[current].append((info.name, data, info.size))
+            pos = data + -(-info.size // BLOCK) * BLOCK
+    finally:
+        os.close(fd)
+    missing = [keys[i] for i in order if not found[i]]
+    if missing:
+        raise ShardCorruptError(f"shard {name}: {len(missing)} indexed sample(s) not found in "
+                                f"the tar (first: {missing[0]!r}): the shard does not match "
+                                "the index")
+    return found

@@ -1,19 +1,197 @@
-"""Metadata that other tools' readers look for beside a shardkit dataset (issue 14, in progress).
+"""Metadata that other tools' readers look for beside a ``wds`` shardkit dataset (issue 14).
 
-:func:`write_pack_metadata` is called by :func:`shardkit.pack.pack` just before ``manifest.json``
-is written; it derives everything from the manifest (never a second source of truth).
+A ``wds`` dataset is plain tar shards with ``<key>.<jpg|png>`` and (by default) ``<key>.cls``
+members, which ``webdataset.WebDataset`` reads as they are. Three other readers need a file
+beside them; shardkit writes each, derived from ``manifest.json`` and the split index (never a
+second source of truth), and checked against the shards' tar headers first
+(:mod:`shardkit.interop.shards`):
+
+============  ==============================  ============================================
+tool          file (relative to ``OUT``)      module, and what the reader needs
+============  ==============================  ============================================
+``timm``      ``shards/_info.json``           :mod:`~shardkit.interop.timm_info`: splits,
+                                              shard lists and lengths (``root=OUT/shards``)
+``dali``      ``shards/<split>-NNNNNN.idx``   DALI ``wds2idx`` index (``v1.2``) of each tar:
+                                              every member's data offset and size
+``hf``        ``README.md``                   :mod:`~shardkit.interop.hf_card`: the dataset
+                                              card ``datasets.load_dataset(OUT)`` reads
+============  ==============================  ============================================
+
+Labels: timm, DALI and Hugging Face take them from the ``.cls`` members (class index = the
+manifest's label, names from the manifest's ``classes``); timm can instead read the ``label``
+field of ``.json`` members (``--wds-json``). A dataset packed with ``--no-wds-cls`` (or before
+``.cls`` became the default) lacks what DALI and HF need, and timm's too unless it has ``.json``
+members: :func:`write_pack_metadata` then leaves that tool's file out (one INFO line), and
+:func:`export` refuses with a :class:`~shardkit.errors.ConfigError` naming what is missing.
+
+Split names (:data:`TOOL_SPLIT_NAMES`): shardkit's ``val`` is ``validation`` for Hugging Face
+(its only name there) and for timm (both names listed in ``_info.json``, as timm's ``train.py``
+asks for ``--val-split validation`` by default); every other split keeps its name.
+
+Files are written atomically (:mod:`shardkit.fsio`); their names are owned names of
+:mod:`shardkit.pack_out` (a pack replaces or removes them like its other files). ``lmdb`` and
+``hdf5`` datasets get nothing: no other tool reads those shards.
 """
 from __future__ import annotations
 
+import json
+import logging
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-__all__ = ["write_pack_metadata"]
+from shardkit import manifest as manifest_mod
+from shardkit.errors import ConfigError
+from shardkit.fsio import atomic_write_bytes
+from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
+from shardkit.interop.shards import ShardMembers, scan
+from shardkit.interop.timm_info import INFO_NAME, info_dict
+
+__all__ = ["write_pack_metadata", "export", "TOOLS", "TOOL_SPLIT_NAMES", "tool_split_names",
+           "INFO_NAME", "CARD_NAME", "missing_for"]
+
+logger = logging.getLogger("shardkit.interop")
+
+TOOLS = ("timm", "dali", "hf")
+TOOL_SPLIT_NAMES = {"val": "validation"}
+"""shardkit split name -> the name timm's ``train.py`` and Hugging Face ``datasets`` use."""
+_IDX_NAME = re.compile(r"[A-Za-z0-9_]+-\d{6}\.idx")  # shardkit.pack_out's owned index names
+
+
+def tool_split_names(splits: Iterable[str]) -> dict[str, str]:
+    """``{shardkit split: name for timm / HF}``: :data:`TOOL_SPLIT_NAMES` applied where the
+    dataset has no split of the target name already (then the split keeps its own name)."""
+    splits = list(splits)
+    return {s: TOOL_SPLIT_NAMES[s] if s in TOOL_SPLIT_NAMES and TOOL_SPLIT_NAMES[s] not in splits
+            else s for s in splits}
+
+
+def missing_for(tool: str, members: ShardMembers) -> str | None:
+    """The label members ``tool`` needs and the shards (``members``) lack, e.g.
+    ``".cls members"``; None when the shards serve it."""
+    if members.every_sample_has("cls") or (tool == "timm" and members.every_sample_has("json")):
+        return None
+    return ".cls members (or .json members, from --wds-json)" if tool == "timm" else \
+        ".cls members"
+
+
+def _lacking_message(lacking: dict[str, str], members: ShardMembers) -> str:
+    """One sentence: which tools read labels from which members, and what the shards hold."""
+    by_need: dict[str, list[str]] = {}
+    for tool, need in lacking.items():
+        by_need.setdefault(need, []).append(_NICE[tool])
+    have = members.other_exts.get("cls", 0)
+    held = ("the shards have no .cls members" if not have else
+            f"only {have} of the {members.num_samples} samples have a .cls member")
+    reads = "; ".join(f"{' and '.join(tools)} read{'s' if len(tools) == 1 else ''} labels "
+                      f"from {need}" for need, tools in by_need.items())
+    return (f"{reads}, and {held} (packed with --no-wds-cls, or before .cls members were the "
+            "pack default): repack with --wds-cls")
+
+
+_NICE = {"timm": "timm", "dali": "DALI", "hf": "Hugging Face datasets"}
 
 
 def write_pack_metadata(root: Path, manifest: dict[str, Any]) -> list[Path]:
-    """Writes the readers' metadata files of the dataset at ``root``; returns their paths.
+    """Writes every tool's file for the dataset being packed at ``root``; returns their paths.
 
-    Not written yet for any format: returns ``[]``.
+    Called by :func:`shardkit.pack.pack` after the shards and split files, just before
+    ``manifest.json`` (``root`` is ``OUT`` or the staging folder of an overwrite). Returns
+    ``[]`` for ``lmdb`` / ``hdf5``. A tool whose labels the shards lack (:func:`missing_for`)
+    is left out with one INFO line on the ``shardkit.interop`` logger.
+
+    Raises:
+        ShardCorruptError: the shards just written do not match the split index (a bug).
+        OSError: from writing the files.
     """
-    return []
+    if manifest.get("format") != "wds":
+        return []
+    return _write(Path(root), manifest, TOOLS, strict=False)
+
+
+def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
+    """Writes or refreshes the files of ``tools`` for the finished ``wds`` dataset at ``root``
+    (any shardkit ``wds`` dataset, packed before or after this module existed); returns the
+    written paths. Holds the pack lock of ``root`` meanwhile (a pack cannot swap the dataset
+    underneath). DALI index files of shards the manifest no longer lists are removed.
+
+    Raises:
+        ConfigError: an unknown tool; a dataset of another format; shards without the labels a
+            tool reads (:func:`missing_for`, nothing is written then); a ``README.md`` in
+            ``root`` that shardkit did not write (``hf``). ManifestError: no finished dataset
+            at ``root``, or a remote URL. ShardCorruptError: shards that do not match the
+            split index. OutputLockedError: a pack is writing to ``root``.
+    """
+    from shardkit.pack_out import _RunLock
+
+    tools = tuple(dict.fromkeys(tools))
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown or not tools:
+        raise ConfigError(f"tools {list(tools)}: expected one or more of {list(TOOLS)}")
+    root = Path(manifest_mod.local_path(root))
+    manifest = manifest_mod.load_manifest(root)
+    if manifest["format"] != "wds":
+        raise ConfigError(f"{root} holds {manifest['format']!r} shards; only 'wds' (tar) shards "
+                          "are read by timm, DALI or Hugging Face datasets: repack with "
+                          "--format wds")
+    card = root / CARD_NAME
+    if "hf" in tools and card.exists() and CARD_MARKER not in card.read_text(errors="replace"):
+        raise ConfigError(f"{card} exists and was not written by shardkit; move it away first "
+                          "(shardkit does not replace files it did not write)")
+    lock = _RunLock(root)
+    lock.acquire()
+    try:
+        return _write(root, manifest, tools, strict=True)
+    finally:
+        lock.release()
+
+
+def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool) -> list[Path]:
+    members = scan(root, manifest, dali_index="dali" in tools)
+    lacking = {t: why for t in tools if (why := missing_for(t, members))}
+    if strict and lacking:
+        raise ConfigError(f"{root}: {_lacking_message(lacking, members)}")
+    if lacking:
+        logger.info("no reader files written for %s: %s", ", ".join(
+            _NICE[t] for t in lacking), _lacking_message(lacking, members))
+    name = _dataset_name(root)
+    names = tool_split_names(manifest["splits"])
+    written: list[Path] = []
+    if "timm" in tools and "timm" not in lacking:
+        label_field = None if members.every_sample_has("cls") else "label"
+        info = info_dict(manifest, name, {s: n for s, n in names.items() if s != n}, label_field)
+        written.append(_put(root / "shards" / INFO_NAME,
+                            json.dumps(info, indent=2, ensure_ascii=False) + "\n"))
+    if "dali" in tools and "dali" not in lacking:
+        written += [_put(root / rel, text) for rel, text in members.dali_index.items()]
+        _remove_stale_indexes(root, set(members.dali_index))
+    if "hf" in tools and "hf" not in lacking:
+        exts = sorted(members.image_exts, key=lambda e: (e != "jpg", e))
+        written.append(_put(root / CARD_NAME, card_text(
+            manifest, name, names, exts, members.every_sample_has("json"))))
+    if written:
+        logger.info("wrote the files of %s for %s (%d files)",
+                    ", ".join(_NICE[t] for t in tools if t not in lacking), root, len(written))
+    return written
+
+
+def _put(path: Path, text: str) -> Path:
+    atomic_write_bytes(path, text.encode("utf-8"))
+    return path
+
+
+def _remove_stale_indexes(root: Path, keep: set[str]) -> None:
+    """Deletes ``shards/<split>-NNNNNN.idx`` files (shardkit's names) of shards not in ``keep``."""
+    folder = root / "shards"
+    for p in sorted(folder.iterdir()) if folder.is_dir() else ():
+        if _IDX_NAME.fullmatch(p.name) and f"shards/{p.name}" not in keep and p.is_file():
+            p.unlink()
+            logger.info("removed %s: its shard is not in the manifest", p)
+
+
+def _dataset_name(root: Path) -> str:
+    """The dataset's name: its folder's name (``OUT``'s while a pack writes into staging)."""
+    from shardkit.pack_out import STAGING_NAME
+
+    root = root.resolve()
+    return root.parent.name if root.name == STAGING_NAME else root.name
