@@ -1,8 +1,8 @@
 """WebDataset tar shards (format name ``wds``).
 
-On-disk layout: a plain POSIX (ustar) tar, readable by ``tar`` and ``webdataset.WebDataset``. One
-member per sample, ``<key>.<ext>`` with ``ext`` in ``{"jpg", "png"}``, holding the stored image bytes
-unchanged; with ``wds_cls=True`` (the pack default) also ``<key>.cls`` (the label as ASCII
+On-disk layout: a plain POSIX (ustar) tar, readable by ``tar`` and ``webdataset.WebDataset``.
+One member per sample, ``<key>.<ext>`` with ``ext`` in ``{"jpg", "png"}``, holding the stored
+image bytes unchanged; with ``wds_cls=True`` (the pack default) also ``<key>.cls`` (the label as ASCII
 decimal, WebDataset's convention), and with ``wds_json=True`` ``<key>.json`` (UTF-8 JSON object
 with ``key``, ``label``, ``class``, ``path``; a non-UTF-8 file name is written with ``\\udcXX``
 escapes as in the manifest), in that order after the image. Member headers are deterministic:

@@ -1,4 +1,4 @@
-"""The Hugging Face dataset card ``OUT/README.md``, so ``datasets.load_dataset(OUT)`` reads the shards.
+"""The Hugging Face dataset card ``OUT/README.md``: ``datasets.load_dataset(OUT)`` reads the shards.
 
 ``datasets`` reads the YAML block at the top of a local folder's ``README.md``: ``configs``
 (``data_files`` per split: the split's tar shards, listed by name) makes it use its

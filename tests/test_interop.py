@@ -1,0 +1,272 @@
+"""Other tools read shardkit's wds shards as they are (issue 14): timm's WebDataset reader through
+``shards/_info.json``, DALI through ``shards/*.idx`` (format checked against the tars' real
+member offsets here; DALI itself in the ``slow`` test), Hugging Face ``datasets`` through the
+``README.md`` card, and ``webdataset``; ``shardkit export`` for existing datasets.
+
+Real readers on the embedded sample (``packed_sample``: 200 photos, train/val/test, 32 samples
+per shard); every check compares each sample with the split records (label, stored bytes).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from shardkit.cli import main as cli_main
+from shardkit.manifest import load_manifest, read_split_records
+from shardkit.pack import pack
+
+ROOT = Path(__file__).resolve().parents[1]
+SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}  # shardkit -> timm / HF
+
+
+def tar_order(out: Path, split: str) -> list[dict]:
+    """The split's records in the order its samples lie in the tars (shard, then offset)."""
+    return sorted(read_split_records(out, split), key=lambda r: (r["shard"], r["offset"]))
+
+
+def stored_bytes(out: Path, split: str, rec: dict) -> bytes:
+    shard = load_manifest(out)["splits"][split]["shards"][rec["shard"]]["path"]
+    with open(out / shard, "rb") as f:
+        f.seek(rec["offset"])
+        return f.read(rec["size"])
+
+
+def pixels(data_or_image) -> np.ndarray:
+    im = data_or_image if isinstance(data_or_image, Image.Image) else \
+        Image.open(io.BytesIO(data_or_image))
+    return np.asarray(im.convert("RGB"))
+
+
+def run_export(out: Path, *tools: str):
+    args = ["export", str(out)] + [a for t in tools for a in ("--to", t)]
+    return CliRunner().invoke(cli_main, args)
+
+
+@pytest.fixture(scope="module")
+def wds_out(packed_sample, tmp_path_factory) -> Path:
+    """A private copy of the sample packed as wds (tests below change their copies only)."""
+    out = tmp_path_factory.mktemp("interop") / "flowers"
+    shutil.copytree(packed_sample("wds"), out)
+    return out
+
+
+# ------------------------------------------------------------------ what pack writes
+def test_pack_writes_each_readers_file_derived_from_the_manifest(wds_out):
+    man = load_manifest(wds_out)
+    shards = [s["path"] for info in man["splits"].values() for s in info["shards"]]
+    assert len(shards) >= 7  # 200 samples, 32 per shard, 3 splits
+    for shard in shards:
+        assert (wds_out / shard.replace(".tar", ".idx")).is_file(), shard
+    info = json.loads((wds_out / "shards" / "_info.json").read_text())
+    assert info["name"] == "out" and info["num_classes"] == 5
+    assert sorted(info["splits"]) == ["test", "train", "val", "validation"]
+    for split, entry in info["splits"].items():
+        m = man["splits"][{"validation": "val"}.get(split, split)]
+        assert entry["name"] == split and entry["num_samples"] == m["num_samples"]
+        assert entry["filenames"] == [Path(s["path"]).name for s in m["shards"]]
+        assert entry["shard_lengths"] == [s["num_samples"] for s in m["shards"]]
+        assert sum(entry["shard_lengths"]) == entry["num_samples"]
+        assert "alt_label" not in entry  # labels from the .cls members
+    card = (wds_out / "README.md").read_text()
+    assert card.startswith("---\n") and "<!-- shardkit dataset card" in card
+    assert "- split: validation\n    path:\n    - shards/val-000000.tar\n" in card
+
+
+def test_dali_index_files_hold_every_members_real_offset(wds_out):
+    """The wds2idx v1.2 format (DALI tools/wds2idx.py): a 'v1.2 <samples>' line, then one line
+    per sample in tar order, '<ext> <data offset> <size> <name>' per member; expected values
+    come from Python's tarfile reading the tar, not from shardkit's index."""
+    man = load_manifest(wds_out)
+    for split, info in man["splits"].items():
+        labels = {r["key"]: r["label"] for r in tar_order(wds_out, split)}
+        for shard in info["shards"]:
+            samples: dict[str, list[str]] = {}
+            with tarfile.open(wds_out / shard["path"]) as tar:
+                for m in tar:
+                    key, ext = m.name.split(".", 1)
+                    samples.setdefault(key, []).append(f"{ext} {m.offset_data} {m.size} "
+                                                       f"{m.name}")
+                    if ext == "cls":
+                        assert int(tar.extractfile(m).read()) == labels[key], m.name
+            expected = f"v1.2 {len(samples)}\n" + "".join(" ".join(v) + "\n"
+                                                         for v in samples.values())
+            got = (wds_out / shard["path"].replace(".tar", ".idx")).read_text()
+            assert got == expected, shard["path"]
+            assert len(samples) == shard["num_samples"]
+            assert all(len(v) == 2 and v[1].startswith("cls ") for v in samples.values())
+
+
+def test_lmdb_and_hdf5_get_no_reader_files_and_export_refuses(packed_sample):
+    for fmt in ("lmdb", "hdf5"):
+        out = packed_sample(fmt)
+        assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards",
+                                           "splits"]
+        assert not [p for p in os.listdir(out / "shards") if not p.endswith(
+            {"lmdb": ".lmdb", "hdf5": ".h5"}[fmt])]
+        res = run_export(out, "timm")
+        assert res.exit_code == 2
+        assert f"holds '{fmt}' shards; only 'wds' (tar) shards" in res.output
+        assert len(res.output.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ the real readers
+@pytest.mark.parametrize("split", ["train", "val", "validation", "test"])
+def test_timm_create_dataset_yields_exactly_the_manifests_samples(wds_out, split):
+    import timm.data
+
+    ds = timm.data.create_dataset("wds/flowers", root=str(wds_out / "shards"), split=split,
+                                  is_training=False)
+    name = {"validation": "val"}.get(split, split)
+    records = tar_order(wds_out, name)
+    got = list(ds)
+    assert len(got) == len(records) == load_manifest(wds_out)["splits"][name]["num_samples"]
+    assert [target for _, target in got] == [r["label"] for r in records]
+    for (image, _), rec in zip(got[:: max(1, len(got) // 8)], records[:: max(1, len(got) // 8)]):
+        assert np.array_equal(pixels(image), pixels(stored_bytes(wds_out, name, rec)))
+
+
+def test_timm_create_loader_runs_one_training_batch(wds_out):
+    import timm.data
+
+    ds = timm.data.create_dataset("wds/flowers", root=str(wds_out / "shards"), split="train",
+                                  is_training=True, batch_size=8, seed=0)
+    loader = timm.data.create_loader(ds, input_size=(3, 64, 64), batch_size=8, is_training=True,
+                                     num_workers=0, use_prefetcher=False)
+    images, labels = next(iter(loader))
+    assert images.shape == (8, 3, 64, 64) and images.dtype.is_floating_point
+    assert labels.shape == (8,) and 0 <= int(labels.min()) and int(labels.max()) < 5
+    assert float(images.std()) > 0.1  # normalised photos, not blank tensors
+
+
+def test_webdataset_reads_every_split_with_keys_and_labels(wds_out):
+    import webdataset as wds
+
+    for split, info in load_manifest(wds_out)["splits"].items():
+        urls = [str(wds_out / s["path"]) for s in info["shards"]]
+        got = [(s["__key__"], int(s["cls"]), len(s["jpg"]))
+               for s in wds.WebDataset(urls, shardshuffle=False)]
+        assert got == [(r["key"], r["label"], r["size"]) for r in tar_order(wds_out, split)]
+
+
+def test_hugging_face_load_dataset_reads_every_split_with_class_names(wds_out, tmp_path,
+                                                                      monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ds = datasets.load_dataset(str(wds_out), cache_dir=str(tmp_path / "hf-cache"))
+    man = load_manifest(wds_out)
+    assert sorted(ds) == sorted(SPLIT_NAMES.values())
+    for split, hf_name in SPLIT_NAMES.items():
+        part = ds[hf_name].cast_column("jpg", datasets.Image(decode=False))
+        records = tar_order(wds_out, split)
+        assert part.num_rows == len(records) == man["splits"][split]["num_samples"]
+        assert part.features["cls"].names == man["classes"]
+        assert part["__key__"] == [r["key"] for r in records]
+        assert part["cls"] == [r["label"] for r in records]
+        for row, rec in zip(part, records):
+            assert row["jpg"]["bytes"] == stored_bytes(wds_out, split, rec), rec["key"]
+
+
+@pytest.mark.slow
+def test_dali_reads_with_the_index_files(wds_out):
+    """DALI is not installed with shardkit (large wheel): runs benchmarks/check_dali.py with
+    $SHARDKIT_DALI_PYTHON (a Python that has nvidia-dali; default this one), else skips."""
+    python = os.environ.get("SHARDKIT_DALI_PYTHON", sys.executable)
+    probe = subprocess.run([python, "-c", "import nvidia.dali"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"nvidia.dali not importable by {python} (set SHARDKIT_DALI_PYTHON)")
+    res = subprocess.run([python, str(ROOT / "benchmarks" / "check_dali.py"), str(wds_out)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for split, info in load_manifest(wds_out)["splits"].items():
+        assert f"{split}: {info['num_samples']} samples read by DALI" in res.stdout
+    assert res.stdout.strip().endswith(": OK")
+
+
+# ------------------------------------------------------------------ shardkit export
+def test_export_rewrites_the_same_files_and_removes_stale_indexes(wds_out, tmp_path):
+    out = tmp_path / "out"  # the folder name the pack had (the files name the dataset after it)
+    shutil.copytree(wds_out, out)
+    made = {p.relative_to(out).as_posix(): p.read_bytes() for p in
+            [out / "README.md", out / "shards" / "_info.json", *out.glob("shards/*.idx")]}
+    for rel in made:
+        (out / rel).unlink()
+    (out / "shards" / "train-000099.idx").write_text("v1.2 0\n")  # a shard that is gone
+    (out / "shards" / "notes.txt").write_text("mine")
+    res = run_export(out, "all")
+    assert res.exit_code == 0, res.output
+    assert sorted(res.output.splitlines()[:-1]) == sorted(made)
+    assert {rel: (out / rel).read_bytes() for rel in made} == made  # same bytes as pack's
+    assert not (out / "shards" / "train-000099.idx").exists()
+    assert (out / "shards" / "notes.txt").read_text() == "mine"
+
+
+def test_export_refuses_a_readme_it_did_not_write(wds_out, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(wds_out, out)
+    (out / "README.md").write_text("# my own notes\n")
+    res = run_export(out, "hf")
+    assert res.exit_code == 2
+    assert "README.md exists and was not written by shardkit" in res.output
+    assert (out / "README.md").read_text() == "# my own notes\n"
+    assert run_export(out, "timm").exit_code == 0  # the other tools are unaffected
+
+
+def test_export_names_the_damaged_shard(wds_out, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(wds_out, out)
+    (out / "shards" / "_info.json").unlink()
+    shard = out / "shards" / "val-000000.tar"
+    shard.write_bytes(shard.read_bytes()[:3000])
+    res = run_export(out, "timm")
+    assert res.exit_code == 2 and "ShardCorruptError" in res.output
+    assert "val-000000.tar" in res.output and not (out / "shards" / "_info.json").exists()
+
+
+def test_shards_without_cls_members_timm_reads_json_labels_others_refused(sample_dir, tmp_path):
+    """A pack with --no-wds-cls --wds-json: timm reads the label field of the .json members
+    (alt_label); DALI and HF need .cls members, so pack writes no file for them and export
+    exits 2 with one line saying so. Without .json members timm is refused too."""
+    import timm.data
+
+    out = tmp_path / "nocls"
+    pack(sample_dir, out, split={"train": 0.8, "val": 0.2}, wds_cls=False, wds_json=True,
+         shard_samples=64, progress=False)
+    assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards", "splits"]
+    assert not list(out.glob("shards/*.idx"))
+    info = json.loads((out / "shards" / "_info.json").read_text())
+    assert info["splits"]["validation"]["alt_label"] == "label"
+    ds = timm.data.create_dataset("wds/x", root=str(out / "shards"), split="validation")
+    assert [t for _, t in ds] == [r["label"] for r in tar_order(out, "val")]
+    for tool in ("dali", "hf"):
+        res = run_export(out, tool)
+        assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+        assert "read labels from .cls members, and the shards have no .cls members" in \
+            res.output or "reads labels from .cls members, and the shards have no" in res.output
+        assert "--wds-cls" in res.output
+    assert not (out / "README.md").exists() and not list(out.glob("shards/*.idx"))
+    bare = tmp_path / "bare"
+    pack(sample_dir, bare, split={"train": 1.0}, wds_cls=False, progress=False)
+    assert not (bare / "shards" / "_info.json").exists()
+    res = run_export(bare, "timm")
+    assert res.exit_code == 2 and "timm reads labels from .cls members (or .json" in res.output
+
+
+def test_overwrite_with_another_format_removes_the_reader_files(wds_out, sample_dir, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(wds_out, out)
+    (out / "shards" / "README.md").write_text("the user's")  # not an owned name there
+    pack(sample_dir, out, format="lmdb", split={"train": 1.0}, overwrite=True, progress=False)
+    assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards", "splits"]
+    assert sorted(p for p in os.listdir(out / "shards") if not p.endswith(".lmdb")) == [
+        "README.md"]
