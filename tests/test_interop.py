@@ -270,3 +270,42 @@ def test_overwrite_with_another_format_removes_the_reader_files(wds_out, sample_
     assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards", "splits"]
     assert sorted(p for p in os.listdir(out / "shards") if not p.endswith(".lmdb")) == [
         "README.md"]
+
+
+def test_png_samples_and_non_utf8_names_with_wds_json(sample_dir, tmp_path, monkeypatch):
+    """A dataset holding a PNG (stored transcoded) and a file name that is not UTF-8, packed
+    with --wds-json: the .json member writes the name's undecodable bytes as \\xNN text (so
+    pyarrow, under HF datasets, accepts it; the split record keeps the exact name), and the HF
+    card has a png column beside jpg, one of them None in each row."""
+    from conftest import make_awkward
+
+    src = tmp_path / "src"
+    for cls in ("daisy", "roses"):
+        (src / cls).mkdir(parents=True)
+        for p in sorted((sample_dir / cls).glob("*.jpg"))[:3]:
+            shutil.copyfile(p, src / cls / p.name)
+    odd = os.fsencode(str(src / "daisy")) + b"/r\xe9sum\xe9.jpg"
+    shutil.copyfile(sorted((sample_dir / "daisy").glob("*.jpg"))[3], odd)
+    (src / "roses" / "alpha.png").write_bytes(make_awkward()["png_rgba.png"])
+    out = tmp_path / "out"
+    pack(src, out, split={"train": 1.0}, wds_json=True, progress=False)
+    records = tar_order(out, "train")
+    assert sorted(r["ext"] for r in records) == ["jpg"] * 7 + ["png"]
+    import webdataset as wds
+
+    metas = {s["__key__"]: json.loads(s["json"]) for s in
+             wds.WebDataset(str(out / "shards" / "train-000000.tar"), shardshuffle=False)}
+    text = {"daisy/r\udce9sum\udce9.jpg": "daisy/r\\xe9sum\\xe9.jpg"}
+    assert metas == {r["key"]: {"key": r["key"], "label": r["label"],
+                                "path": text.get(r["path"], r["path"]),
+                                "class": ["daisy", "roses"][r["label"]]} for r in records}
+    assert b"daisy/r\xe9sum\xe9.jpg" in {os.fsencode(r["path"]) for r in records}
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))["train"]
+    assert [c for c in train.column_names if c in ("jpg", "png")] == ["jpg", "png"]
+    for row, rec in zip(train, records):
+        image = row[rec["ext"]]
+        assert row["jpg" if rec["ext"] == "png" else "png"] is None
+        assert np.array_equal(pixels(image), pixels(stored_bytes(out, "train", rec)))
+        assert row["cls"] == rec["label"] and row["json"] == metas[rec["key"]]

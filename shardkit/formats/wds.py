@@ -2,12 +2,14 @@
 
 On-disk layout: a plain POSIX (ustar) tar, readable by ``tar`` and ``webdataset.WebDataset``.
 One member per sample, ``<key>.<ext>`` with ``ext`` in ``{"jpg", "png"}``, holding the stored
-image bytes unchanged; with ``wds_cls=True`` (the pack default) also ``<key>.cls`` (the label as ASCII
-decimal, WebDataset's convention), and with ``wds_json=True`` ``<key>.json`` (UTF-8 JSON object
-with ``key``, ``label``, ``class``, ``path``; a non-UTF-8 file name is written with ``\\udcXX``
-escapes as in the manifest), in that order after the image. Member headers are deterministic:
-mode 0644, uid/gid 0, mtime 0. shardkit's own readers take labels from the split index only
-(field case 5); the ``.cls`` members are for other readers (:mod:`shardkit.interop`).
+image bytes unchanged; with ``wds_cls=True`` (the pack default) also ``<key>.cls`` (the label
+as ASCII decimal, WebDataset's convention), and with ``wds_json=True`` ``<key>.json`` (a UTF-8
+JSON object with ``key``, ``label``, ``class``, ``path``; the bytes of a file name that are not
+UTF-8 are written as the text ``\\xNN``, so every reader can load it: the exact name is in the
+split records), in that order after the image. Member headers are
+deterministic: mode 0644, uid/gid 0, mtime 0. shardkit's own readers take labels from the split
+index only (field case 5); the ``.cls`` members are for other readers (:mod:`shardkit.interop`,
+which finds every member with :func:`sample_members`).
 
 The split index records, for each sample, the byte offset of the member's data in the tar and its
 size, so a local reader fetches one sample with a single ``pread`` of its 512-byte ustar header
@@ -57,7 +59,8 @@ class Writer(FormatWriter):
         if self.wds_cls:
             self._member(f"{key}.cls", str(int(label)).encode("ascii"))
         if self.wds_json:
-            self._member(f"{key}.json", json_bytes(dict(meta or {}), sort_keys=True))
+            meta = {k: _utf8_text(v) for k, v in dict(meta or {}).items()}
+            self._member(f"{key}.json", json_bytes(meta, sort_keys=True))
         return offset
 
     def close(self) -> None:
@@ -67,6 +70,18 @@ class Writer(FormatWriter):
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
+
+
+def _utf8_text(value):
+    """``value``, or for a str holding lone surrogates (a file name that is not UTF-8, read with
+    surrogateescape) the text of its bytes with the undecodable ones as ``\\xNN``: JSON that
+    strict readers (pyarrow, for Hugging Face datasets) accept."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return os.fsencode(value).decode("utf-8", "backslashreplace")
+    return value
 
 
 class Reader(FormatReader):
