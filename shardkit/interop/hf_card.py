@@ -65,41 +65,33 @@ def card_text(manifest: dict, name: str, split_names: dict[str, str], image_exts
             "features": features_yaml(list(manifest["classes"]), image_exts, with_json)},
     }
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1000)
-    rows = "\n".join(
-        f"| `{split_names[s]}` | `{s}` | {info['num_samples']} | {len(info['shards'])} |"
-        for s, info in splits.items())
     empty = [s for s, info in manifest["splits"].items() if not info["num_samples"]]
-    classes = ", ".join(f"`{c}`" for c in manifest["classes"])
-    return f"""---
-{front}---
-{CARD_MARKER}
-
-# {name}
-
-Image classification shards written by {manifest.get("created_by", "shardkit")} (format `wds`:
-plain tar files, one `<key>.<ext>` image and one `<key>.cls` label per sample). This card is
-derived from `manifest.json`, the dataset's source of truth; `shardkit export . --to hf`
-rewrites it, so edits here are lost.
-
-{len(manifest["classes"])} classes (label `i` is the `i`-th): {classes}.
-
-| split (Hugging Face) | split (shardkit) | samples | shards |
-|---|---|---|---|
-{rows}
-{f"{chr(10)}Empty splits, left out: {', '.join(empty)}.{chr(10)}" if empty else ""}
-Columns: `__key__` (the shardkit sample key, as in `splits/<split>.jsonl`), `__url__`,
-{", ".join(f"`{e}`" for e in image_exts)} (image{"; each row has one, the other is None"
-if len(image_exts) > 1 else ""}), `cls` (class label){", `json` (key, label, class, source path)"
-if with_json else ""}.
-
-```python
-from datasets import load_dataset
-ds = load_dataset("path/to/this/folder")  # DatasetDict: {", ".join(split_names[s] for s in splits)}
-```
-
-Other readers: timm (`OUT/shards/_info.json`), NVIDIA DALI (`OUT/shards/*.idx`), webdataset and
-shardkit itself; see shardkit's README, "Reading shardkit shards with other tools".
-"""
+    images = ", ".join(f"`{e}`" for e in image_exts)
+    images += (" (images; each row has one of them, the others are None)"
+               if len(image_exts) > 1 else " (the image)")
+    lines = [
+        "---", front.rstrip("\n"), "---", CARD_MARKER, "", f"# {name}", "",
+        f"Image classification shards written by {manifest.get('created_by', 'shardkit')} "
+        "(format `wds`: plain tar files holding a `<key>.<ext>` image and a `<key>.cls` label "
+        "per sample). This card is derived from `manifest.json`, the dataset's source of "
+        "truth: `shardkit export . --to hf` rewrites it, so edits here are lost.", "",
+        f"{len(manifest['classes'])} classes (label `i` is the `i`-th): "
+        + ", ".join(f"`{c}`" for c in manifest["classes"]) + ".", "",
+        "| split (Hugging Face) | split (shardkit) | samples | shards |", "|---|---|---|---|",
+        *(f"| `{split_names[s]}` | `{s}` | {info['num_samples']} | {len(info['shards'])} |"
+          for s, info in splits.items()), "",
+        *([f"Empty splits, left out: {', '.join(empty)}.", ""] if empty else []),
+        "Columns: `__key__` (the shardkit sample key, as in `splits/<split>.jsonl`), "
+        f"`__url__` (the shard file), {images}, `cls` (the class label)"
+        + (", `json` (key, label, class, source path)." if with_json else "."), "",
+        "```python", "from datasets import load_dataset",
+        'ds = load_dataset("path/to/this/folder")  # DatasetDict: '
+        + ", ".join(split_names[s] for s in splits), "```", "",
+        "Other readers: timm (`shards/_info.json`), NVIDIA DALI (`shards/*.idx`), webdataset "
+        "and shardkit itself; see shardkit's README, \"Reading shardkit shards with other "
+        "tools\".",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _size_category(n: int) -> str:
