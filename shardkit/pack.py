@@ -20,6 +20,20 @@ schema: ``docs/DESIGN.md``:
    ``workers``). Rejects go to ``OUT/quarantine.jsonl`` (``path``, ``reason``, ``sha256``,
    ``size``).
 4. **Split** (:func:`shardkit.split.assign_splits`): group-atomic after dedup, stratified by class.
+   ``split_method="hash"`` (default) decides each group's split by a keyed hash of its name, so
+   re-packing a grown source with the same seed moves no old group; ``"balanced"`` meets the
+   ratios more closely but may move groups when data is added. ``split_from=PREV_OUT`` keeps every
+   group where the earlier pack PREV_OUT put it and places only new groups (balanced toward the
+   ratios; unset ``split`` takes PREV_OUT's ratios). **Near-duplicates**
+   (``near_duplicates="merge"``, default): the 64-bit pHash of every checked image (computed in
+   step 3 from the same decode) links samples within ``near_threshold`` bits (Hamming), searched
+   sub-quadratically (:func:`shardkit.neardup.near_pairs`); linked samples' groups become one
+   atomic set, and the clusters are listed in ``split.near_duplicates``. ``"report"`` lists
+   clusters found in several splits without moving anything (as given splits always do);
+   ``"off"`` skips the hash. Degenerate images (a side under 32 px, near-constant pixels, e.g. an
+   "image not found" placeholder; :func:`shardkit.neardup.degenerate_reason`) take no part in the
+   near-duplicate search (their hashes collide), are listed in ``source.degenerate`` and the
+   summary, and are quarantined with ``strict``.
    Identical bytes under different labels: ``on_label_conflict="error"`` (default) raises
    :class:`~shardkit.errors.LabelError` listing the files; ``"quarantine"`` moves every copy to the
    quarantine (reason ``label_conflict``); ``"keep"`` packs them all (one split) and reports them.
@@ -77,14 +91,16 @@ from shardkit.pack_summary import PackSummary, printable, reason_kind
 from shardkit.pack_write import PackInvariantError
 from shardkit.layout import LAYOUTS
 from shardkit.scan import compile_group_regex
-from shardkit.split import parse_split_spec, validate_ratios
+from shardkit.split import SPLIT_METHODS, parse_split_spec, validate_ratios
 
 __all__ = ["pack", "PackOptions", "PackSummary", "PackInvariantError", "pack_command",
-           "parse_size", "LABEL_CONFLICT_POLICIES", "DEFAULT_SHARD_BYTES", "DEFAULT_SPLIT"]
+           "parse_size", "LABEL_CONFLICT_POLICIES", "NEAR_DUPLICATE_MODES", "DEFAULT_SHARD_BYTES",
+           "DEFAULT_SPLIT"]
 
 logger = logging.getLogger("shardkit.pack")
 
 LABEL_CONFLICT_POLICIES = ("error", "quarantine", "keep")
+NEAR_DUPLICATE_MODES = ("merge", "report", "off")
 DEFAULT_SPLIT = {"train": 0.8, "val": 0.1, "test": 0.1}
 """Split ratios when none are given."""
 KNOWN_SPLIT_NAMES = ("train", "val", "test")
@@ -137,6 +153,10 @@ class PackOptions:
     writer_options: Mapping[str, Any] | None = None  # extra kwargs of the format's Writer
     layout: str = "auto"                        # folder layout, one of shardkit.layout.LAYOUTS
     split_column: str | None = None             # given split column (CSV source or metadata)
+    split_method: str = "hash"                  # one of shardkit.split.SPLIT_METHODS
+    split_from: str | os.PathLike | None = None  # earlier pack whose placements are kept
+    near_duplicates: str = "merge"              # one of NEAR_DUPLICATE_MODES
+    near_threshold: int = 4                     # max pHash Hamming distance of near-duplicates
     split_auto: bool = field(default=False, init=False)  # split was unset (see the class doc)
     shard_bytes_note: str | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -159,6 +179,20 @@ class PackOptions:
         if self.split_column is not None and isinstance(self.split, dict) and not self.split_auto:
             raise ConfigError(f"--split-column {self.split_column!r} keeps the given splits; it "
                               "cannot be combined with --split ratios (drop one of them)")
+        if self.split_method not in SPLIT_METHODS:
+            raise ConfigError(f"split_method={self.split_method!r}; expected one of "
+                              f"{SPLIT_METHODS}")
+        if self.near_duplicates not in NEAR_DUPLICATE_MODES:
+            raise ConfigError(f"near_duplicates={self.near_duplicates!r}; expected one of "
+                              f"{NEAR_DUPLICATE_MODES}")
+        self._set("near_threshold", _integer("near_threshold", self.near_threshold, 0,
+                                             "a Hamming distance in 0-64"))
+        if self.near_threshold > 64:
+            raise ConfigError(f"near_threshold={self.near_threshold}; expected a Hamming "
+                              "distance in 0-64 (bits of the pHash)")
+        if self.split == "given" and self.split_from is not None:
+            raise ConfigError("--split-from keeps an earlier pack's placements; it cannot be "
+                              "combined with --split given (drop one of them)")
         if self.on_label_conflict not in LABEL_CONFLICT_POLICIES:
             raise ConfigError(f"on_label_conflict={self.on_label_conflict!r}; expected one of "
                               f"{LABEL_CONFLICT_POLICIES}")
@@ -320,11 +354,21 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
     for w in option_warnings:
         logger.warning("%s", w)
     with PackOutput(src, out, opts.overwrite) as target:  # OUT checked (and locked) first
+        previous = None
+        if opts.split_from is not None:  # read before anything is written (PREV may be OUT)
+            previous = plan.load_previous(Path(opts.split_from))
+            if opts.split_auto:
+                if previous.ratios is None:
+                    raise ConfigError(f"--split-from {previous.root}: that pack kept given "
+                                      "splits, so it has no ratios to reuse; pass --split "
+                                      "NAME=FRACTION,... with its split names")
+                opts = opts.replace(split=previous.ratios)
         source = plan.scan_source(src, opts)                                         # 1
         label_map, label_idx = plan.resolve_labels(source.items, opts.labels)        # 2
         checked = plan.check_files(source, opts)                                     # 3
         _fail_if_nothing_to_pack(src, source, checked.keep, checked.quarantine)
-        outcome = plan.plan_split(source, label_map, label_idx, checked, opts)       # 4
+        outcome = plan.plan_split(source, label_map, label_idx, checked, opts,       # 4
+                                  previous)
         quarantine = checked.quarantine + outcome.quarantined
         _fail_if_nothing_to_pack(src, source, outcome.keep, quarantine)
         root = target.prepare()  # 5: OUT is written from here on
@@ -383,7 +427,23 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
               help="Column holding each file's given split: of --metadata if given, else of "
                    "the .csv SRC.")
 @click.option("--seed", type=int, default=0, show_default=True,
-              help="Split tie-break and shuffle seed.")
+              help="Split hash key / tie-break and shuffle seed.")
+@click.option("--split-method", type=click.Choice(SPLIT_METHODS), default="hash",
+              show_default=True,
+              help="hash: a group's split follows a keyed hash of its name, so re-packing a "
+                   "grown source moves no old group; balanced: closest to the ratios, but "
+                   "added data can move old groups.")
+@click.option("--split-from", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              metavar="PREV_OUT",
+              help="Keep every group where the earlier pack PREV_OUT put it; only new groups "
+                   "are assigned (balanced toward the ratios; without --split, PREV_OUT's).")
+@click.option("--near-duplicates", type=click.Choice(NEAR_DUPLICATE_MODES), default="merge",
+              show_default=True,
+              help="merge: images whose pHashes differ in <= --near-threshold bits share a "
+                   "split (their groups join); report: list those found in several splits; "
+                   "off: no pHash.")
+@click.option("--near-threshold", type=click.IntRange(0, 64), default=4, show_default=True,
+              metavar="BITS", help="Largest pHash Hamming distance of near-duplicates (of 64).")
 @click.option("--group-by", metavar="REGEX",
               help="Group = first capture group of REGEX on the path.")
 @click.option("--metadata", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -414,7 +474,8 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
 @click.option("--fail-fast", is_flag=True, help="Stop at the first rejected file.")
 @click.option("--no-progress", is_flag=True,
               help="No progress bars (the summary is still printed).")
-def pack_command(src, out, fmt, split_spec, layout, split_column, seed, group_by, metadata,
+def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_method, split_from,
+                 near_duplicates, near_threshold, group_by, metadata,
                  group_column, labels,
                  shard_samples, shard_bytes, workers, strict, max_pixels, overwrite, wds_cls, wds_json,
                  on_label_conflict, fail_fast, no_progress):
@@ -429,7 +490,8 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, group_by
             shard_bytes=shard_bytes, workers=workers, strict=strict, max_pixels=max_pixels,
             overwrite=overwrite, progress=not no_progress, wds_cls=wds_cls, wds_json=wds_json,
             on_label_conflict=on_label_conflict, fail_fast=fail_fast, layout=layout,
-            split_column=split_column)
+            split_column=split_column, split_method=split_method, split_from=split_from,
+            near_duplicates=near_duplicates, near_threshold=near_threshold)
         summary = pack(src, out, options=options)
     except (ShardkitError, OSError) as e:  # bad input, unwritable OUT, full disk: no traceback
         raise command_error(e) from None

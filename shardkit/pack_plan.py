@@ -29,16 +29,19 @@ from typing import TYPE_CHECKING, Callable
 from tqdm import tqdm
 
 from shardkit import layout, pack_given, scan
-from shardkit.errors import ConfigError, LabelError, ShardkitError, SourceError
+from shardkit.errors import ConfigError, LabelError, ShardkitError, SourceError, SplitError
 from shardkit.labels import LabelMap
+from shardkit import manifest as manifest_mod
+from shardkit import neardup
 from shardkit.split import SplitPlan, assign_splits
 
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
     from shardkit.scan import SourceItem
 
-__all__ = ["ScannedSource", "CheckedFiles", "SplitOutcome", "scan_source", "resolve_labels",
-           "check_files", "plan_split", "NO_GROUP_RULE_WARNING"]
+__all__ = ["ScannedSource", "CheckedFiles", "SplitOutcome", "PreviousSplits", "scan_source",
+           "resolve_labels", "check_files", "plan_split", "load_previous",
+           "NO_GROUP_RULE_WARNING"]
 
 logger = logging.getLogger("shardkit.pack")
 
@@ -212,7 +215,10 @@ class CheckedFiles:
         results: one dict per item (aligned with ``ScannedSource.items``): ``ok`` and, when the
             file was readable, ``sha256`` (hex) and ``size`` (bytes); accepted files add ``ext``,
             ``rule``, ``width``, ``height`` (pixels), ``warnings`` and, when normalised, ``data``
-            (the bytes to store); rejected ones add ``reason``.
+            (the bytes to store), ``degenerate`` (None or the reason from
+            :func:`shardkit.neardup.degenerate_reason`) and ``phash`` (the 64-bit pHash as an
+            int; None when degenerate or ``near_duplicates="off"``); rejected ones add
+            ``reason``.
         keep: positions of accepted items, in scan order.
         quarantine: entries for ``quarantine.jsonl`` (``path``, ``reason``[, ``sha256``,
             ``size``]): missing files first, then rejects in scan order.
@@ -234,7 +240,9 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
             process that died.
     """
     items = source.items
-    jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict) for it in items]
+    want_hash = options.near_duplicates != "off"
+    jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash)
+            for it in items]
     results: list = [None] * len(items)
     if source.ungrouped:
         checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
@@ -265,11 +273,14 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     return CheckedFiles(results=results, keep=keep, quarantine=quarantine)
 
 
-def _check_one(job: tuple[str, str, int, bool]) -> dict:
-    """Worker: read + sha256 + full decode check of one file. Keeps bytes only when normalised."""
+def _check_one(job: tuple[str, str, int, bool, bool]) -> dict:
+    """Worker: read + sha256 + full decode check of one file, then the degenerate-image test and
+    (``want_hash``) the pHash, both from the check's own decode. Keeps bytes only when
+    normalised; never returns pixels (they would cross the process boundary)."""
+    from shardkit import neardup
     from shardkit.images import check_image
 
-    path, relpath, max_pixels, strict = job
+    path, relpath, max_pixels, strict, want_hash = job
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -277,11 +288,17 @@ def _check_one(job: tuple[str, str, int, bool]) -> dict:
         return {"ok": False, "reason": f"unreadable: {e.strerror or e}"}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     try:
-        res = check_image(data, max_pixels=max_pixels, strict=strict)
+        res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True)
+        if res.ok:
+            degenerate = neardup.degenerate_reason(res.pixels)
+            phash = neardup.phash64(res.pixels) if want_hash and not degenerate else None
     except Exception as e:  # noqa: BLE001 - a checker crash on one file must not stop the pack
         return {**out, "ok": False, "reason": f"check_failed: {type(e).__name__}: {e}"}
     if not res.ok:
         return {**out, "ok": False, "reason": res.reason}
+    if degenerate and strict:
+        return {**out, "ok": False, "reason": f"degenerate image (strict): {degenerate}"}
+    out.update(degenerate=degenerate, phash=phash)
     out.update(ok=True, ext=res.ext, rule=res.rule, width=int(res.width), height=int(res.height),
                warnings=list(res.warnings or []))
     if res.rule != "original":
@@ -361,6 +378,50 @@ def _watch_parent(parent_pid: int, first_parent: int) -> None:
 
 
 # ----------------------------------------------------------------------------- 4: split
+@dataclass(frozen=True)
+class PreviousSplits:
+    """Where an earlier pack (``--split-from PREV_OUT``) put each group.
+
+    Attributes:
+        root: PREV_OUT, absolute. ratios: its ``split.ratios`` (None when it kept given splits).
+        group_to_split: every group of its split files -> its split (a group found in several
+            splits, possible only with given splits: the split holding most of its samples).
+        group_rule: its ``split.group_rule`` (groups are matched by name, so the rule should be
+            the same; a different rule is warned about).
+    """
+
+    root: str
+    ratios: dict | None
+    group_to_split: dict[str, str]
+    group_rule: dict
+
+
+def load_previous(prev: Path) -> PreviousSplits:
+    """Reads the placements of the finished dataset at ``prev`` (its manifest and split files).
+
+    Raises:
+        ConfigError: ``prev`` holds no finished shardkit dataset (no ``manifest.json``).
+        ManifestError: a damaged manifest or split file (names the file).
+    """
+    from collections import Counter
+
+    root = Path(prev).resolve()
+    if not (root / manifest_mod.MANIFEST_NAME).is_file():
+        raise ConfigError(f"--split-from {root}: no finished shardkit dataset there (no "
+                          f"{manifest_mod.MANIFEST_NAME}); expected the OUT of an earlier pack")
+    manifest = manifest_mod.load_manifest(root)
+    votes: dict[str, Counter] = {}
+    for split in manifest["splits"]:
+        for row in manifest_mod.read_split_records(root, split):
+            votes.setdefault(str(row["group"]), Counter())[split] += 1
+    order = list(manifest["splits"])
+    placed = {g: max(order, key=lambda x: (c[x], -order.index(x))) for g, c in votes.items()}
+    split = manifest.get("split") or {}
+    logger.info("--split-from %s: %d groups in splits %s", root, len(placed), order)
+    return PreviousSplits(root=str(root), ratios=split.get("ratios"), group_to_split=placed,
+                          group_rule=split.get("group_rule") or {})
+
+
 @dataclass
 class SplitOutcome:
     """What step 4 decided.
@@ -374,7 +435,10 @@ class SplitOutcome:
         warnings: the scanner's warnings, the notes on given splits and numeric class order,
             the plan's warnings, then the one about a missing group rule (not for given splits).
         split_fields: the manifest ``split`` keys that depend on the mode (``mode``, ``ratios``,
-            ``given``; :func:`shardkit.pack_given.split_fields`).
+            ``given``; :func:`shardkit.pack_given.split_fields`), plus ``method``,
+            ``near_duplicates`` (see :func:`plan_split`) and, with ``--split-from``,
+            ``kept_from``.
+        degenerate: ``{"path", "reason"}`` of the packed degenerate images, in scan order.
     """
 
     plan: SplitPlan
@@ -383,27 +447,45 @@ class SplitOutcome:
     conflicts: list[dict]
     warnings: list[str]
     split_fields: dict = field(default_factory=dict)
+    degenerate: list[dict] = field(default_factory=list)
 
 
 def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
-               checked: CheckedFiles, options: PackOptions) -> SplitOutcome:
+               checked: CheckedFiles, options: PackOptions,
+               previous: PreviousSplits | None = None) -> SplitOutcome:
     """Step 4 (pure): splits the accepted items with :func:`shardkit.split.assign_splits`, or
     keeps the source's given splits (:func:`shardkit.pack_given.split_mode`), and applies
-    ``options.on_label_conflict``.
+    ``options.on_label_conflict``. Near-duplicates (pHash within ``options.near_threshold``
+    bits, degenerate images left out) are linked (``"merge"``) or reported; ``previous``
+    placements are kept.
 
     Raises:
         LabelError: identical bytes under different labels with policy ``"error"``.
+        ConfigError: ``previous`` with a source whose given splits are kept.
+        SplitError: ``previous`` names splits that are not among the requested ones.
     """
     items, results, keep = source.items, checked.results, checked.keep
     mode = pack_given.split_mode(source.given, options)
+    if previous is not None and mode == "given":
+        raise ConfigError(f"--split-from {previous.root}: {source.root} gives its own splits, "
+                          "which are kept as given; pass --split NAME=FRACTION,... to re-split "
+                          "it with the earlier placements kept")
+    fixed = previous.group_to_split if previous is not None else None
+    if fixed is not None and set(fixed.values()) - set(options.split):
+        raise SplitError(f"--split-from {previous.root} has splits "
+                         f"{sorted(set(fixed.values()))} but the requested splits are "
+                         f"{list(options.split)}; use the same split names")
 
     def plan_for(idx):
         samples = [(items[i].group, int(label_idx[i]), results[i]["sha256"]) for i in idx]
+        pairs = _near_pairs(idx, results, options)
         if mode == "given":
-            return pack_given.plan_given(items, samples, idx, source.given)
-        return assign_splits(samples, options.split, seed=options.seed)
+            return pack_given.plan_given(items, samples, idx, source.given), pairs
+        links = pairs[:, :2].tolist() if options.near_duplicates == "merge" else ()
+        return assign_splits(samples, options.split, seed=options.seed,
+                             method=options.split_method, links=links, fixed=fixed), pairs
 
-    plan = plan_for(keep)
+    plan, pairs = plan_for(keep)
     conflicts = [{"sha256": c.sha256, "labels": [label_map.classes[k] for k in c.labels],
                   "paths": [items[keep[j]].relpath for j in c.indices]}
                  for c in plan.label_conflicts]
@@ -421,13 +503,82 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
                                 "size": results[i]["size"],
                                 "reason": f"label_conflict: identical bytes labelled {others}"})
         keep = [i for i in keep if i not in bad]
-        plan = plan_for(keep)
+        plan, pairs = plan_for(keep)
+    near, near_warnings = _near_section(plan, pairs, keep, items, mode, options)
     numeric = None if options.labels is not None else layout.numeric_order_note(label_map.classes)
     warnings = (source.warnings + pack_given.given_notes(source.given, mode, options)
-                + ([numeric] if numeric else []) + list(plan.warnings))
+                + ([numeric] if numeric else []) + list(plan.warnings) + near_warnings)
     if source.group_rule["kind"] == "none" and mode != "given":
         warnings.append(NO_GROUP_RULE_WARNING)
+    if previous is not None and previous.group_rule != source.group_rule:
+        warnings.append(f"--split-from {previous.root} grouped files by "
+                        f"{previous.group_rule or 'an unknown rule'}, this pack by "
+                        f"{source.group_rule}: placements are kept by group name, so use the "
+                        "same group rule")
     fields = pack_given.split_fields(source.given, mode, plan, [items[i].relpath for i in keep],
                                      options)
+    fields["method"] = plan.method
+    fields["near_duplicates"] = near
+    if previous is not None:
+        present = set(plan.group_to_split)
+        fields["kept_from"] = {
+            "root": previous.root, "kept_groups": plan.kept_groups,
+            "moved_groups": plan.moved_groups,
+            "new_groups": len(present - set(previous.group_to_split)),
+            "gone_groups": len(set(previous.group_to_split) - present)}
+    degenerate = [{"path": items[i].relpath, "reason": results[i]["degenerate"]}
+                  for i in keep if results[i].get("degenerate")]
     return SplitOutcome(plan=plan, keep=keep, quarantined=quarantined, conflicts=conflicts,
-                        warnings=warnings, split_fields=fields)
+                        warnings=warnings, split_fields=fields, degenerate=degenerate)
+
+
+def _near_pairs(idx: list[int], results: list[dict], options: PackOptions):
+    """``(k, 3)`` int64 array of near-duplicate pairs ``(a, b, distance)``, ``a < b`` positions
+    in ``idx``, over the hashed (non-degenerate) items, leaving out pairs of identical bytes
+    (those are joined anyway); empty when ``near_duplicates="off"``."""
+    import numpy as np
+
+    hashed = [j for j, i in enumerate(idx) if results[i].get("phash") is not None]
+    if options.near_duplicates == "off" or len(hashed) < 2:
+        return np.zeros((0, 3), np.int64)
+    hashes = np.array([results[idx[j]]["phash"] for j in hashed], dtype=np.uint64)
+    a, b, d = neardup.near_pairs(hashes, options.near_threshold)
+    pos = np.asarray(hashed, dtype=np.int64)
+    pairs = np.stack([pos[a], pos[b], d], axis=1) if len(a) else np.zeros((0, 3), np.int64)
+    same = [results[idx[x]]["sha256"] == results[idx[y]]["sha256"] for x, y, _ in pairs]
+    return pairs[~np.asarray(same, dtype=bool)] if len(pairs) else pairs
+
+
+def _near_section(plan: SplitPlan, pairs, keep: list[int], items, mode: str,
+                  options: PackOptions) -> tuple[dict, list[str]]:
+    """The manifest's ``split.near_duplicates`` and the warning about clusters that span
+    splits (given splits or ``"report"``: they stay where they are)."""
+    section = {"mode": options.near_duplicates if mode != "given" or
+               options.near_duplicates == "off" else "report",
+               "threshold": options.near_threshold,
+               "hash": "pHash, 64 bits (imagehash.phash), Hamming distance",
+               "num_clusters": 0, "num_across_splits": 0, "clusters": []}
+    if options.near_duplicates == "off":
+        return section, []
+    clusters = neardup.clusters(len(keep), pairs[:, 0], pairs[:, 1])
+    listed, across = [], []
+    for members in clusters:
+        where: dict[str, int] = {}
+        for j in members:
+            where[plan.assignment[j]] = where.get(plan.assignment[j], 0) + 1
+        entry = {"paths": [items[keep[j]].relpath for j in members],
+                 "splits": {x: where[x] for x in plan.names if x in where}}
+        listed.append(entry)
+        if len(where) > 1:
+            across.append(entry)
+    section.update(num_clusters=len(listed), num_across_splits=len(across), clusters=listed)
+    if not across:
+        return section, []
+    why = ("given splits keep them where they are" if mode == "given" else
+           "--near-duplicates report moves nothing; merge keeps each cluster in one split")
+    listing = "; ".join(" ~ ".join(repr(p) for p in e["paths"][:3])
+                        + " (" + ", ".join(f"{x} {c}" for x, c in e["splits"].items()) + ")"
+                        for e in across[:5])
+    more = f"; ... and {len(across) - 5} more" if len(across) > 5 else ""
+    return section, [f"{len(across)} near-duplicate cluster(s) (pHash distance <= "
+                     f"{options.near_threshold}) span several splits ({why}): {listing}{more}"]

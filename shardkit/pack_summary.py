@@ -20,7 +20,10 @@ class PackSummary:
     before writing and ``replaced`` the files of the previous dataset removed by an overwrite
     (paths relative to OUT); ``num_with_warnings`` packed samples whose decode gave warnings
     (listed per sample in the split files' ``warnings``); ``transcoded`` packed samples stored
-    transcoded, by normalisation rule (the manifest's ``normalization.transcoded``).
+    transcoded, by normalisation rule (the manifest's ``normalization.transcoded``);
+    ``split_method`` the assignment rule; ``near_duplicates`` the manifest's
+    ``split.near_duplicates``; ``degenerate`` the packed degenerate images (``path``,
+    ``reason``); ``kept_from`` the manifest's ``split.kept_from`` (``--split-from``) or None.
     """
 
     out: Path
@@ -40,6 +43,10 @@ class PackSummary:
     num_with_warnings: int = 0
     transcoded: dict[str, int] = field(default_factory=dict)
     replaced: list[str] = field(default_factory=list)
+    split_method: str = "hash"
+    near_duplicates: dict | None = None
+    degenerate: list[dict] = field(default_factory=list)
+    kept_from: dict | None = None
 
     @classmethod
     def from_manifest(cls, out: Path, manifest: dict, quarantine: list[dict], *,
@@ -61,7 +68,9 @@ class PackSummary:
             ignored=[[e["path"], e["reason"]] for e in src["ignored"]],
             label_conflicts=split["label_conflicts"], warnings=warnings, cleaned=cleaned,
             num_with_warnings=num_with_warnings, replaced=list(replaced or []),
-            transcoded=dict(manifest["normalization"].get("transcoded", {})))
+            transcoded=dict(manifest["normalization"].get("transcoded", {})),
+            split_method=split.get("method", ""), near_duplicates=split.get("near_duplicates"),
+            degenerate=list(src.get("degenerate", [])), kept_from=split.get("kept_from"))
 
     def format_text(self) -> str:
         """The human-readable summary (printed by ``shardkit pack``)."""
@@ -83,6 +92,30 @@ class PackSummary:
                      f"{len(self.label_conflicts)}; packed with decoder warnings: "
                      f"{self.num_with_warnings}; ignored entries: {self.num_ignored}")
         lines += [f"    ignored {path}: {why}" for path, why in self.ignored[:10]]
+        lines.append(f"  split rule: {self.split_method}" + {
+            "hash": " (a keyed hash of each group: re-packing a grown source moves no group)",
+            "balanced": " (closest to the ratios; added data may move groups)"}.get(
+                self.split_method, ""))
+        if self.kept_from:
+            k = self.kept_from
+            lines.append(f"  kept from {k['root']}: {k['kept_groups']} groups where they were, "
+                         f"{len(k['moved_groups'])} moved, {k['new_groups']} new groups "
+                         f"assigned, {k['gone_groups']} no longer in the source")
+        near = self.near_duplicates
+        if near and near["mode"] != "off":
+            lines.append(f"  near-duplicates (pHash distance <= {near['threshold']}, "
+                         f"{near['mode']}): {near['num_clusters']} clusters of "
+                         f"{sum(len(c['paths']) for c in near['clusters'])} images, "
+                         f"{near['num_across_splits']} across splits")
+        elif near:
+            lines.append("  near-duplicates: not searched (--near-duplicates off)")
+        if self.degenerate:
+            lines.append(f"  degenerate images (packed; --strict quarantines them): "
+                         f"{len(self.degenerate)}")
+            lines += [f"    {d['path']}: {d['reason']}" for d in self.degenerate[:10]]
+            if len(self.degenerate) > 10:
+                lines.append(f"    ... and {len(self.degenerate) - 10} more (manifest "
+                             "source.degenerate)")
         if len(self.ignored) > 10:
             lines.append(f"    ... and {len(self.ignored) - 10} more ignored entries")
         if self.cleaned:

@@ -141,6 +141,7 @@ def _write_one(sink, key: str, it, res: dict, label: int, classes, bar) -> dict:
             "sha256": res["sha256"], "shard": shard_idx, "offset": int(offset), "size": len(data),
             "ext": res["ext"], "rule": res["rule"], "width": res["width"], "height": res["height"],
             "warnings": res["warnings"],
+            "phash": None if res.get("phash") is None else f"{res['phash']:016x}",
             manifest_mod.CHECKSUM_FIELD: f"{manifest_mod.sample_checksum(data):016x}"}
 
 
@@ -196,7 +197,10 @@ def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOut
         "classes": list(classes),
         "label_aliases": dict(label_map.aliases),
         "split": {"mode": outcome.split_fields["mode"], "seed": int(options.seed),
+                  "method": outcome.split_fields["method"],
                   "ratios": outcome.split_fields["ratios"], "given": outcome.split_fields["given"],
+                  "kept_from": outcome.split_fields.get("kept_from"),
+                  "near_duplicates": outcome.split_fields["near_duplicates"],
                   "group_rule": source.group_rule,
                   "group_to_split": plan.group_to_split if grouped else None,
                   "tolerance": plan.tolerance,
@@ -208,6 +212,7 @@ def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOut
         "source": {"root": str(source.root), "kind": source.kind, "num_files": source.num_files,
                    "num_packed": num_packed, "num_quarantined": len(quarantine),
                    "num_duplicates": plan.num_duplicates, "num_ignored": len(source.ignored),
+                   "num_degenerate": len(outcome.degenerate), "degenerate": outcome.degenerate,
                    "ignored": [{"path": path, "reason": why} for path, why in source.ignored]},
         "normalization": {"rules": dict(images.RULES), "max_pixels": options.max_pixels,
                           "strict": options.strict, "transcoded": dict(transcoded or {})},

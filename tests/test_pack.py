@@ -120,7 +120,7 @@ def test_same_seed_same_bytes_any_workers(packed_sample, sample_dir, tmp_path):
     a = load_manifest(packed_sample("wds"))
     pack(sample_dir, tmp_path / "o", format="wds", split={"train": 0.7, "val": 0.15, "test": 0.15},
          metadata=sample_dir / "metadata.csv", group_column="group_flickr_user", shard_samples=32,
-         workers=2, progress=False)
+         workers=2, progress=False, split_method="balanced")
     b = load_manifest(tmp_path / "o")
     assert [s["sha256"] for s in a["splits"]["train"]["shards"]] == \
         [s["sha256"] for s in b["splits"]["train"]["shards"]]
@@ -305,7 +305,7 @@ def test_case24_group_split_dedup_and_infeasibility(sample_dir, tmp_path, policy
     src, dup = _case24_folder(sample_dir, tmp_path / "src")
     out = tmp_path / "o"
     summary = pack(src, out, split="train=0.7,val=0.15,test=0.15", group_by=r"subj(\w)_", seed=0,
-                   on_label_conflict=policy, progress=False)
+                   on_label_conflict=policy, progress=False, split_method="balanced")
     man = check_packed(out, src, 103)
     assert len(summary.label_conflicts) == 1
     assert summary.label_conflicts[0]["sha256"] == sha(dup.read_bytes())

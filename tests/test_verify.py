@@ -130,7 +130,7 @@ def test_pack_cli_summary_overwrite_and_errors(small_src, tmp_path):
     out = tmp_path / "out"
     (small_src / "notes.txt").write_text("not a sample")
     args = ["pack", str(small_src), str(out), "--split", "train=0.5,val=0.5", "--shard-samples",
-            "4", "--no-progress"]
+            "4", "--no-progress", "--split-method", "balanced"]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "scanned 20 = packed 20 + quarantined 0" in res.output
