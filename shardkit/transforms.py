@@ -39,7 +39,7 @@ import numpy as np
 from PIL import Image
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from shardkit.decode import choose_scale, get_decoder, scaled_size
+from shardkit.decode import choose_scale, get_decoder, resize_into, scaled_size
 from shardkit.errors import ConfigError
 
 __all__ = [
@@ -270,6 +270,88 @@ class SampleTransform:
         dec.decode_resize(data, region, factor, rel, target, p.flip, self.cfg.interpolation,
                           probe)
         self.last_warnings, self.last_warning = dec.last_warnings, dec.last_warning
+        return target
+
+    def decode_for_cache(self, data, size: tuple[int, int] | None = None,
+                         out: np.ndarray | None = None) -> np.ndarray:
+        """The whole image as RGB uint8 ``(H, W, 3)`` for a decoded cache
+        (:mod:`shardkit.stream.cache`), with this transform's decoder and pixel limit.
+
+        ``size=None``: full resolution, the pixels the uncached path crops from (a full decode
+        equals the ROI decode cropped: ``shardkit.decode.roi``). ``size=(w, h)``: resized to
+        ``w x h`` with the config's interpolation (antialiased, Pillow-exact), decoded first at
+        the largest DCT reduction that keeps ``w x h`` (when ``dct_scaling``). ``out``: a
+        writable C-contiguous ``(H, W, 3)`` uint8 array to receive the resized result.
+        Sets ``last_warnings`` / ``last_warning``. Raises DecodeError.
+        """
+        dec = self.decoder
+        probe = dec.probe(data)
+        if size is None:
+            pixels = dec.decode_scaled(data, Fraction(1), probe)
+        else:
+            w, h = size
+            factor = (choose_scale(probe.width, probe.height, w, h, probe.factors)
+                      if self.cfg.dct_scaling else Fraction(1))
+            full = dec.decode_scaled(data, factor, probe)
+            target = out if out is not None else np.empty((h, w, 3), np.uint8)
+            pixels = resize_into(full, (0.0, 0.0, float(full.shape[1]), float(full.shape[0])),
+                                 target, False, self.cfg.interpolation)
+        self.last_warnings, self.last_warning = dec.last_warnings, dec.last_warning
+        return pixels
+
+    def from_pixels(self, pixels: np.ndarray, width: int, height: int,
+                    rng: np.random.Generator | None = None,
+                    out: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`__call__` on already decoded pixels (a decoded cache's), same RNG draws.
+
+        Args:
+            pixels: RGB uint8 ``(h, w, 3)``: the image of stored size ``width x height``, at full
+                resolution or resized (a cache's ``max_side``).
+            width, height: the stored image's size (the header's): crop parameters are drawn
+                from it exactly as in :meth:`__call__`, then scaled by ``w / width`` and
+                ``h / height``.
+            rng, out: as :meth:`__call__`.
+        Returns:
+            ``out`` (or a new array): uint8 ``(S, S, 3)``. At full resolution the pixels equal
+            :meth:`__call__`'s bit for bit whenever that path decodes at scale 1 (no DCT
+            reduction: every crop < 2S, or ``dct_scaling=False``): same box, same region, same
+            resampler (:func:`shardkit.decode.resize_into`). Where ``__call__`` would DCT-reduce,
+            the cached crop is resized from full-resolution pixels instead (torchvision's
+            reference result, not the reduced decode's). Sets ``last_params``.
+        Raises:
+            TransformInputError: bad ``out`` or ``pixels``.
+        """
+        s = self.cfg.image_size
+        if out is not None and (out.shape != (s, s, 3) or out.dtype != np.uint8
+                                or not out.flags.writeable):
+            raise TransformInputError(f"out must be a writable ({s}, {s}, 3) uint8 array, got "
+                                      f"{out.shape} {out.dtype}")
+        if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8:
+            raise TransformInputError(f"pixels must be uint8 (h, w, 3), got {pixels.shape} "
+                                      f"{pixels.dtype}")
+        if self.train:
+            p = sample_crop_params(width, height, self.cfg,
+                                   rng if rng is not None else np.random.default_rng())
+            box = (p.left, p.top, p.left + p.width, p.top + p.height)
+        else:
+            box = eval_crop_box(width, height, self.cfg)
+            p = CropParams(int(box[1]), int(box[0]), int(box[3] - box[1]), int(box[2] - box[0]),
+                           False)
+        self.last_params = p
+        ph, pw = pixels.shape[:2]
+        fx, fy = (1.0, 1.0) if (pw, ph) == (width, height) else (pw / width, ph / height)
+        fb = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+        bw, bh = box[2] - box[0], box[3] - box[1]
+        support = 0.0 if self.train else _FILTER_SUPPORT[self.cfg.interpolation]
+        # the same margin and region as __call__ at scale 1 (fx = fy = 1)
+        m = (math.ceil(support * max(bw * fx / s, bh * fy / s, 1.0)) + 1 if support else 0)
+        region = (max(0, math.floor(fb[0]) - m), max(0, math.floor(fb[1]) - m),
+                  min(pw, math.ceil(fb[2]) + m), min(ph, math.ceil(fb[3]) + m))
+        rel = (fb[0] - region[0], fb[1] - region[1], fb[2] - region[0], fb[3] - region[1])
+        # crop first (the filter must not read past the region, as in the ROI decode)
+        crop = np.ascontiguousarray(pixels[region[1]:region[3], region[0]:region[2]])
+        target = out if out is not None else np.empty((s, s, 3), np.uint8)
+        resize_into(crop, rel, target, p.flip, self.cfg.interpolation)
         return target
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import replace
 from typing import Callable, Iterator, NamedTuple
 
@@ -245,10 +246,16 @@ class EncodedBatch(NamedTuple):
 
 class BatchReport(NamedTuple):
     """Per-batch accounting: ``skipped`` keys (left out: ``on_error``/``on_warning="skip"``)
-    and ``warned`` keys (kept although their decode gave libjpeg warnings)."""
+    and ``warned`` keys (kept although their decode gave libjpeg warnings); with a decoded cache,
+    ``cache_hits`` / ``cache_misses`` (samples served from it / read and decoded) and
+    ``cache_fill_s`` (seconds spent reading, decoding and storing the misses, summed over the
+    batch's samples)."""
 
     skipped: tuple[str, ...] = ()
     warned: tuple[str, ...] = ()
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_fill_s: float = 0.0
 
 
 class BatchDataset(_Iterable):
@@ -262,8 +269,11 @@ class BatchDataset(_Iterable):
     """
 
     def __init__(self, source: ShardSource, sampling: Sampling, transform: Callable,
-                 image_size: int, on_warning: str = "keep", device_decode: bool = False):
+                 image_size: int, on_warning: str = "keep", device_decode: bool = False,
+                 cache=None):
         self.device_decode = bool(device_decode)
+        #: a :class:`~shardkit.stream.cache.DecodedCache` or None
+        self.cache = cache
         self.source = source
         self.sampling = sampling
         self.transform = transform
@@ -311,13 +321,25 @@ class BatchDataset(_Iterable):
         # nothing (the factory's); a custom transform gets ``bytes`` it may keep
         read = src.read_scratch if scratch and getattr(tf, "accepts_buffers", False) else src.read
         seed, epoch, rank, policy = self.sampling.seed, plan.epoch, plan.rank, self.on_warning
+        cache = self.cache
+        hits = misses = 0
+        fill_s = 0.0
         for i in range(n):
             pos = int(positions[i])
             try:
                 row = rows[i]
-                out = tf(read(pos), sample_rng(seed, epoch, rank, sl.start + i), out=row)
-                if out is not None and out is not row:  # the factory's transforms fill `row`
-                    row[...] = out
+                rng = sample_rng(seed, epoch, rank, sl.start + i)
+                if cache is None:
+                    out = tf(read(pos), rng, out=row)
+                    if out is not None and out is not row:  # the factory's transforms fill `row`
+                        row[...] = out
+                elif cache.lookup(pos, tf, rng, row):
+                    hits += 1
+                else:
+                    misses += 1
+                    t0 = time.perf_counter()
+                    cache.fill(pos, read(pos), tf, rng, row)
+                    fill_s += time.perf_counter() - t0
                 nw = getattr(tf, "last_warnings", 0)
                 if nw:
                     if _warning_check(src, pos, nw, getattr(tf, "last_warning", None), policy):
@@ -337,8 +359,8 @@ class BatchDataset(_Iterable):
         labels = torch.from_numpy(src.index.label[positions])
         meta = {"index": torch.from_numpy(positions.copy()),
                 "valid": torch.from_numpy(plan.valid[sl][keep])}
-        return images, labels, meta, BatchReport(tuple(skipped), tuple(warned))
-
+        return images, labels, meta, BatchReport(tuple(skipped), tuple(warned), hits, misses,
+                                                 fill_s)
 
     def _build_encoded(self, plan: EpochPlan, b: int, tf):
         """Batch ``b`` as an :class:`EncodedBatch`: bytes and crops only (the transform's

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from ..errors import ConfigError, LoaderError, ShardkitError
 from .backends import ProcessBackend, ThreadBackend
+from .cache import make_cache, parse_cache
 from .datasets import BatchDataset
 from .options import SamplingOptions, WorkerOptions
 from .source import EVAL_SPLITS, ShardSource, dist_rank_world
@@ -55,6 +56,7 @@ class ShardLoader:
         self.return_meta = return_meta
         self.skipped: list[str] = []
         self.warned: list[str] = []
+        self._cache_counts = {"hits": 0, "misses": 0, "fill_seconds": 0.0}
         self._epoch = 0
         self._position = 0  # batches consumed in the current epoch
         self._resume = False
@@ -82,8 +84,33 @@ class ShardLoader:
     def describe(self) -> str:
         """The loader configuration in one line (used in hang/timeout reports)."""
         s = self.dataset.sampling
+        cache = self.cache
+        extra = f", cache={cache.mode}:{cache.resolution}" if cache is not None else ""
         return (f"loader(split={self.dataset.source.split!r}, rank={s.rank}/{s.world_size}, "
-                f"epoch={self._epoch}, batch_size={s.batch_size}, {self.backend.describe()})")
+                f"epoch={self._epoch}, batch_size={s.batch_size}, {self.backend.describe()}"
+                f"{extra})")
+
+    @property
+    def cache(self):
+        """The :class:`~shardkit.stream.cache.DecodedCache`, or None (no cache)."""
+        return self.dataset.cache
+
+    def cache_stats(self) -> dict | None:
+        """None without a cache; else the arena's state (every process's fills) plus this
+        loader's counters since it was built: ``{"mode", "kind", "resolution", "path",
+        "size_bytes" (all samples at the cache resolution), "num_samples", "filled_samples",
+        "filled_bytes", "disabled" (why filling stopped, or None), "hits", "misses",
+        "hit_rate" (hits / (hits + misses), None before any sample), "fill_seconds" (time
+        spent on misses: read + decode + store, summed over decoding threads or workers)}``.
+        """
+        cache = self.cache
+        if cache is None:
+            return None
+        out = cache.stats()
+        out.update(self._cache_counts)
+        total = out["hits"] + out["misses"]
+        out["hit_rate"] = out["hits"] / total if total else None
+        return out
 
     @property
     def epoch(self) -> int:
@@ -133,7 +160,14 @@ class ShardLoader:
         self._resume, self._position = False, start
         state = self.dataset.sampling.state
         state.epoch, state.start_batch = self._epoch, start
+        if self.cache is not None:
+            self.cache.attach()  # again after close(); before workers fork
+        counts = self._cache_counts
         for images, labels, meta, report in self.backend.batches(start, self.describe):
+            if report.cache_hits or report.cache_misses:
+                counts["hits"] += report.cache_hits
+                counts["misses"] += report.cache_misses
+                counts["fill_seconds"] += report.cache_fill_s
             if self.device_decode is not None:
                 images = self._decode_on_device(images, meta)
             self._position += 1
@@ -157,8 +191,11 @@ class ShardLoader:
                           f"of samples {keys[0]!r}..{keys[-1]!r} failed: {e}") from e
 
     def close(self) -> None:
-        """Stops decoding threads / persistent worker processes and closes shard readers."""
+        """Stops decoding threads / persistent worker processes, closes shard readers and
+        detaches the decoded cache (the last process to detach a RAM cache removes it)."""
         self.backend.close()
+        if self.cache is not None:
+            self.cache.detach()
 
     def __enter__(self) -> "ShardLoader":
         return self
@@ -203,7 +240,8 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
                 transform=None, sampling: SamplingOptions | None = None,
                 workers: WorkerOptions | None = None, on_error: str = "raise",
                 on_warning: str = "keep", verify_reads: bool = True, return_meta: bool = False,
-                device_decode=None) -> ShardLoader:
+                device_decode=None, cache="none", cache_max_side: int | None = None,
+                cache_eval: str = "pixels") -> ShardLoader:
     """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
 
     The simple call is ``make_loader(root, "train", 64)``; everything else has a default.
@@ -240,6 +278,19 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
             on CUDA), cropped, resized and flipped there; images are uint8 ``(N, 3, S, S)`` on
             that device. Pixels match the CPU path within resampling differences (measured in
             tests/test_decode.py); needs a ``TransformConfig`` transform.
+        cache: decoded image cache (:mod:`shardkit.stream.cache`): ``"none"`` (default),
+            ``"ram"`` (decoded uint8 pixels in shared memory, one copy per machine for threads,
+            worker processes and local DDP ranks; filled during the first epoch), ``"disk:DIR"``
+            (the same as a memory-mapped file in DIR, reused across runs while the dataset's
+            shard sha256s match) or ``"auto"`` (ram if the split fits in half of the available
+            memory, else none; logged). With ``cache_max_side`` unset a cached epoch yields the
+            same batches as an uncached one whenever the uncached decode needs no DCT
+            reduction (crops < 2S); stats in ``loader.cache_stats()``. Needs a
+            ``TransformConfig`` transform; not with ``device_decode``.
+        cache_max_side: cache images resized so that the longer side is at most this many
+            pixels (FFCV's ``max_resolution``); crops are scaled to the cached size.
+        cache_eval: ``"pixels"`` (default) or ``"final"``: an eval loader (``train=False``)
+            caches its final deterministic crops, so later passes are a memory copy.
 
     Raises:
         ConfigError, LoaderError: invalid options (the message names the value);
@@ -276,8 +327,13 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
                           "cannot be split into crop drawing and batched decoding)")
     if hasattr(tf, "max_pixels"):
         tf.max_pixels = source.max_pixels  # the limit pack applied, again at read time
+    if device_decode is not None and parse_cache(cache)[0] != "none":
+        raise ConfigError(f"cache={cache!r} and device_decode={device_decode!r}: the cache "
+                          "holds CPU pixels; use one or the other")
+    dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
+                    train=train, verify=verify_reads)
     dataset = BatchDataset(source, plan, tf, size, on_warning,
-                           device_decode=device_decode is not None)
+                           device_decode=device_decode is not None, cache=dc)
     if plan.block and plan.mode == "exact" and num_workers > 1:
         plan.set_streams(num_workers)
     if source.max_open is not None and workers.backend == "thread":

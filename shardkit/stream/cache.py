@@ -1,0 +1,333 @@
+"""Decoded image cache: decode once, augment every epoch (issue 11).
+
+``make_loader(..., cache="ram")`` keeps every decoded image of the split (RGB uint8, full
+resolution or resized to ``cache_max_side``) in one shared :class:`~shardkit.stream.arena.Arena`
+per machine; the train transform then draws its random crop exactly as the uncached path does
+and resizes it from the cached pixels (:meth:`shardkit.transforms.SampleTransform.from_pixels`),
+so the augmentation stays live. The first epoch fills the arena as it goes.
+
+Modes (:func:`parse_cache`): ``"none"``; ``"ram"`` (``/dev/shm``, or ``$SHARDKIT_CACHE_SHM``);
+``"disk:DIR"`` (a memory-mapped file in DIR, reused across runs, validated against the
+manifest's shard sha256s); ``"auto"`` (ram when the split's pixels fit in half of the available
+memory and of the tmpfs's free space, else none; one log line says which and why).
+``cache_eval="final"`` on an eval loader stores the final deterministic crops instead.
+
+Identity of an arena (its name in RAM, its header on disk): the split's shard sha256s, the
+index's per-sample xxh3s (or keys and sizes), the split name, the cache resolution, the
+decoder and, for ``"final"``, the eval transform.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..manifest import read_split_records
+from .arena import Arena, ArenaUnavailable
+
+__all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV", "cache_identity",
+           "cached_size", "available_memory"]
+
+log = logging.getLogger("shardkit.stream.cache")
+
+#: What an eval loader caches: decoded pixels (as train) or its final crops.
+CACHE_EVAL = ("pixels", "final")
+#: Environment variable naming the tmpfs folder of ``cache="ram"`` (default ``/dev/shm``).
+SHM_DIR_ENV = "SHARDKIT_CACHE_SHM"
+_VERSION = 1
+
+
+def parse_cache(spec) -> tuple[str, str | None]:
+    """``(mode, dir)`` from ``"none" | "ram" | "auto" | "disk:DIR"`` (None means "none").
+
+    Raises:
+        ConfigError: anything else (naming the value and the accepted forms).
+    """
+    if spec is None or spec == "none":
+        return "none", None
+    if spec in ("ram", "auto"):
+        return spec, None
+    if isinstance(spec, str) and spec.startswith("disk:") and len(spec) > 5:
+        return "disk", spec[5:]
+    raise ConfigError(f"cache={spec!r}: expected 'none', 'ram', 'auto' or 'disk:DIR'")
+
+
+def cached_size(width: int, height: int, max_side: int | None) -> tuple[int, int]:
+    """Size of the cached pixels: unchanged without ``max_side`` or when the longer side is
+    within it, else scaled so that the longer side is ``max_side`` (the other side rounded,
+    at least 1), as FFCV's ``max_resolution``."""
+    if max_side is None or max(width, height) <= max_side:
+        return int(width), int(height)
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def available_memory() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cache_identity(source, kind: str, resolution: str, transform) -> dict:
+    """The JSON-able identity of a cache of ``source`` (a ShardSource). See the module doc."""
+    idx = source.index
+    h = hashlib.sha256()
+    if idx.xxh3 is not None:
+        h.update(np.ascontiguousarray(idx.xxh3).tobytes())
+    else:
+        h.update(np.ascontiguousarray(idx.key).tobytes())
+        h.update(np.ascontiguousarray(idx.size).tobytes())
+    cfg = transform.cfg
+    ident = {"version": _VERSION, "split": source.split, "kind": kind, "resolution": resolution,
+             "num_samples": len(idx), "shards": [s.get("sha256", "") for s in source.shards],
+             "samples": h.hexdigest(), "decoder": _decoder_name(cfg.decoder),
+             "fast_dct": cfg.fast_dct, "fast_upsample": cfg.fast_upsample}
+    if kind == "final":
+        ident["transform"] = {k: cfg.to_dict()[k] for k in (
+            "image_size", "crop_pct", "interpolation", "dct_scaling")}
+    return ident
+
+
+def _decoder_name(name: str) -> str:
+    if name != "auto":
+        return name
+    from ..decode import auto_choice
+
+    return auto_choice()[0]
+
+
+def _stored_sizes(source, transform) -> np.ndarray:
+    """``(width, height)`` of every stored image: from ``splits/<split>.jsonl`` (upright pixels,
+    as stored), else (an index without sizes) from each sample's header."""
+    n = len(source)
+    sizes = np.zeros((n, 2), np.int64)
+    try:
+        records = read_split_records(source.root, source.split)
+    except Exception:  # noqa: BLE001 - no records: probe the headers below
+        records = []
+    if len(records) == n and all("width" in r and "height" in r for r in records):
+        sizes[:, 0] = [r["width"] for r in records]
+        sizes[:, 1] = [r["height"] for r in records]
+        return sizes
+    log.info("decoded cache: split %r lists no image sizes; reading %d headers", source.split, n)
+    from ..decode import get_decoder
+
+    dec = get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
+    for i in range(n):
+        probe = dec.probe(source.read(i))
+        sizes[i] = probe.width, probe.height
+    return sizes
+
+
+class DecodedCache:
+    """The cache of one loader: an :class:`Arena` plus the per-sample get/fill logic and this
+    process's counters. Built by :func:`shardkit.stream.make_loader` (``cache=``).
+
+    Attributes:
+        mode: ``"ram"`` or ``"disk"``. kind: ``"pixels"`` or ``"final"``. max_side: as given.
+        path: the arena file. verify: check each hit's pixels against the xxh3 stored at fill
+            (the loader's ``verify_reads``; ~5 us per 224 KB image).
+        disabled: why this process stopped filling (out of space), or None.
+    """
+
+    def __init__(self, source, transform, mode: str, directory: str | None,
+                 max_side: int | None = None, kind: str = "pixels", verify: bool = True,
+                 image_size: int | None = None):
+        if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
+                                     or max_side < 1):
+            raise ConfigError(f"cache_max_side={max_side!r}: expected None or an int >= 1")
+        if kind not in CACHE_EVAL:
+            raise ConfigError(f"cache_eval={kind!r}: expected one of {list(CACHE_EVAL)}")
+        self.mode, self.kind, self.max_side = mode, kind, max_side
+        self.verify = bool(verify)
+        self.disabled: str | None = None
+        sizes = _stored_sizes(source, transform)
+        if kind == "final":
+            s = int(image_size or transform.cfg.image_size)
+            cached = np.full_like(sizes, s)
+            resolution = f"final{s}"
+        else:
+            cached = np.array([cached_size(w, h, max_side) for w, h in sizes.tolist()],
+                              dtype=np.int64).reshape(-1, 2)
+            resolution = "full" if max_side is None else f"max{max_side}"
+        self.resolution = resolution
+        ident = cache_identity(source, kind, resolution, transform)
+        digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:20]
+        if mode == "ram":
+            folder = Path(os.environ.get(SHM_DIR_ENV) or "/dev/shm")
+            path = folder / f"shardkit-cache-{source.split}-{resolution}-{digest}.arena"
+        else:
+            folder = Path(directory)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"cache='disk:{directory}': cannot create the folder "
+                                  f"({e.strerror})") from e
+            path = folder / f"shardkit-{source.split}-{resolution}.arena"
+        self.path = str(path)
+        self.projected_bytes = int((cached[:, 0] * cached[:, 1] * 3).sum())
+        self.arena = Arena(self.path, ident, np.concatenate([sizes, cached], axis=1),
+                           persistent=(mode == "disk"))
+
+    # --- lifetime --------------------------------------------------------------------------
+    def attach(self) -> bool:
+        """Attaches the arena (creating it if needed); False (logged, reads stay uncached) when
+        it cannot be created or attached."""
+        if self.disabled is not None and not self.arena.attached:
+            return False
+        try:
+            self.arena.attach()
+            return True
+        except (ArenaUnavailable, OSError) as e:
+            self._disable(f"cannot open the arena: {e}")
+            return False
+
+    def detach(self) -> None:
+        self.arena.detach()
+
+    def __getstate__(self) -> dict:
+        return self.__dict__.copy()
+
+    def _disable(self, why: str) -> None:
+        if self.disabled is None:
+            self.disabled = why
+            log.warning("decoded cache %s: %s; the remaining samples are read and decoded "
+                        "without the cache (nothing wrong is served)", self.path, why)
+
+    # --- per sample --------------------------------------------------------------------------
+    def lookup(self, pos: int, tf, rng, out: np.ndarray) -> bool:
+        """Writes sample ``pos`` into ``out`` from the cache (True), or does nothing (False:
+        a miss; the caller reads the bytes and calls :meth:`fill`). Sets ``tf.last_warnings``
+        to the warnings counted when the sample was filled."""
+        arena = self.arena
+        if not arena.attached and not self.attach():
+            return False
+        t = arena.table
+        if t["state"][pos] != 1:
+            return False
+        pixels = arena.slot(pos)
+        if self.verify:
+            from ..manifest import sample_checksum
+
+            if sample_checksum(pixels) != int(t["xxh3"][pos]):
+                log.warning("decoded cache %s: slot of sample %d failed its check; decoding it "
+                            "again", self.path, pos)
+                t["state"][pos] = 0
+                return False
+        if self.kind == "final":
+            out[...] = pixels
+        else:
+            tf.from_pixels(pixels, int(t["width"][pos]), int(t["height"][pos]), rng, out)
+        n = int(t["warnings"][pos])
+        tf.last_warnings, tf.last_warning = n, ("libjpeg warning(s) when the sample was cached"
+                                                if n else None)
+        return True
+
+    def fill(self, pos: int, data, tf, rng, out: np.ndarray) -> None:
+        """Sample ``pos`` decoded from ``data`` into the cache (when there is room) and its crop
+        into ``out``, with the same result as the uncached transform. Raises what the decode
+        raises (the caller's ``on_error`` applies); a full tmpfs or disk only disables filling.
+        """
+        arena = self.arena
+        if self.disabled is not None or not (arena.attached or self.attach()):
+            tf(data, rng, out=out)
+            return
+        t = arena.table
+        w, h = int(t["width"][pos]), int(t["height"][pos])
+        if self.kind == "final":
+            tf(data, rng, out=out)
+            pixels = out
+        else:
+            cw, ch = int(t["cw"][pos]), int(t["ch"][pos])
+            pixels = tf.decode_for_cache(data, None if (cw, ch) == (w, h) else (cw, ch))
+            if pixels.shape != (ch, cw, 3):  # the index's size is not the stored image's
+                log.warning("decoded cache %s: sample %d decodes to %dx%d, the index says "
+                            "%dx%d; served uncached", self.path, pos, pixels.shape[1],
+                            pixels.shape[0], w, h)
+                tf(data, rng, out=out)
+                return
+            nw, msg = tf.last_warnings, tf.last_warning
+            tf.from_pixels(pixels, w, h, rng, out)  # private, cache-hot pixels
+            tf.last_warnings, tf.last_warning = nw, msg
+        try:
+            arena.store(pos, pixels, tf.last_warnings)
+        except OSError as e:
+            self._disable(f"out of space while filling ({e.strerror or e}; "
+                          f"{arena.filled()[0]} of {arena.n} samples cached)")
+
+    # --- accounting --------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """``{"mode", "kind", "resolution", "path", "size_bytes" (all slots), "filled_samples",
+        "filled_bytes", "num_samples", "disabled"}`` as seen now (every process's fills)."""
+        arena = self.arena
+        filled = arena.filled() if arena.attached else (0, 0)
+        return {"mode": self.mode, "kind": self.kind, "resolution": self.resolution,
+                "path": self.path, "size_bytes": self.projected_bytes,
+                "num_samples": arena.n if arena.attached else None,
+                "filled_samples": filled[0], "filled_bytes": filled[1],
+                "disabled": self.disabled}
+
+
+def make_cache(source, transform, cache, *, max_side: int | None = None,
+               cache_eval: str = "pixels", train: bool = True,
+               verify: bool = True) -> DecodedCache | None:
+    """The :class:`DecodedCache` of a loader (attached), or None for ``cache="none"``, for
+    ``"auto"`` when the split does not fit, or when the arena cannot be opened (logged; the
+    loader then reads uncached).
+
+    ``"auto"``: ram when the projected size (every image at the cache resolution) is at most
+    half of ``MemAvailable`` and at most the free space of the tmpfs; one INFO line says which
+    and why.
+
+    Raises:
+        ConfigError: a bad ``cache`` / ``cache_max_side`` / ``cache_eval``, ``"final"`` for a
+            train loader, or a transform that is not the factory's (a custom callable).
+    """
+    mode, directory = parse_cache(cache)
+    if cache_eval not in CACHE_EVAL:
+        raise ConfigError(f"cache_eval={cache_eval!r}: expected one of {list(CACHE_EVAL)}")
+    if mode == "none":
+        return None
+    if not hasattr(transform, "from_pixels"):
+        raise ConfigError(f"cache={cache!r} needs a TransformConfig transform (a custom callable "
+                          "cannot crop from cached pixels)")
+    if cache_eval == "final" and train:
+        raise ConfigError("cache_eval='final' caches the deterministic eval crops; a train "
+                          "loader's crops are random (use it with train=False)")
+    if cache_eval == "final" and max_side is not None:
+        raise ConfigError("cache_max_side applies to cached pixels, not to cache_eval='final'")
+    kind = "final" if cache_eval == "final" else "pixels"
+    dc = DecodedCache(source, transform, "ram" if mode == "auto" else mode, directory,
+                      max_side=max_side, kind=kind, verify=verify)
+    if mode == "auto":
+        avail = available_memory()
+        shm = os.path.dirname(dc.path)
+        try:
+            st = os.statvfs(shm)
+            shm_free = st.f_bavail * st.f_frsize
+        except OSError:
+            shm_free = 0
+        budget = min(avail // 2, shm_free)
+        need = dc.projected_bytes
+        if need > budget:
+            log.info("cache='auto' -> none: split %r needs %.1f MB of decoded pixels (%s), more "
+                     "than half of the available memory (%.1f MB) or the free space of %s "
+                     "(%.1f MB)", source.split, need / 1e6, dc.resolution, avail / 2e6, shm,
+                     shm_free / 1e6)
+            return None
+        log.info("cache='auto' -> ram: split %r needs %.1f MB of decoded pixels (%s), within "
+                 "half of the available memory (%.1f MB) and the free space of %s (%.1f MB)",
+                 source.split, need / 1e6, dc.resolution, avail / 2e6, shm, shm_free / 1e6)
+    if not dc.attach():
+        return None
+    return dc
