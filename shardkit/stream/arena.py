@@ -198,9 +198,10 @@ class Arena:
             same = header is not None and header.get("identity") == self.identity
             if same and (not alone or self.persistent):
                 fcntl.flock(fd, fcntl.LOCK_SH)  # holders only ever hold shared locks
+                dirty = int.from_bytes(os.pread(fd, 8, 16), "little") != 0
                 self._map(fd, header)
                 self.reused = alone
-                if alone and self.persistent:
+                if alone and self.persistent and dirty:
                     self._recover()
                 return
             if not alone:
@@ -269,8 +270,6 @@ class Arena:
         """A disk arena attached with no other holder: if its last user did not close it cleanly
         (killed, power loss), every ready slot's pixels are checked against their xxh3 and the
         bad ones are marked empty (refilled on their next read, never served)."""
-        if int.from_bytes(self._mm[16:24], "little") == 0:
-            return
         state = self.table["state"]
         ready = np.flatnonzero(state == 1)
         bad = [int(i) for i in ready if sample_checksum(self.slot(int(i))) != int(

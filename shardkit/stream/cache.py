@@ -29,8 +29,8 @@ from ..errors import ConfigError
 from ..manifest import read_split_records
 from .arena import Arena, ArenaUnavailable
 
-__all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV", "cache_identity",
-           "cached_size", "available_memory"]
+__all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
+           "cache_identity", "cached_size", "available_memory"]
 
 log = logging.getLogger("shardkit.stream.cache")
 
