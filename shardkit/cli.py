@@ -27,6 +27,8 @@ COMMANDS = {
               "Check splits for leakage and transform drift."),
     "export": ("shardkit.interop.cli:export_command",
                "Write the files timm, DALI and HF datasets need to read wds shards."),
+    "cache": ("shardkit.stream.cache_cli:cache_command",
+              "Fill a decoded image cache ahead of time (cache build)."),
 }
 
 

@@ -327,3 +327,33 @@ def test_auto_takes_ram_when_the_split_fits_the_budget(root, shm, monkeypatch, c
         with make_loader(root, "train", 8, cache="auto") as loader:
             assert loader.cache_stats()["mode"] == "ram"
     assert "cache='auto' -> ram" in caplog.text
+
+
+def test_cache_build_command_fills_a_disk_cache_ahead_of_time(root, tmp_path):
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    spec = f"disk:{tmp_path}"
+    res = CliRunner().invoke(main, ["cache", "build", str(root), "--cache", spec,
+                                    "--no-progress"])
+    assert res.exit_code == 0, res.output
+    import json
+
+    n = _num_train(root)
+    built = json.loads(res.output[res.output.index("{"):])
+    assert (built["filled_samples"], built["misses"]) == (n, n)
+    _, stats = _epochs(root, [0], cache=spec)
+    assert (stats["hits"], stats["misses"]) == (n, 0)
+    res = CliRunner().invoke(main, ["cache", "build", str(root), "--cache", "ram"])
+    assert res.exit_code == 2 and "disk:DIR" in res.output
+
+
+def test_train_config_takes_the_cache_options():
+    from shardkit.train.config import TrainConfig
+
+    cfg = TrainConfig(data="x", cache="disk:/tmp/c", cache_max_side=256, cache_eval="final")
+    assert (cfg.cache, cfg.cache_max_side, cfg.cache_eval) == ("disk:/tmp/c", 256, "final")
+    for bad in (dict(cache="rom"), dict(cache_eval="crops"), dict(cache_max_side=0)):
+        with pytest.raises(ConfigError, match="cache"):
+            TrainConfig(data="x", **bad)

@@ -69,6 +69,12 @@ def _show_notes_on_stderr() -> None:
 @click.option("--device", help="auto | cpu | cuda | cuda:N")
 @click.option("--num-workers", type=int, help="DataLoader workers per process.")
 @click.option("--prefetch-factor", type=int)
+@click.option("--cache", help="Decoded image cache: none | ram | auto | disk:DIR (README: "
+              "'Decoded cache: when to use which').")
+@click.option("--cache-max-side", type=int,
+              help="Cache images resized so the longer side is at most N px.")
+@click.option("--cache-eval", type=click.Choice(["pixels", "final"]),
+              help="final: eval splits cache their final center crops.")
 @click.option("--overfit-batches", type=int, help="Train on N fixed un-augmented batches.")
 @click.option("--eval-every", type=int, help="Evaluate val every N epochs (and at the end).")
 @click.option("--checkpoint-every", type=int, help="Write last.pt every N epochs (and at the end).")

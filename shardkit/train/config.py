@@ -86,6 +86,9 @@ class TrainConfig:
     device: str = "auto"                  # auto | cpu | cuda | cuda:N
     num_workers: int = 4                  # DataLoader workers per rank
     prefetch_factor: int = 2              # batches prefetched per worker
+    cache: str = "none"                   # decoded cache: none | ram | auto | disk:DIR (issue 11)
+    cache_max_side: int | None = None     # cache images with the longer side at most this
+    cache_eval: str = "pixels"            # pixels | final (eval loaders cache their final crops)
     overfit_batches: int = 0              # >0: train on N fixed eval-transform batches, repeatedly
     eval_every: int = 1                   # evaluate val every N epochs (and always at the end)
     checkpoint_every: int = 1             # write last.pt every N epochs (and at the end)
@@ -126,6 +129,16 @@ class TrainConfig:
                                               or self.warmup_steps < 0):
             raise ConfigError(f"warmup_steps={self.warmup_steps!r}: expected an integer >= 0 "
                               "or null")
+        from ..stream.cache import CACHE_EVAL, parse_cache
+
+        parse_cache(self.cache)  # ConfigError naming the value
+        if self.cache_eval not in CACHE_EVAL:
+            raise ConfigError(f"cache_eval={self.cache_eval!r} is not one of {list(CACHE_EVAL)}")
+        if self.cache_max_side is not None and (isinstance(self.cache_max_side, bool) or not
+                                                isinstance(self.cache_max_side, int)
+                                                or self.cache_max_side < 1):
+            raise ConfigError(f"cache_max_side={self.cache_max_side!r}: expected an integer "
+                              ">= 1 or null")
         for name in ("train_split", "val_split", "test_split"):
             value = getattr(self, name)
             if not (value is None and name != "train_split") and not (

@@ -47,10 +47,13 @@ def transform_config(config: TrainConfig, mean, std):
 
 def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool, even,
             balance=None, mode: str = "exact", samples_per_epoch: int | None = None,
-            num_workers: int | None = None, drop_last: bool = False):
+            num_workers: int | None = None, drop_last: bool = False, cached: bool = True):
     from ..stream import SamplingOptions, WorkerOptions, make_loader
 
     workers = config.num_workers if num_workers is None else num_workers
+    # the decoded cache (issue 11): train and eval loaders of a run share one arena per split
+    cache = config.cache if cached else "none"
+    final = cache != "none" and not train and config.cache_eval == "final"
     sampling = SamplingOptions(drop_last=drop_last, even=even, mode=mode, balance=balance,
                                samples_per_epoch=samples_per_epoch, rank=info.rank,
                                world_size=info.world_size)
@@ -59,7 +62,9 @@ def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool,
         num_workers=workers, prefetch_factor=config.prefetch_factor if workers > 0 else None,
         pin_memory=torch.cuda.is_available() and config.device != "cpu", seed=config.seed,
         transform=tc, sampling=sampling,
-        workers=WorkerOptions(persistent_workers=workers > 0))
+        workers=WorkerOptions(persistent_workers=workers > 0), cache=cache,
+        cache_max_side=config.cache_max_side if cache != "none" and not final else None,
+        cache_eval="final" if final else "pixels")
 
 
 def train_loader(config: TrainConfig, info: DistInfo, tc):
@@ -90,7 +95,7 @@ def fixed_batches(config: TrainConfig, info: DistInfo,
         ConfigError: the train split has fewer batches than asked for.
     """
     loader = _loader(config, info, tc, config.train_split, train=False, even=None,
-                     num_workers=0)
+                     num_workers=0, cached=False)
     batches = []
     for images, labels in loader:
         batches.append((images.clone(), labels.clone()))
