@@ -46,11 +46,13 @@ FLAT_LEVELS = 8
 as "background" in the near-constant test: wide enough for JPEG ringing and sensor noise on a
 flat colour (+-2-5 levels at usual qualities), far narrower than any real edge."""
 
-FLAT_FRACTION = 0.97
+FLAT_FRACTION = 0.95
 """An image is near-constant when at least this fraction of its sampled pixels lies within
-:data:`FLAT_LEVELS` of the most common gray value. On the 1,839 real flower photos of the test
-data the largest fraction is 0.934 (a daisy on a black background, 9% of the frame), the median
-0.18; a flat placeholder with a line of text has under 3% of text pixels, a blank frame none."""
+:data:`FLAT_LEVELS` of the most common gray value. Measured (tests/test_neardup.py): on the
+1,839 real flower photos of the test data the largest fraction is 0.934 (a daisy filling 7% of a
+black background), the median 0.18; "image not found" placeholders (a line of text and an icon
+on a flat gray, 200x150 to 640x480, JPEG) reach 0.955-0.99, a blank frame 1.0. The price: a photo
+whose subject covers under ~5% of a flat backdrop is flagged too."""
 
 _SAMPLE = 64  # the near-constant test reads a strided grid of 64-127 pixels per side
 _OUT = 32  # pHash thumbnail side (hash_size 8 x imagehash's highfreq_factor 4)
@@ -121,15 +123,20 @@ def _resample(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def thumbnail32(rgb: np.ndarray) -> np.ndarray:
     """The 32x32 grayscale thumbnail of the pHash, equal to
-    ``np.asarray(Image.fromarray(rgb).convert("L").resize((32, 32), Image.LANCZOS))``.
+    ``np.asarray(Image.fromarray(rgb).convert("L").resize((32, 32), Image.LANCZOS))`` under
+    Pillow 13.
 
-    Exact reproduction of Pillow (>= 7, its Convert.c ``L24`` luma and Resample.c fixed-point
-    two-pass LANCZOS, horizontal pass first), in numpy:
+    Exact reproduction of Pillow (its Convert.c ``L24`` luma and Resample.c fixed-point two-pass
+    LANCZOS), in numpy:
 
     - gray = ``(19595 R + 38470 G + 7471 B + 2**15) >> 16``, computed as one float32 product
       (every partial sum is an integer multiple of 2**-16 below 256: exact in 24 bits);
     - each pass multiplies by the integer weight matrix of :func:`_weights` in float64 (exact,
-      see :func:`_resample`), then rounds and clips like Pillow's ``clip8``.
+      see :func:`_resample`), then rounds and clips like Pillow's ``clip8``. A pass whose size
+      does not change is skipped, as Pillow does. Pass order: Pillow 13 resamples vertically
+      first when ``H > 32`` and ``2 W < H + 32`` (measured on 7,000 sizes; Pillow 12 always went
+      horizontally first, so for such tall images its thumbnail, and imagehash's hash, differ);
+      this function follows Pillow 13 whatever Pillow is installed.
 
     Args:
         rgb: ``(H, W, 3)`` uint8 RGB array, any size >= 1x1.
@@ -146,7 +153,10 @@ def thumbnail32(rgb: np.ndarray) -> np.ndarray:
     gray += 0.5
     np.floor(gray, out=gray)
     x = gray.reshape(h, w).astype(np.float64)
-    if w != _OUT:  # Pillow skips a pass whose size does not change
+    if h > _OUT and 2 * w < h + _OUT:  # vertical pass first
+        x = _resample(_weights(h), x)
+        return _resample(_weights(w), x.T).T if w != _OUT else x
+    if w != _OUT:
         x = _resample(_weights(w), x.T).T
     if h != _OUT:
         x = _resample(_weights(h), x)
@@ -188,13 +198,13 @@ def degenerate_reason(rgb: np.ndarray) -> str | None:
     """Why an image is useless for training and for near-duplicate search, or None.
 
     - ``"small: WxH px, a side under 32"`` when a side is under :data:`MIN_SIDE`;
-    - ``"near-constant: 99.1% of pixels within 8 levels of gray 255"`` when at least
+    - ``"near-constant: 98.2% of pixels within 8 levels of gray 230"`` when at least
       :data:`FLAT_FRACTION` of the pixels of a strided sample grid (64-127 pixels per side, every
       pixel of smaller images) have a gray value (Pillow's ``L`` luma) within
       :data:`FLAT_LEVELS` of the grid's most common gray value: blank or single-colour frames, and
       placeholders ("image not found") whose few text or icon pixels lie on a flat background.
       A photo on a black or white backdrop is not flagged while its subject fills more than
-      ~3% of the frame.
+      ~5% of the frame.
 
     Cost: ~10-40 us whatever the image size (it reads at most 127x127 pixels).
 
@@ -329,46 +339,77 @@ def _expand(src: np.ndarray, start: np.ndarray, count: np.ndarray
         k0 = k1
 
 
-def _block_candidates(v: np.ndarray, bits: int, rho: int
-                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Candidate pairs ``(a, b)`` of positions (unordered, a != b) whose block values ``v``
-    differ in at most ``rho`` bits, each such pair exactly once."""
+def _sort_values(v: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, v[order])``: one int64 sort of ``value << k | position`` when it fits in 63
+    bits (SIMD sort, several times faster than ``argsort``), else ``argsort``."""
     n = v.size
-    order = np.argsort(v, kind="stable")
-    sv = v[order]
+    k = max(1, (n - 1).bit_length())
+    if bits + k > 63:
+        order = np.argsort(v)
+        return order, v[order]
+    key = np.sort(((v << np.uint64(k)) | np.arange(n, dtype=np.uint64)).view(np.int64))
+    key = key.view(np.uint64)
+    return (key & np.uint64((1 << k) - 1)).astype(np.int64), key >> np.uint64(k)
+
+
+def _cross(starts: np.ndarray, counts: np.ndarray, ia: np.ndarray, ib: np.ndarray
+           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Sorted positions of every member of bucket ``ia[k]`` paired with every member of
+    ``ib[k]``."""
+    ca, cb = counts[ia], counts[ib]
+    single = (ca == 1) & (cb == 1)  # the common case: one pair, no expansion
+    if single.any():
+        yield starts[ia[single]], starts[ib[single]]
+    if single.all():
+        return
+    ia, ib, ca = ia[~single], ib[~single], ca[~single]
+    total = int(ca.sum())
+    rep = np.repeat(np.arange(ia.size), ca)
+    src = np.repeat(starts[ia], ca) + np.arange(total) - np.repeat(np.cumsum(ca) - ca, ca)
+    yield from _expand(src, starts[ib][rep], counts[ib][rep])
+
+
+def _block_candidates(sv: np.ndarray, bits: int, rho: int
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Candidate pairs ``(a, b)`` of positions in the sorted block values ``sv`` (unordered,
+    a != b) that differ in at most ``rho`` bits, each such pair exactly once: pairs inside a
+    bucket of equal values, then, for each bit-flip pattern ``f`` (1..rho bits), the buckets of
+    ``u`` and ``u ^ f``, probed from the bucket whose value has the top bit of ``f`` clear."""
+    n = sv.size
     starts = np.flatnonzero(np.r_[True, sv[1:] != sv[:-1]])
     counts = np.diff(np.r_[starts, n])
     pos = np.arange(n)
-    ends = np.repeat(starts + counts, counts)
-    inside = ends - pos - 1 > 0  # equal values: each later member of the bucket, once
-    for a, b in _expand(pos[inside], pos[inside] + 1, ends[inside] - pos[inside] - 1):
-        yield order[a], order[b]
+    later = np.repeat(starts + counts, counts) - pos - 1  # equal values after each position
+    inside = later > 0
+    yield from _expand(pos[inside], pos[inside] + 1, later[inside])
     if rho < 1:
         return
     uniq = sv[starts]
-    if bits <= _TABLE_BITS:
-        tab_start = np.zeros(1 << bits, np.int64)
-        tab_count = np.zeros(1 << bits, np.int64)
-        tab_start[uniq.astype(np.int64)] = starts
-        tab_count[uniq.astype(np.int64)] = counts
-    flips = _flips(bits, rho)
-    step = max(1, _CHUNK // len(flips))
-    for p0 in range(0, n, step):
-        src = sv[p0:p0 + step]
-        probe = src[:, None] ^ flips[None, :]
-        up = probe > src[:, None]  # each pair of buckets probed from its smaller value only
-        rows = np.nonzero(up)[0] + p0
-        probe = probe[up]
-        if bits <= _TABLE_BITS:
-            cnt = tab_count[probe.astype(np.int64)]
-            hit = cnt > 0
-            st = tab_start[probe[hit].astype(np.int64)]
-        else:
-            k = np.minimum(np.searchsorted(uniq, probe), len(uniq) - 1)
-            hit = uniq[k] == probe
-            st, cnt = starts[k[hit]], counts[k]
-        for a, b in _expand(rows[hit], st, cnt[hit]):
-            yield order[a], order[b]
+    dense = bits <= _TABLE_BITS
+    if dense:  # value -> bucket number + 1 (0: no bucket)
+        uniq = uniq.astype(np.int64)
+        table = np.zeros(1 << bits, np.int32 if uniq.size < 2**31 - 1 else np.int64)
+        table[uniq] = np.arange(1, uniq.size + 1)
+    by_top: dict[int, list[int]] = {}
+    for f in _flips(bits, rho).tolist():
+        by_top.setdefault(f.bit_length() - 1, []).append(f)
+    for u0 in range(0, uniq.size, _CHUNK):
+        chunk = uniq[u0:u0 + _CHUNK]
+        for top, flips in by_top.items():
+            elig = np.flatnonzero((chunk & uniq.dtype.type(1 << top)) == 0)
+            src = chunk[elig]
+            elig += u0
+            for f in flips:
+                probe = src ^ uniq.dtype.type(f)
+                if dense:
+                    found = table[probe]
+                    hit = np.flatnonzero(found)
+                    ib = found[hit].astype(np.int64) - 1
+                else:
+                    k = np.minimum(np.searchsorted(uniq, probe), uniq.size - 1)
+                    hit = np.flatnonzero(uniq[k] == probe)
+                    ib = k[hit]
+                yield from _cross(starts, counts, elig[hit], ib)
 
 
 def _brute(h: np.ndarray, t: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -429,8 +470,9 @@ def near_pairs(hashes: np.ndarray, threshold: int = PHASH_THRESHOLD, *,
                               "probes per block; use more blocks")
     out_i, out_j, out_d = [], [], []
 
-    def keep(a: np.ndarray, b: np.ndarray, earlier: list[tuple[int, int, int]]) -> None:
-        x = h[a] ^ h[b]
+    def keep(a: np.ndarray, b: np.ndarray, hs: np.ndarray, order: np.ndarray | None,
+             earlier: list[tuple[int, int, int]]) -> None:
+        x = hs[a] ^ hs[b]
         d = np.bitwise_count(x)
         sel = np.flatnonzero(d <= t)
         x = x[sel]
@@ -439,13 +481,15 @@ def near_pairs(hashes: np.ndarray, threshold: int = PHASH_THRESHOLD, *,
                 later = np.bitwise_count((x >> np.uint64(shift)) & np.uint64((1 << bits) - 1)) > rho
                 sel, x = sel[later], x[later]
         a, b = a[sel], b[sel]
+        if order is not None:
+            a, b = order[a], order[b]
         out_i.append(np.minimum(a, b))
         out_j.append(np.maximum(a, b))
         out_d.append(d[sel].astype(np.int64))
 
     if n > 1 and m == 0:
         for a, b in _brute(h, t):
-            keep(a, b, [])
+            keep(a, b, h, None, [])
     elif n > 1:
         layout = _layout(m, t)
         log.debug("near_pairs: n=%d, t=%d, blocks %s", n, t, layout)
@@ -453,8 +497,10 @@ def near_pairs(hashes: np.ndarray, threshold: int = PHASH_THRESHOLD, *,
             if rho < 0:
                 continue
             v = (h >> np.uint64(shift)) & np.uint64((1 << bits) - 1) if bits < 64 else h
-            for a, b in _block_candidates(v, bits, rho):
-                keep(a, b, layout[:k])
+            order, sv = _sort_values(v, bits)
+            hs = h[order]  # verify in sorted order: bucket members are neighbours in memory
+            for a, b in _block_candidates(sv, bits, rho):
+                keep(a, b, hs, order, layout[:k])
     if not out_i:
         empty = np.zeros(0, np.int64)
         return empty, empty.copy(), empty.copy()

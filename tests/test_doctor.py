@@ -283,9 +283,10 @@ def test_full_flowers_group_split_has_no_near_duplicates_but_file_split_does(
 
     grouped = check_dataset(packed_flowers("wds"), transforms=False)
     assert grouped["ok"] and grouped["near_duplicates"] == [] and grouped["group_overlap"] == []
-    out = tmp_path / "per-file"
+    out = tmp_path / "per-file"  # without pack's own near-duplicate merging, as before it existed
     pack(flowers_dir, out, format="wds", split={"train": 0.8, "val": 0.1, "test": 0.1}, seed=0,
-         group_by=r"([^/]+)$", shard_samples=256, workers=2, progress=False)
+         group_by=r"([^/]+)$", shard_samples=256, workers=2, progress=False,
+         near_duplicates="off")
     by_file = check_dataset(out, transforms=False)
     photographer = {r["path"]: r["group_flickr_user"]
                     for r in csv.DictReader(open(flowers_dir / "metadata.csv", encoding="utf-8"))}
@@ -312,7 +313,8 @@ def test_check_finds_resized_copy_in_other_split(sample_dir, tmp_path):
     for seed in range(20):  # each file is its own group; find a seed that splits the pair
         out = tmp_path / f"out{seed}"
         pack(src, out, format="wds", split={"train": 0.5, "val": 0.5}, seed=seed,
-             group_by=r"^[^/]+/(g[a-z]+\d*)", shard_samples=8, progress=False)
+             group_by=r"^[^/]+/(g[a-z]+\d*)", shard_samples=8, progress=False,
+             near_duplicates="off")  # pack's merging would keep the pair in one split
         where = {r["path"]: s for s in ("train", "val") for r in _rows(out, s)}
         if where[orig_rel] != where[copy_rel]:
             break
@@ -335,6 +337,113 @@ def test_check_finds_resized_copy_in_other_split(sample_dir, tmp_path):
     assert headline.startswith("NO EXACT LEAK (groups, identical bytes); 1 near-duplicate "
                                "pair(s) across splits: review them (--strict fails on them)")
     assert "OK" not in headline
+
+
+def test_near_duplicate_pairs_equal_all_cross_split_pairs_and_honour_skip():
+    """The multi-index search over all splits at once gives exactly the cross-split pairs of an
+    all-pairs loop (clustered random hashes), and skipped positions take part in none."""
+    rng = np.random.default_rng(11)
+    centres = rng.integers(0, 2**63, size=40, dtype=np.uint64)
+    flips = [sum(1 << int(b) for b in rng.choice(64, rng.integers(0, 5), replace=False))
+             for _ in range(300)]
+    pool = centres[rng.integers(0, 40, 300)] ^ np.array(flips, np.uint64)
+    sizes = {"train": 200, "val": 60, "test": 40}
+    hashes, rows, at = {}, {}, 0
+    for name, n in sizes.items():
+        hashes[name] = pool[at:at + n]
+        rows[name] = [{"key": f"{name}{i}", "sha256": f"{name}{i}", "group": f"{name}{i}",
+                       "path": f"{name}/{i}"} for i in range(n)]
+        at += n
+    rows["val"][5]["sha256"] = rows["train"][0]["sha256"] = "same bytes"
+
+    def reference(skip):
+        out = []
+        names = list(sizes)
+        for x, sa in enumerate(names):
+            for sb in names[x + 1:]:
+                for i, ha in enumerate(hashes[sa]):
+                    for j, hb in enumerate(hashes[sb]):
+                        d = bin(int(ha) ^ int(hb)).count("1")
+                        if d <= 4 and i not in skip.get(sa, ()) and j not in skip.get(sb, ()) \
+                                and rows[sa][i]["sha256"] != rows[sb][j]["sha256"]:
+                            out.append((d, f"{sa}{i}", f"{sb}{j}"))
+        return sorted(out)
+
+    got = [(p["distance"], p["a"]["key"], p["b"]["key"])
+           for p in leaks.near_duplicate_pairs(hashes, rows)]
+    assert got == reference({}) and len(got) > 300
+    skip = {"train": list(range(0, 200, 3)), "test": {1, 2, 3}}
+    got = [(p["distance"], p["a"]["key"], p["b"]["key"])
+           for p in leaks.near_duplicate_pairs(hashes, rows, skip=skip)]
+    assert got == reference(skip) and not any(k in ("train3", "test1") for _, *ks in got
+                                              for k in ks)
+
+
+def _blank_jpeg(w: int, h: int, value: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (value,) * 3).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def test_check_lists_degenerate_images_and_leaves_them_out_of_near_duplicates(sample_dir,
+                                                                           tmp_path):
+    """Two blank frames of different sizes (different bytes, pHashes 0 bits apart) in different
+    splits, a placeholder and a 20x400 strip: listed as degenerate, never as near-duplicates."""
+    from shardkit.pack import pack
+
+    from tests.test_neardup import placeholder
+
+    src = tmp_path / "src"
+    for cls in ("daisy", "roses"):
+        (src / cls).mkdir(parents=True)
+        for i, p in enumerate(sorted((sample_dir / cls).glob("*.jpg"))[:4]):
+            shutil.copyfile(p, src / cls / f"g{cls}{i}.jpg")
+    (src / "daisy" / "gblank1.jpg").write_bytes(_blank_jpeg(320, 240, 255))
+    (src / "roses" / "gblank2.jpg").write_bytes(_blank_jpeg(300, 300, 250))
+    (src / "roses" / "gmissing.jpg").write_bytes(placeholder())
+    strip = _pil_rgb(sorted((sample_dir / "daisy").glob("*.jpg"))[0])[:, :20]
+    Image.fromarray(strip).save(src / "daisy" / "gstrip.png")
+    blanks = {"daisy/gblank1.jpg", "roses/gblank2.jpg"}
+    for seed in range(20):  # each file is its own group; find a seed that splits the blanks
+        out = tmp_path / f"out{seed}"
+        pack(src, out, format="wds", split={"train": 0.5, "val": 0.5}, seed=seed,
+             group_by=r"^[^/]+/(g[a-z]+\d*)", shard_samples=8, progress=False)
+        where = {r["path"]: s for s in ("train", "val") for r in _rows(out, s)}
+        if len({where[b] for b in blanks}) == 2:
+            break
+    else:
+        pytest.fail("no seed in 0..19 put the two blank frames in different splits")
+    report = check_dataset(out, transforms=False)
+    degenerate = {d["path"]: d for d in report["degenerate"]}
+    assert set(degenerate) == blanks | {"roses/gmissing.jpg", "daisy/gstrip.png"}
+    assert degenerate["daisy/gstrip.png"]["reason"] == \
+        f"small: 20x{strip.shape[0]} px, a side under 32"
+    assert degenerate["daisy/gblank1.jpg"]["reason"] == \
+        "near-constant: 100.0% of pixels within 8 levels of gray 255"
+    assert degenerate["roses/gmissing.jpg"]["reason"].endswith("of gray 230")
+    assert {d["split"] for d in report["degenerate"]} == {"train", "val"}
+    assert report["near_duplicates"] == []                       # the blank pair is left out...
+    manifest = load_manifest_dict(out)
+    full = {s: leaks.split_phashes(out, manifest, s) for s in ("train", "val")}
+    rows = {s: _rows(out, s) for s in ("train", "val")}
+    unskipped = {frozenset((p["a"]["path"], p["b"]["path"]))
+                 for p in leaks.near_duplicate_pairs(full, rows)}
+    assert frozenset(blanks) in unskipped                        # ...which it would be otherwise
+    assert report["ok"] and [w["check"] for w in report["warnings"]] == ["degenerate",
+                                                                         "transform_drift"]
+    warning = report["warnings"][0]
+    assert warning["message"].startswith("4 degenerate image(s) (a side under 32 px or "
+                                         "near-constant), left out of the near-duplicate search")
+    res = CliRunner().invoke(check_command, [str(out), "--no-transforms"])
+    assert res.exit_code == 0
+    assert "degenerate images (left out of the near-duplicate search): 4" in res.output
+    assert res.output.strip().splitlines()[-1] == (
+        "NO EXACT LEAK (groups, identical bytes); 4 degenerate image(s) (tiny or near-constant): "
+        "review them (--strict fails on them); not run: transform_drift")
+    strict = CliRunner().invoke(check_command, [str(out), "--no-transforms", "--strict"])
+    assert strict.exit_code == 1 and "ERROR [degenerate] 4 degenerate" in strict.output
+    skipped = check_dataset(out, transforms=False, near_duplicates=False)
+    assert skipped["degenerate"] is None and skipped["near_duplicates"] is None
 
 
 def _report(**overrides):

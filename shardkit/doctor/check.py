@@ -5,14 +5,18 @@ Findings are *errors* (the command exits 1) or *warnings* (exit 0 unless ``stric
 - error: a group with samples in two splits; identical source bytes (sha256) in two splits;
   train/eval transform drift (see :mod:`shardkit.doctor.drift`);
 - warning: near-duplicates across splits (pHash Hamming distance <= threshold, see
-  :mod:`shardkit.doctor.leaks`), a class missing from a split, a split whose max/min class-count
-  ratio exceeds the imbalance threshold. ``strict=True`` turns every warning into an error.
+  :mod:`shardkit.doctor.leaks`), degenerate images (a side under 32 px, or near-constant pixels:
+  blank frames, "image not found" placeholders; :func:`shardkit.neardup.degenerate_reason`),
+  a class missing from a split, a split whose max/min class-count ratio exceeds the imbalance
+  threshold. ``strict=True`` turns every warning into an error.
 
 Cost: the group and sha256 checks are dictionary passes, O(N) in the N samples of all splits. The
-near-duplicate search decodes every sample once (the bulk of the run time) and then compares
-*every* pair of samples in different splits (:func:`shardkit.doctor.leaks.near_duplicate_pairs`):
-O(sum over split pairs of n_a * n_b) XOR + popcount operations, i.e. quadratic in the dataset
-size, in chunks of 2048 rows so memory stays O(2048 * n_b).
+near-duplicate search decodes every sample once (the bulk of the run time: the pHash and the
+degenerate test come from that one decode), then finds the pairs within the threshold among all
+splits' hashes at once by multi-index hashing (:func:`shardkit.neardup.near_pairs`: exact,
+sub-quadratic; ~1-3 s for a million hashes at distance 4, see benchmarks/README.md) and keeps
+those whose samples lie in different splits. Degenerate images are left out of that search
+(their pHashes are meaningless: every blank image hashes alike); the report lists them.
 """
 from __future__ import annotations
 
@@ -38,10 +42,11 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
 
     Args:
         root: the packed dataset (``OUT`` of ``shardkit pack``).
-        strict: treat warnings (near-duplicates, missing classes, imbalance) as errors.
-        near_duplicates: run the pHash near-duplicate search (decodes every sample once);
-            when False the report says ``"near_duplicates": null`` and a warning says it did not
-            run.
+        strict: treat warnings (near-duplicates, degenerate images, missing classes, imbalance)
+            as errors.
+        near_duplicates: run the pHash near-duplicate search and the degenerate-image test
+            (decodes every sample once); when False the report says ``"near_duplicates": null``
+            and ``"degenerate": null``, and a warning says the search did not run.
         phash_threshold: max Hamming distance (0-64) of a near-duplicate pair; default
             :data:`shardkit.doctor.leaks.PHASH_THRESHOLD` (4).
         imbalance_threshold: max/min class-count ratio above which a split is flagged; default
@@ -59,9 +64,10 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     Returns:
         A JSON-serialisable report: ``{"root", "ok", "strict", "thresholds", "errors": [{"check",
         "message"}], "warnings": [...], "group_overlap", "sha_overlap", "near_duplicates",
-        "missing_classes", "imbalance", "transform"}`` (see the functions of
-        :mod:`shardkit.doctor.leaks` and :mod:`shardkit.doctor.drift` for each part).
-        ``ok`` is True when ``errors`` is empty.
+        "degenerate", "missing_classes", "imbalance", "transform"}`` (see the functions of
+        :mod:`shardkit.doctor.leaks` and :mod:`shardkit.doctor.drift` for each part), where
+        ``degenerate`` is ``[{"split", "key", "path", "reason"}]``, the samples left out of the
+        near-duplicate search. ``ok`` is True when ``errors`` is empty.
 
     Raises:
         ConfigError: a threshold is out of range.
@@ -107,9 +113,17 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
 
     near_level = errors if strict else warnings
     if near_duplicates:
-        hashes = {s: leaks.split_phashes(root, manifest, s, decoder=decoder, progress=progress)
-                  for s in rows}
-        pairs = leaks.near_duplicate_pairs(hashes, rows, phash_threshold)
+        hashes, skip, degenerate = {}, {}, []
+        for s in rows:
+            hashes[s], skip[s] = leaks.split_image_checks(root, manifest, s, decoder=decoder,
+                                                          progress=progress)
+            degenerate += [{"split": s, "key": rows[s][pos]["key"],
+                            "path": rows[s][pos].get("path"), "reason": reason}
+                           for pos, reason in skip[s].items()]
+        report["degenerate"] = degenerate
+        if degenerate:
+            near_level.append({"check": "degenerate", "message": _degenerate_message(degenerate)})
+        pairs = leaks.near_duplicate_pairs(hashes, rows, phash_threshold, skip=skip)
         report["near_duplicates"] = pairs
         for p in pairs:
             a, b = p["a"], p["b"]
@@ -118,7 +132,7 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
                 f"{a['split']}:{a['key']} ({a['path']}) ~ {b['split']}:{b['key']} ({b['path']})")})
     else:
         log.info("near-duplicate search not run (disabled by the caller)")
-        report["near_duplicates"] = None
+        report["near_duplicates"] = report["degenerate"] = None
         warnings.append({"check": "near_duplicates", "message": "near-duplicate search not run "
                          "(disabled by the caller)"})
 
@@ -157,6 +171,15 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     return report
 
 
+def _degenerate_message(degenerate: list[dict[str, Any]], shown: int = 10) -> str:
+    listed = "; ".join(f"{d['split']}:{d['key']} ({d['path']}): {d['reason']}"
+                       for d in degenerate[:shown])
+    more = (f"; ... and {len(degenerate) - shown} more (the --json report lists all)"
+            if len(degenerate) > shown else "")
+    return (f"{len(degenerate)} degenerate image(s) (a side under 32 px or near-constant), left "
+            f"out of the near-duplicate search: {listed}{more}")
+
+
 def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and value == float("inf"):
         return "inf"
@@ -183,7 +206,9 @@ def format_check_report(report: dict[str, Any]) -> str:
     lines.append(f"  groups in two splits: {len(report['group_overlap'])}; identical bytes across "
                  f"splits: {len(report['sha_overlap'])}; near-duplicates (pHash <= "
                  f"{report['thresholds']['phash_hamming']}): "
-                 f"{'not run' if near is None else len(near)}")
+                 f"{'not run' if near is None else len(near)}; degenerate images (left out of "
+                 f"the near-duplicate search): "
+                 f"{'not run' if near is None else len(report.get('degenerate') or [])}")
     for split, imb in report["imbalance"].items():
         ratio = imb["ratio"]
         lines.append(f"  {split}: imbalance max/min = "
@@ -212,12 +237,17 @@ def check_headline(report: dict[str, Any]) -> str:
         return "OK: no leak found"
     near = sum(w["check"] == "near_duplicates" for w in warnings) if report[
         "near_duplicates"] is not None else 0
+    degenerate = sum(w["check"] == "degenerate" for w in warnings)
+    num_degenerate = len(report.get("degenerate") or []) if degenerate else 0
     parts = []
     if near:
         parts.append(f"{near} near-duplicate pair(s) across splits: review them "
                      "(--strict fails on them)")
+    if degenerate:
+        parts.append(f"{num_degenerate} degenerate image(s) (tiny or near-constant): review them "
+                     "(--strict fails on them)")
     not_run = [w["check"] for w in warnings if w["message"].endswith("(disabled by the caller)")]
-    others = len(warnings) - near - len(not_run)
+    others = len(warnings) - near - degenerate - len(not_run)
     if others:
         parts.append(f"{others} other warning(s) (--strict fails on them)")
     if not_run:

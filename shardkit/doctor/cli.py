@@ -108,8 +108,8 @@ def inspect_command(out, split, out_dir, n, seed, json_path, progress, decoder, 
 
 @click.command("check")
 @_OUT
-@click.option("--strict", is_flag=True, help="Fail on warnings too (near-duplicates, missing "
-              "classes, imbalance).")
+@click.option("--strict", is_flag=True, help="Fail on warnings too (near-duplicates, degenerate "
+              "images, missing classes, imbalance).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the full report as JSON.")
 @click.option("--phash-threshold", type=click.IntRange(0, 64), default=None,
@@ -117,7 +117,8 @@ def inspect_command(out, split, out_dir, n, seed, json_path, progress, decoder, 
 @click.option("--imbalance-threshold", type=click.FloatRange(min=1.0), default=None,
               help="Max/min class-count ratio flagged as extreme (default 10).")
 @click.option("--no-near-duplicates", is_flag=True,
-              help="Skip the pHash search (it decodes every sample); reported as not run.")
+              help="Skip the pHash search and the degenerate-image test (they decode every "
+              "sample); reported as not run.")
 @click.option("--no-transforms", is_flag=True,
               help="Skip the transform drift check; reported as not run.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -130,8 +131,9 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 
     The last line is the verdict: FAILED (exit 1) on shared groups, identical bytes or transform
     drift; "OK: no leak found" only when nothing was flagged; otherwise "NO EXACT LEAK ..." with
-    the warnings to review (near-duplicate pairs, missing classes, imbalance), exit 0 unless
-    --strict. A dataset that cannot be read exits 2 with one "Error: ..." line on stderr.
+    the warnings to review (near-duplicate pairs, degenerate images such as blank frames or
+    placeholders, missing classes, imbalance), exit 0 unless --strict. A dataset that cannot be
+    read exits 2 with one "Error: ..." line on stderr.
     """
     report = run_command(check_dataset, out, strict=strict,
                          near_duplicates=not no_near_duplicates, phash_threshold=phash_threshold,

@@ -1,18 +1,21 @@
 """Split-leakage checks of ``shardkit check``: shared groups, identical bytes, near-duplicates,
-missing classes and class imbalance (field case 24).
+degenerate images, missing classes and class imbalance (field case 24).
 
-Near-duplicates use the 64-bit perceptual hash (pHash: DCT of a 32x32 grayscale thumbnail, sign of
-the 8x8 low-frequency block against its median) of the ``imagehash`` library (``imagehash.phash``,
-after Zauner, "Implementation and Benchmarking of Perceptual Image Hash Functions", 2010, and
-pHash.org). Two samples in different splits are reported when the Hamming distance of their
-hashes is at most :data:`PHASH_THRESHOLD` (4 of 64 bits): a resized or re-encoded copy of a photo
-lands at 0-2, while two unrelated photos differ in ~32 bits on average.
+Near-duplicates use the 64-bit perceptual hash of :func:`shardkit.neardup.phash64` (bit for bit
+``imagehash.phash``: DCT of a 32x32 grayscale thumbnail, sign of the 8x8 low-frequency block
+against its median; after Zauner, "Implementation and Benchmarking of Perceptual Image Hash
+Functions", 2010, and pHash.org). Two samples in different splits are reported when the Hamming
+distance of their hashes is at most :data:`PHASH_THRESHOLD` (4 of 64 bits): a resized or
+re-encoded copy of a photo lands at 0-2, while two unrelated photos differ in ~32 bits on
+average. The pairs come from :func:`shardkit.neardup.near_pairs` (multi-index hashing, exact and
+sub-quadratic) over every split's hashes at once. Degenerate images
+(:func:`shardkit.neardup.degenerate_reason`: a side under 32 px, or near-constant pixels such as
+blank frames and "image not found" placeholders) are left out: their pHashes all look alike.
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +24,11 @@ from tqdm import tqdm
 
 from shardkit.doctor.reading import dataset_max_pixels, decode_rgb, iter_sample_bytes
 from shardkit.errors import ConfigError
+from shardkit.neardup import PHASH_THRESHOLD, degenerate_reason, near_pairs, phash64
 
 __all__ = ["PHASH_THRESHOLD", "IMBALANCE_THRESHOLD", "phash64", "group_overlap", "sha_overlap",
            "near_duplicate_pairs", "class_counts", "missing_classes", "imbalance",
-           "split_phashes"]
-
-PHASH_THRESHOLD = 4
-"""Default max Hamming distance (of 64 bits) between pHashes reported as near-duplicates."""
+           "split_phashes", "split_image_checks"]
 
 IMBALANCE_THRESHOLD = 10.0
 """Default max/min class-count ratio above which a split is reported as extremely imbalanced."""
@@ -69,20 +70,39 @@ def sha_overlap(rows: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             if len({r["split"] for r in refs}) > 1]
 
 
-def phash64(img: np.ndarray) -> int:
-    """64-bit pHash of an ``(H, W, 3)`` uint8 RGB image (``imagehash.phash``, hash_size 8),
-    as an unsigned integer whose bits are the hash read row-major (first bit = most significant).
-    """
-    import imagehash
-    from PIL import Image
+def split_image_checks(root: str | Path, manifest: dict[str, Any], split: str, *,
+                       decoder: str = "auto", progress: bool = False
+                       ) -> tuple[np.ndarray, dict[int, str]]:
+    """Decode every sample of ``split`` once (from the stored shard bytes): its pHash and
+    whether it is degenerate.
 
-    bits = imagehash.phash(Image.fromarray(img), hash_size=8).hash.reshape(-1)
-    return int.from_bytes(np.packbits(bits).tobytes(), "big")
+    Returns:
+        ``(hashes, degenerate)``: ``(num_samples,)`` uint64 pHashes in split order (0 for a
+        degenerate sample: its hash is not computed), and position -> reason
+        (:func:`shardkit.neardup.degenerate_reason`) for the degenerate samples.
+
+    Raises:
+        ShardCorruptError, DecodeError: a sample cannot be read or decoded.
+    """
+    n = int(manifest["splits"][split]["num_samples"])
+    limit = dataset_max_pixels(manifest)
+    hashes = np.zeros(n, dtype=np.uint64)
+    degenerate: dict[int, str] = {}
+    for pos, data in tqdm(iter_sample_bytes(root, manifest, split), total=n,
+                          desc=f"phash {split}", disable=not progress):
+        rgb = decode_rgb(data, decoder, limit)
+        reason = degenerate_reason(rgb)
+        if reason is None:
+            hashes[pos] = phash64(rgb)
+        else:
+            degenerate[pos] = reason
+    return hashes, dict(sorted(degenerate.items()))
 
 
 def split_phashes(root: str | Path, manifest: dict[str, Any], split: str, *, decoder: str = "auto",
                   progress: bool = False) -> np.ndarray:
-    """pHashes of every sample of ``split``, decoded from the stored shard bytes.
+    """pHashes of every sample of ``split`` (degenerate ones included), decoded from the stored
+    shard bytes.
 
     Returns:
         ``(num_samples,)`` uint64 array in split order.
@@ -101,16 +121,18 @@ def split_phashes(root: str | Path, manifest: dict[str, Any], split: str, *, dec
 
 def near_duplicate_pairs(hashes: dict[str, np.ndarray], rows: dict[str, list[dict[str, Any]]],
                          threshold: int = PHASH_THRESHOLD, *,
-                         chunk: int = 2048) -> list[dict[str, Any]]:
+                         skip: dict[str, Iterable[int]] | None = None) -> list[dict[str, Any]]:
     """Pairs of samples in *different* splits whose pHashes differ in at most ``threshold`` bits.
 
-    Pairs of byte-identical files (equal sha256) are left out: :func:`sha_overlap` reports them.
+    One :func:`shardkit.neardup.near_pairs` search over all splits' hashes concatenated (exact,
+    sub-quadratic), keeping the pairs whose samples lie in different splits. Pairs of
+    byte-identical files (equal sha256) are left out: :func:`sha_overlap` reports them.
 
     Args:
-        hashes: split -> ``(n,)`` uint64 pHashes in split order (:func:`split_phashes`).
+        hashes: split -> ``(n,)`` uint64 pHashes in split order (:func:`split_image_checks`).
         rows: split -> jsonl rows in the same order.
         threshold: max Hamming distance, 0-64.
-        chunk: rows of the distance matrix computed at once (memory: chunk x n x 8 bytes).
+        skip: split -> positions to leave out of the search (degenerate images).
 
     Returns:
         ``[{"distance": d, "a": ref, "b": ref}, ...]`` sorted by distance then keys, where a ref
@@ -120,22 +142,33 @@ def near_duplicate_pairs(hashes: dict[str, np.ndarray], rows: dict[str, list[dic
     Raises:
         ConfigError: ``threshold`` outside 0-64, or a hash array and its rows differ in length.
     """
-    if isinstance(threshold, bool) or not 0 <= int(threshold) <= 64:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, np.integer)) \
+            or not 0 <= threshold <= 64:
         raise ConfigError(f"near-duplicate threshold must be a Hamming distance in 0-64; "
                           f"got {threshold!r}")
-    for split, h in hashes.items():
-        if len(h) != len(rows[split]):
-            raise ConfigError(f"split {split!r}: {len(h)} hashes but {len(rows[split])} rows")
+    names = list(hashes)
+    where_split, where_pos, parts = [], [], []
+    for s, name in enumerate(names):
+        h = np.asarray(hashes[name], np.uint64)
+        if len(h) != len(rows[name]):
+            raise ConfigError(f"split {name!r}: {len(h)} hashes but {len(rows[name])} rows")
+        keep = np.ones(len(h), bool)
+        keep[list((skip or {}).get(name, ()))] = False
+        pos = np.flatnonzero(keep)
+        parts.append(h[pos])
+        where_pos.append(pos)
+        where_split.append(np.full(pos.size, s))
+    if not parts:
+        return []
+    split_of, pos_of = np.concatenate(where_split), np.concatenate(where_pos)
+    i, j, d = near_pairs(np.concatenate(parts), int(threshold))
+    across = split_of[i] != split_of[j]  # i < j: i's split comes first in ``hashes`` order
     pairs = []
-    for sa, sb in combinations(hashes, 2):
-        ha, hb = np.asarray(hashes[sa], np.uint64), np.asarray(hashes[sb], np.uint64)
-        for start in range(0, len(ha), chunk):
-            dist = np.bitwise_count(ha[start:start + chunk, None] ^ hb[None, :])
-            for i, j in zip(*np.nonzero(dist <= threshold)):
-                ra, rb = rows[sa][start + i], rows[sb][j]
-                if ra["sha256"] == rb["sha256"]:
-                    continue
-                pairs.append({"distance": int(dist[i, j]), "a": _ref(sa, ra), "b": _ref(sb, rb)})
+    for x, y, dist in zip(i[across], j[across], d[across]):
+        sa, sb = names[split_of[x]], names[split_of[y]]
+        ra, rb = rows[sa][pos_of[x]], rows[sb][pos_of[y]]
+        if ra["sha256"] != rb["sha256"]:
+            pairs.append({"distance": int(dist), "a": _ref(sa, ra), "b": _ref(sb, rb)})
     pairs.sort(key=lambda p: (p["distance"], p["a"]["key"], p["b"]["key"]))
     return pairs
 
