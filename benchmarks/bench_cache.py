@@ -1,0 +1,109 @@
+"""Decoded cache (issue 11): a cached epoch against an uncached epoch of the same loader, same run.
+
+Rows, each repeat in turn (drift of the machine hits every row alike), medians over ``--repeats``;
+``make_loader(root, split, --batch-size, num_workers=--workers)``, RandomResizedCrop 224 + flip,
+consumer images/s, no step in between:
+
+- ``uncached``: ``cache="none"``, one epoch;
+- ``fill``: ``cache="ram"`` on a fresh arena (its own tmpfs folder per repeat): the first epoch,
+  which decodes every image and stores it;
+- ``cached``: the next epoch of that loader, every sample from the arena (``verify_reads`` on:
+  each hit's pixels checked against their xxh3, the default);
+- ``cached_noverify``: the same with ``verify_reads=False``;
+- ``cached_max256``: ``cache_max_side=256`` (fill, then this epoch), with the mean absolute
+  pixel difference of its batches to the uncached epoch's (same epoch, same crops): the quality
+  price of the smaller cache.
+
+Ratios: ``cached / uncached`` (target >= 2.0), ``fill / uncached`` (target >= 0.9, i.e. the fill
+epoch within 10%). Memory: arena bytes per image and per split, at full size and at 256.
+Usage::
+
+    .venv/bin/python benchmarks/bench_cache.py --data OUT [--split train] [--repeats 3] \\
+        [--backend thread] [--out FILE]
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import click
+
+
+def _epoch(loader, epoch: int, keep: bool = False):
+    loader.set_epoch(epoch)
+    n, t0, kept = 0, time.perf_counter(), []
+    for images, _ in loader:
+        n += len(images)
+        if keep:
+            kept.append(images.clone())
+    return n / (time.perf_counter() - t0), kept
+
+
+def _one_repeat(root, split, batch, workers, backend, epoch):
+    import torch
+
+    from shardkit.stream import WorkerOptions, make_loader
+
+    opts = dict(num_workers=workers, workers=WorkerOptions(backend=backend))
+    rates, stats = {}, {}
+    with make_loader(root, split, batch, **opts) as loader:
+        rates["uncached"], plain = _epoch(loader, epoch + 1, keep=True)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        os.environ["SHARDKIT_CACHE_SHM"] = shm
+        with make_loader(root, split, batch, cache="ram", **opts) as loader:
+            rates["fill"], _ = _epoch(loader, epoch)
+            rates["cached"], _ = _epoch(loader, epoch + 1)
+            stats["full"] = loader.cache_stats()
+        with make_loader(root, split, batch, cache="ram", verify_reads=False, **opts) as loader:
+            _epoch(loader, epoch)
+            rates["cached_noverify"], _ = _epoch(loader, epoch + 1)
+        with make_loader(root, split, batch, cache="ram", cache_max_side=256, **opts) as loader:
+            _epoch(loader, epoch)
+            rates["cached_max256"], small = _epoch(loader, epoch + 1, keep=True)
+            stats["max256"] = loader.cache_stats()
+    diff = (torch.cat(plain).float() - torch.cat(small).float()).abs().mean().item()
+    return rates, stats, diff
+
+
+@click.command()
+@click.option("--data", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--split", default="train", show_default=True)
+@click.option("--batch-size", default=64, show_default=True)
+@click.option("--workers", default=2, show_default=True)
+@click.option("--backend", default="thread", show_default=True)
+@click.option("--repeats", default=3, show_default=True)
+@click.option("--out", default=None, type=click.Path(dir_okay=False))
+def main(data, split, batch_size, workers, backend, repeats, out):
+    runs = [_one_repeat(data, split, batch_size, workers, backend, 2 * r)
+            for r in range(repeats)]
+    med = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
+    full, small = runs[0][1]["full"], runs[0][1]["max256"]
+    n = full["num_samples"]
+    result = {
+        "data": str(data), "split": split, "batch_size": batch_size, "workers": workers,
+        "backend": backend, "repeats": repeats, "cores": os.cpu_count(),
+        "images_per_s": med,
+        "ratio_cached_to_uncached": med["cached"] / med["uncached"],
+        "ratio_cached_noverify_to_uncached": med["cached_noverify"] / med["uncached"],
+        "ratio_fill_to_uncached": med["fill"] / med["uncached"],
+        "ratio_cached_max256_to_uncached": med["cached_max256"] / med["uncached"],
+        "memory": {"images": n, "full_bytes": full["size_bytes"],
+                   "full_bytes_per_image": full["size_bytes"] / n,
+                   "max256_bytes": small["size_bytes"],
+                   "max256_bytes_per_image": small["size_bytes"] / n},
+        "max256_mean_abs_diff_0_255": statistics.median(r[2] for r in runs),
+        "fill_seconds_summed_over_threads": full["fill_seconds"],
+        "all_repeats": [r[0] for r in runs],
+    }
+    click.echo(json.dumps(result, indent=1))
+    if out:
+        from shardkit.manifest import atomic_write_bytes
+
+        atomic_write_bytes(out, json.dumps(result, indent=1).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    main()
