@@ -69,7 +69,7 @@ def test_pack_writes_each_readers_file_derived_from_the_manifest(wds_out):
     for shard in shards:
         assert (wds_out / shard.replace(".tar", ".idx")).is_file(), shard
     info = json.loads((wds_out / "shards" / "_info.json").read_text())
-    assert info["name"] == "out" and info["num_classes"] == 5
+    assert info["name"] == "flowers-sample" and info["num_classes"] == 5  # the source's
     assert sorted(info["splits"]) == ["test", "train", "val", "validation"]
     for split, entry in info["splits"].items():
         m = man["splits"][{"validation": "val"}.get(split, split)]
@@ -195,7 +195,7 @@ def test_dali_reads_with_the_index_files(wds_out):
 
 # ------------------------------------------------------------------ shardkit export
 def test_export_rewrites_the_same_files_and_removes_stale_indexes(wds_out, tmp_path):
-    out = tmp_path / "out"  # the folder name the pack had (the files name the dataset after it)
+    out = tmp_path / "copy"
     shutil.copytree(wds_out, out)
     made = {p.relative_to(out).as_posix(): p.read_bytes() for p in
             [out / "README.md", out / "shards" / "_info.json", *out.glob("shards/*.idx")]}

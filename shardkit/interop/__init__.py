@@ -154,7 +154,7 @@ def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool) -> 
     if lacking:
         logger.info("no reader files written for %s: %s", ", ".join(
             _NICE[t] for t in lacking), _lacking_message(lacking, members))
-    name = _dataset_name(root)
+    name = _dataset_name(root, manifest)
     names = tool_split_names(manifest["splits"])
     written: list[Path] = []
     if "timm" in tools and "timm" not in lacking:
@@ -189,8 +189,14 @@ def _remove_stale_indexes(root: Path, keep: set[str]) -> None:
             logger.info("removed %s: its shard is not in the manifest", p)
 
 
-def _dataset_name(root: Path) -> str:
-    """The dataset's name: its folder's name (``OUT``'s while a pack writes into staging)."""
+def _dataset_name(root: Path, manifest: dict) -> str:
+    """The dataset's name: its source's (folder name, or the CSV list's name without ``.csv``),
+    so the files do not depend on where ``OUT`` lies; ``OUT``'s name when the manifest has no
+    source root."""
+    source = manifest.get("source") or {}
+    if source.get("root"):
+        path = Path(source["root"])
+        return path.stem if source.get("kind") == "csv" else path.name
     from shardkit.pack_out import STAGING_NAME
 
     root = root.resolve()
