@@ -222,7 +222,7 @@ def test_export_refuses_a_readme_it_did_not_write(wds_out, tmp_path):
     assert run_export(out, "timm").exit_code == 0  # the other tools are unaffected
 
 
-def test_export_names_the_damaged_shard(wds_out, tmp_path):
+def test_export_names_the_damaged_shard_and_writes_nothing(wds_out, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(wds_out, out)
     (out / "shards" / "_info.json").unlink()
@@ -231,6 +231,16 @@ def test_export_names_the_damaged_shard(wds_out, tmp_path):
     res = run_export(out, "timm")
     assert res.exit_code == 2 and "ShardCorruptError" in res.output
     assert "val-000000.tar" in res.output and not (out / "shards" / "_info.json").exists()
+    shard.write_bytes((wds_out / "shards" / "val-000000.tar").read_bytes())
+    rec = tar_order(out, "val")[0]
+    header = rec["offset"] + -(-rec["size"] // 512) * 512  # the .cls member's header
+    data = bytearray(shard.read_bytes())
+    data[header + 3] ^= 0x01  # one bit of its name: the header checksum no longer holds
+    shard.write_bytes(bytes(data))
+    res = run_export(out, "dali")
+    assert res.exit_code == 2
+    assert f"val-000000.tar: damaged tar header at byte {header}" in res.output
+    assert run_export(out, "hf").exit_code == 2 and not (out / "shards" / "_info.json").exists()
 
 
 def test_shards_without_cls_members_timm_reads_json_labels_others_refused(sample_dir, tmp_path):
