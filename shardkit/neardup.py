@@ -57,7 +57,9 @@ whose subject covers under ~5% of a flat backdrop is flagged too."""
 _SAMPLE = 64  # the near-constant test reads a strided grid of 64-127 pixels per side
 _OUT = 32  # pHash thumbnail side (hash_size 8 x imagehash's highfreq_factor 4)
 _PREC = 22  # Pillow's PRECISION_BITS for 8-bit resampling: 32 - 8 - 2
-_LUMA = (np.array([19595, 38470, 7471], np.float32) / 65536).astype(np.float32)
+_LUMA = (np.array([19595, 38470, 7471], np.float32) / 65536).astype(np.float32)  # Pillow L24
+_GEMM_MAX = 1 << 16  # multiply-adds per matrix product (OpenBLAS threads above 4 * 65,536)
+_GEMV_ROWS = 3000  # pixels per gray product (OpenBLAS gemv threads from 9,216 elements)
 _TABLE_BITS = 22  # blocks up to this width use a dense bucket table, wider ones searchsorted
 _CHUNK = 1 << 21  # candidate pairs (and probes) handled at once: bounds the working memory
 _MAX_FLIPS = 1 << 16  # bit-flip patterns per block beyond which a layout is not considered
@@ -110,11 +112,36 @@ def _weights(in_size: int) -> np.ndarray:
     return out
 
 
-def _resample(weights: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """One Pillow 8-bit resampling pass, ``clip8((2**21 + sum w * x) >> 22)``: the products of
-    8-bit pixels and 22-bit weights are integers below 2**31 and their sums below 2**40, so the
-    float64 matrix product is exact, whatever the summation order."""
-    s = weights @ x
+@functools.lru_cache(maxsize=1024)
+def _bands(in_size: int) -> tuple[tuple[int, int, int, int, np.ndarray], ...]:
+    """:func:`_weights` cut into column blocks ``(c0, c1, o0, o1, w[o0:o1, c0:c1])`` of about
+    one filter length, each with the output rows it reaches: the matrix is banded, so the
+    blocks skip its zeros."""
+    w = _weights(in_size)
+    step = max(8, 2 * math.ceil(3 * max(in_size / _OUT, 1.0)) + 1)
+    out = []
+    for c0 in range(0, in_size, step):
+        c1 = min(in_size, c0 + step)
+        rows = np.flatnonzero(w[:, c0:c1].any(axis=1))
+        if rows.size:
+            o0, o1 = int(rows[0]), int(rows[-1]) + 1
+            out.append((c0, c1, o0, o1, np.ascontiguousarray(w[o0:o1, c0:c1])))
+    return tuple(out)
+
+
+def _resample(in_size: int, x: np.ndarray) -> np.ndarray:
+    """One Pillow 8-bit resampling pass along axis 0 of ``x`` (``(in_size, m)`` float64 of
+    integers 0-255) to 32: ``clip8((2**21 + sum w * x) >> 22)``. The products of 8-bit pixels
+    and 22-bit weights are integers below 2**31 and their sums below 2**40, so float64 matrix
+    products are exact whatever the summation order. Each product is kept under
+    :data:`_GEMM_MAX` multiply-adds, where OpenBLAS stays on the calling thread: its threads,
+    woken for a whole-image product, made the pHash 5-20x slower on a loaded 2-core machine."""
+    m = x.shape[1]
+    s = np.zeros((_OUT, m))
+    for c0, c1, o0, o1, w in _bands(in_size):
+        step = max(1, _GEMM_MAX // ((o1 - o0) * (c1 - c0)))
+        for m0 in range(0, m, step):
+            s[o0:o1, m0:m0 + step] += w @ x[c0:c1, m0:m0 + step]
     s += 1 << (_PREC - 1)
     s *= 1.0 / (1 << _PREC)
     np.floor(s, out=s)
@@ -129,10 +156,11 @@ def thumbnail32(rgb: np.ndarray) -> np.ndarray:
     Exact reproduction of Pillow (its Convert.c ``L24`` luma and Resample.c fixed-point two-pass
     LANCZOS), in numpy:
 
-    - gray = ``(19595 R + 38470 G + 7471 B + 2**15) >> 16``, computed as one float32 product
+    - gray = ``(19595 R + 38470 G + 7471 B + 2**15) >> 16``, computed as float32 products
       (every partial sum is an integer multiple of 2**-16 below 256: exact in 24 bits);
-    - each pass multiplies by the integer weight matrix of :func:`_weights` in float64 (exact,
-      see :func:`_resample`), then rounds and clips like Pillow's ``clip8``. A pass whose size
+    - each pass multiplies by the integer weight matrix of :func:`_weights` in float64, block
+      by block along its band (exact, see :func:`_resample`), then rounds and clips like
+      Pillow's ``clip8``. A pass whose size
       does not change is skipped, as Pillow does. Pass order: Pillow 13 resamples vertically
       first when ``H > 32`` and ``2 W < H + 32`` (measured on 7,000 sizes; Pillow 12 always went
       horizontally first, so for such tall images its thumbnail, and imagehash's hash, differ);
@@ -149,17 +177,19 @@ def thumbnail32(rgb: np.ndarray) -> np.ndarray:
     """
     _check_rgb(rgb, "thumbnail32")
     h, w = rgb.shape[:2]
-    gray = rgb.reshape(-1, 3).astype(np.float32) @ _LUMA
+    f = rgb.reshape(-1, 3).astype(np.float32)
+    gray = np.empty(h * w, np.float32)
+    for s in range(0, h * w, _GEMV_ROWS):  # one-thread products, as in _resample
+        np.matmul(f[s:s + _GEMV_ROWS], _LUMA, out=gray[s:s + _GEMV_ROWS])
     gray += 0.5
-    np.floor(gray, out=gray)
-    x = gray.reshape(h, w).astype(np.float64)
+    x = np.floor(gray, out=gray).reshape(h, w).astype(np.float64)
     if h > _OUT and 2 * w < h + _OUT:  # vertical pass first
-        x = _resample(_weights(h), x)
-        return _resample(_weights(w), x.T).T if w != _OUT else x
+        x = _resample(h, x)
+        return _resample(w, x.T).T if w != _OUT else x
     if w != _OUT:
-        x = _resample(_weights(w), x.T).T
+        x = _resample(w, x.T).T
     if h != _OUT:
-        x = _resample(_weights(h), x)
+        x = _resample(h, x)
     return x
 
 
