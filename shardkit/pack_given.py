@@ -77,7 +77,8 @@ def lacking_rule_error(items: list[SourceItem], options: PackOptions,
         if no_group and group_error is not None:
             return group_error(no_group)
         return scan.lacking_metadata_error(options.metadata, options.split_column,
-                                           [r for r in rels if by_rel[r].split is None])
+                                           [r for r in rels if by_rel[r].split is None],
+                                           known=list(by_rel))
     return error
 
 

@@ -9,7 +9,6 @@ Each step takes what the earlier ones returned plus the validated
 """
 from __future__ import annotations
 
-import csv
 import ctypes
 import dataclasses
 import hashlib
@@ -137,10 +136,10 @@ def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
         rule = {"kind": "regex", "regex": group_by}
         no_group_error = lambda rels: scan.unmatched_regex_error(group_by, rels)  # noqa: E731
     elif column is not None:
-        grouped = _match_metadata(src, items, metadata, column)
+        grouped, _ = scan.match_group_metadata(items, metadata, column, root=src)
         rule = {"kind": "column", "csv": str(Path(metadata).resolve()), "column": column}
-        no_group_error = lambda rels: _lacking_metadata_error(  # noqa: E731
-            src, metadata, column, rels)
+        no_group_error = lambda rels: scan.lacking_metadata_error(  # noqa: E731
+            metadata, column, rels, root=src, known=[it.relpath for it in items])
     elif any(it.group for it in items):  # a CSV list with its own group column
         rule = {"kind": "column", "csv": str(src), "column": "group"}
     else:
@@ -154,40 +153,6 @@ def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
     ungrouped = [i for i, it in enumerate(items) if it.relpath not in by_rel]
     items = [by_rel.get(it.relpath, dataclasses.replace(it, group=None)) for it in items]
     return items, rule, ungrouped, no_group_error
-
-
-def _match_metadata(src: Path, items: list[SourceItem], metadata, column: str
-                    ) -> list[SourceItem]:
-    """The items the metadata CSV gives a group. A row's path may be written relative to ``src``
-    (``daisy/x.jpg``), with a leading ``./`` (``./daisy/x.jpg``) or as an absolute path under
-    ``src`` (``/data/flowers/daisy/x.jpg``, the resolved ``src``); all three match."""
-    grouped, lacking = scan.match_group_metadata(items, metadata, column)
-    if not lacking:
-        return grouped
-    spelled = {f"{prefix}{it.relpath}": it for it in lacking
-               for prefix in ("./", f"{src.as_posix().rstrip('/')}/")}
-    found, _ = scan.match_group_metadata(
-        [dataclasses.replace(it, relpath=name) for name, it in spelled.items()], metadata, column)
-    groups = {spelled[f.relpath].relpath: f.group for f in found}
-    extra = [dataclasses.replace(it, group=groups[it.relpath]) for it in lacking
-             if it.relpath in groups]
-    return grouped + extra
-
-
-def _lacking_metadata_error(src: Path, metadata, column: str, rels: list[str]) -> ShardkitError:
-    """The rule's error for ``rels``, with one CSV path shown next to one SRC path."""
-    err = scan.lacking_metadata_error(metadata, column, rels)
-    try:
-        with open(metadata, newline="", encoding="utf-8-sig") as f:
-            first = next(csv.DictReader(f), None) or {}
-        example = (first.get("path") or "").strip()
-    except (OSError, UnicodeDecodeError, csv.Error):
-        example = ""
-    if example and rels:
-        err.args = (f"{err.args[0]}. The CSV's first path is {example!r}; the first file "
-                    f"without a row is {rels[0]!r} under {src} (paths must be relative to "
-                    "SRC, may start with './', or be absolute under SRC)",)
-    return err
 
 
 # ----------------------------------------------------------------------------- 2: labels

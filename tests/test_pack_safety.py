@@ -491,8 +491,8 @@ def test_metadata_paths_with_dot_slash_or_absolute_under_src_match(sample_dir, t
     with pytest.raises(SourceError) as err:
         pack(src, tmp_path / "o2", split={"train": 1.0}, metadata=meta, group_column="who",
              progress=False)
-    assert f"The CSV's first path is 'pics/{files[0]}'; the first file without a row is " \
-        f"'{files[0]}' under {src}" in str(err.value)
+    assert f"The CSV's path 'pics/{files[0]}' matches no file; compare the file " \
+        f"'{files[0]}' under {src}:" in str(err.value)
 
 
 def test_unknown_split_names_warn_with_the_closest_name(sample_dir, tmp_path, caplog):

@@ -123,7 +123,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     rec = recommend(results, step.info(), tolerance=tolerance, threshold=threshold)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_files = write_plots(results, out) if plots else []
+    plot_files = write_plots(results, out, threshold=threshold) if plots else []
     payload = {
         "created_by": f"shardkit {env['shardkit']}",
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
