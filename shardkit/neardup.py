@@ -4,7 +4,7 @@ all hash pairs within a Hamming distance (field case 24: near-duplicates on both
 - :func:`phash64` - the pHash of ``imagehash.phash(Image.fromarray(rgb), hash_size=8)`` (DCT of a
   32x32 grayscale LANCZOS thumbnail, sign of the 8x8 low-frequency block against its median;
   after Zauner, "Implementation and Benchmarking of Perceptual Image Hash Functions", 2010), bit
-  for bit, at about half the cost: the thumbnail is computed with numpy matrix products that
+  for bit (under Pillow 13), cheaper: the thumbnail is computed with numpy matrix products that
   reproduce Pillow's fixed-point arithmetic exactly (see :func:`thumbnail32`).
 - :func:`degenerate_reason` - tiny images and near-constant ones (blank frames, "image not
   found" placeholders), whose pHashes are meaningless: every blank image hashes alike, so
@@ -201,8 +201,8 @@ def phash64(rgb: np.ndarray) -> int:
     (``scipy.fftpack.dct`` along each axis, as imagehash does), and the sign of the top-left 8x8
     coefficients against their median; the bits are read row-major, the first bit being the most
     significant. Source: the ``imagehash`` library (``imagehash.phash``, BSD-2), after Zauner
-    2010 and pHash.org. Costs ~0.4 ms for a 320x240 photo, against ~0.85 ms for imagehash and
-    ~1.0 ms for the decode itself (benchmarks/README.md, "Near-duplicate search").
+    2010 and pHash.org. Cost on 320x240 photos: ~0.65x their decode, ~0.7x imagehash's
+    (benchmarks/README.md, "Near-duplicate search").
 
     Args:
         rgb: ``(H, W, 3)`` uint8 RGB array.
