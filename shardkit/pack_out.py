@@ -7,7 +7,11 @@ Rules (a pack never destroys what it did not write):
   ``shards/<split>-NNNNNN<suffix>`` (``<suffix>`` of a registered format: ``.tar``, ``.lmdb``,
   ``.h5``), their temporary names (``.<name>.<random>.tmp`` of :mod:`shardkit.fsio`,
   ``shards/.<shard>.tmp`` and LMDB's ``.tmp.work`` of :class:`shardkit.formats.ShardSink`), the
-  staging folder :data:`STAGING_NAME` and the lock file :data:`LOCK_NAME`. Every other entry, in
+  staging folder :data:`STAGING_NAME` and the lock file :data:`LOCK_NAME`; for ``wds`` datasets
+  also the other readers' files of :mod:`shardkit.interop`: timm's ``shards/_info.json``, DALI's
+  ``shards/<split>-NNNNNN.idx`` and the Hugging Face card ``README.md`` of ``shardkit export``,
+  the latter only while it carries the card's marker line (a user's own ``README.md`` is never
+  touched). Every other entry, in
   ``OUT``, ``OUT/shards`` or ``OUT/splits`` (a user's ``splits/fold0.txt``), is left alone;
   ``shards/`` and ``splits/`` are removed only when nothing else is left in them. Whatever is
   removed is logged (INFO, ``shardkit.pack``) and listed in the summary.
@@ -100,11 +104,26 @@ def _owned_patterns() -> dict[str, re.Pattern]:
     }
 
 
+_CARD_NAME = "README.md"
+
+
+def _is_our_card(path: str) -> bool:
+    """Whether ``path`` is the Hugging Face card shardkit wrote (its marker line is in the first
+    64 KiB); an unreadable file counts as the user's."""
+    from shardkit.interop.hf_card import CARD_MARKER
+
+    try:
+        with open(path, "rb") as f:
+            return CARD_MARKER.encode() in f.read(1 << 16)
+    except OSError:
+        return False
+
+
 def owned_entries(out: str | os.PathLike) -> list[str]:
     """The entries of ``out`` that a pack writes (see the module doc), as posix paths relative to
     ``out``: ``manifest.json`` first (deleting it first makes the folder visibly unfinished), the
     staging folder as ``.shardkit-new/``, then files in ``shards/``, ``splits/``, ``OUT``. The
-    lock file is not listed."""
+    lock file is not listed, nor a ``README.md`` without the marker of shardkit's card."""
     out = Path(out)
     patterns = _owned_patterns()
     found = []
@@ -114,6 +133,8 @@ def owned_entries(out: str | os.PathLike) -> list[str]:
             continue
         for entry in sorted(os.scandir(where), key=lambda e: e.name):
             if pattern.fullmatch(entry.name) and not entry.is_dir(follow_symlinks=False):
+                if not folder and entry.name == _CARD_NAME and not _is_our_card(entry.path):
+                    continue
                 found.append(f"{folder}/{entry.name}" if folder else entry.name)
     if (out / STAGING_NAME).is_dir() and not (out / STAGING_NAME).is_symlink():
         found.insert(0, STAGING_NAME + "/")

@@ -55,9 +55,13 @@ def run_export(out: Path, *tools: str):
 
 @pytest.fixture(scope="module")
 def wds_out(packed_sample, tmp_path_factory) -> Path:
-    """A private copy of the sample packed as wds (tests below change their copies only)."""
+    """A private copy of the sample packed as wds, plus the Hugging Face card of ``shardkit
+    export --to hf`` (pack writes only the files inside shards/); tests below change their
+    copies only."""
     out = tmp_path_factory.mktemp("interop") / "flowers"
     shutil.copytree(packed_sample("wds"), out)
+    assert not (out / "README.md").exists()  # pack never writes a README.md into OUT
+    assert run_export(out, "hf").exit_code == 0
     return out
 
 
@@ -78,7 +82,7 @@ def test_pack_writes_each_readers_file_derived_from_the_manifest(wds_out):
         assert entry["shard_lengths"] == [s["num_samples"] for s in m["shards"]]
         assert sum(entry["shard_lengths"]) == entry["num_samples"]
         assert "alt_label" not in entry  # labels from the .cls members
-    card = (wds_out / "README.md").read_text()
+    card = (wds_out / "README.md").read_text()  # written by export --to hf (the fixture)
     assert card.startswith("---\n") and "<!-- shardkit dataset card" in card
     assert "- split: validation\n    path:\n    - shards/val-000000.tar\n" in card
 
@@ -277,9 +281,19 @@ def test_overwrite_with_another_format_removes_the_reader_files(wds_out, sample_
     shutil.copytree(wds_out, out)
     (out / "shards" / "README.md").write_text("the user's")  # not an owned name there
     pack(sample_dir, out, format="lmdb", split={"train": 1.0}, overwrite=True, progress=False)
+    # shardkit's card went with the wds dataset it described
     assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards", "splits"]
     assert sorted(p for p in os.listdir(out / "shards") if not p.endswith(".lmdb")) == [
         "README.md"]
+    # a README.md of the user's own in OUT (no card marker) survives a fresh pack and overwrite
+    (out / "README.md").write_text("# my notes\n")
+    pack(sample_dir, out, format="wds", split={"train": 1.0}, overwrite=True, progress=False)
+    assert (out / "README.md").read_text() == "# my notes\n"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "README.md").write_text("# my notes\n")
+    pack(sample_dir, fresh, split={"train": 1.0}, progress=False)
+    assert (fresh / "README.md").read_text() == "# my notes\n"
 
 
 def test_png_samples_and_non_utf8_names_with_wds_json(sample_dir, tmp_path, monkeypatch):
@@ -312,6 +326,7 @@ def test_png_samples_and_non_utf8_names_with_wds_json(sample_dir, tmp_path, monk
     assert b"daisy/r\xe9sum\xe9.jpg" in {os.fsencode(r["path"]) for r in records}
     datasets = pytest.importorskip("datasets")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert run_export(out, "hf").exit_code == 0  # the card tells HF to read the tars
     train = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))["train"]
     assert [c for c in train.column_names if c in ("jpg", "png")] == ["jpg", "png"]
     for row, rec in zip(train, records):

@@ -93,7 +93,7 @@ def test_options_object_keywords_and_overrides_give_the_same_bytes(sample_dir, t
     by_options = pack(src, tmp_path / "b", options=PackOptions(**kwargs))
     overridden = pack(src, tmp_path / "c", options=PackOptions(**{**kwargs, "seed": 9}), seed=1)
     tree = _tree(tmp_path / "a")
-    assert len([k for k in tree if k.startswith("shards/")]) == by_kwargs.splits["train"][
+    assert len([k for k in tree if k.endswith(".tar")]) == by_kwargs.splits["train"][
         "shards"] + by_kwargs.splits["val"]["shards"] >= 4
     assert _tree(tmp_path / "b") == tree == _tree(tmp_path / "c")
     assert by_options.splits == by_kwargs.splits == overridden.splits

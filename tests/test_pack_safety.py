@@ -248,9 +248,11 @@ def test_overwrite_killed_mid_pack_keeps_the_old_dataset_then_swaps(sample_dir, 
     # every file of the old dataset was overwritten (same name) or removed; the user's kept
     assert sorted(summary.replaced) == sorted([
         "manifest.json", "quarantine.jsonl", "splits/train.jsonl", "splits/train.index.npz",
-        "splits/val.jsonl", "splits/val.index.npz", *old_shards])
+        "splits/val.jsonl", "splits/val.index.npz", *old_shards,
+        # the other readers' files of the wds dataset (shardkit.interop)
+        "shards/_info.json", *(s.replace(".tar", ".idx") for s in old_shards)])
     assert summary.cleaned == [STAGING_NAME + "/"]
-    assert "replaced the previous dataset in OUT (14 of its files overwritten or removed)" in \
+    assert "replaced the previous dataset in OUT (23 of its files overwritten or removed)" in \
         summary.format_text()
 
 

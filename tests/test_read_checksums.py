@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from shardkit.errors import ManifestError, ShardCorruptError
-from shardkit.manifest import (load_index, read_split_records, sample_checksum,
+from shardkit.manifest import (load_index, load_manifest, read_split_records, sample_checksum,
                                write_split_files)
 from shardkit.stream import ShardDataset, make_loader
 from shardkit.stream.source import ShardSource
@@ -45,7 +45,7 @@ def damaged(packed_sample, tmp_path):
         rec = read_split_records(root, SPLIT)[POS]
         assert rec["rule"] == "original"
         good = (SAMPLE / rec["path"]).read_bytes()  # not read through the shard: no env cached
-        shard = next(root.glob(f"shards/{SPLIT}-{rec['shard']:06d}.*"))
+        shard = root / load_manifest(root)["splits"][SPLIT]["shards"][rec["shard"]]["path"]
         blob = shard.read_bytes()
         at = blob.find(good)
         assert at >= 0 and blob.find(good, at + 1) == -1  # stored once, unchanged (all formats)

@@ -53,6 +53,10 @@ __all__ = ["write_pack_metadata", "export", "TOOLS", "TOOL_SPLIT_NAMES", "tool_s
 logger = logging.getLogger("shardkit.interop")
 
 TOOLS = ("timm", "dali", "hf")
+PACK_TOOLS = ("timm", "dali")
+"""What a ``wds`` pack writes by itself: files inside ``shards/`` only. The Hugging Face card is
+a ``README.md`` in OUT, a name users often keep their own notes under, so it is written only on
+request (``shardkit export OUT --to hf``)."""
 TOOL_SPLIT_NAMES = {"val": "validation"}
 """shardkit split name -> the name timm's ``train.py`` and Hugging Face ``datasets`` use."""
 _IDX_NAME = re.compile(r"[A-Za-z0-9_]+-\d{6}\.idx")  # shardkit.pack_out's owned index names
@@ -93,7 +97,8 @@ _NICE = {"timm": "timm", "dali": "DALI", "hf": "Hugging Face datasets"}
 
 
 def write_pack_metadata(root: Path, manifest: dict[str, Any]) -> list[Path]:
-    """Writes every tool's file for the dataset being packed at ``root``; returns their paths.
+    """Writes the :data:`PACK_TOOLS` files (timm's ``_info.json``, DALI's ``.idx``) for the
+    dataset being packed at ``root``; returns their paths.
 
     Called by :func:`shardkit.pack.pack` after the shards and split files, just before
     ``manifest.json`` (``root`` is ``OUT`` or the staging folder of an overwrite). Returns
@@ -106,7 +111,7 @@ def write_pack_metadata(root: Path, manifest: dict[str, Any]) -> list[Path]:
     """
     if manifest.get("format") != "wds":
         return []
-    return _write(Path(root), manifest, TOOLS, strict=False)
+    return _write(Path(root), manifest, PACK_TOOLS, strict=False)
 
 
 def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
