@@ -721,7 +721,7 @@ def test_cli_with_an_empty_val_split_says_so_once_and_writes_no_nan(sample_dir, 
     data = tmp_path / "d"
     summary = pack(sample_dir, data, split="train=0.8,val=0.005,test=0.195", seed=0,
                    metadata=sample_dir / "metadata.csv", group_column="group_flickr_user",
-                   shard_samples=64, progress=False)
+                   shard_samples=64, progress=False, split_method="balanced")
     assert {s: v["samples"] for s, v in summary.splits.items()} == {
         "train": 160, "val": 0, "test": 40}
     assert any(w.startswith("split 'val' is empty") for w in summary.warnings)
