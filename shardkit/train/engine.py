@@ -425,7 +425,10 @@ class Trainer:
                     "sync_timing": self.config.sync_timing,
                     "mean_std": self.mean_std, "torch": torch.__version__,
                     "timm": timm.__version__, "pretrained": self.pretrained_report},
-            "step": self.step, "stopped": stopped, "best": self.best, "history": self.history}
+            "step": self.step, "stopped": stopped, "best": self.best, "history": self.history,
+            "cache": {"train": (self.train_loader.cache_stats() if self.train_loader is not None
+                                else None),
+                      **{s: loader.cache_stats() for s, loader in self.eval_loaders.items()}}}
         if test is not None:
             metrics["test"] = test
         if self.info.is_main:
