@@ -15,7 +15,7 @@ from shardkit.bench import (ProcessMonitor, SleepStep, expand_grid, measure, rec
                             time_batches)
 from shardkit.bench.env import (collect_environment, describe_pil, libjpeg_turbo_version_of,
                                 pil_mismatches)
-from shardkit.bench.grid import Setting, parse_backends, parse_int_list
+from shardkit.bench.grid import Setting, parse_backends, parse_caches, parse_int_list
 from shardkit.bench.harness import BenchError
 from shardkit.bench.runner import RunConfig, run_rows
 from shardkit.errors import ConfigError
@@ -312,12 +312,15 @@ def test_parse_int_list_names_bad_item():
 
 # --- recommendation -------------------------------------------------------------------------
 
-def _ok_row(idx, nw, pf, res, pin=False, batch=4, backend="process"):
+def _ok_row(idx, nw, pf, res, pin=False, batch=4, backend="process", cache=None):
     s = {"data": "d", "format": "wds", "decoder": "auto", "num_workers": nw,
          "prefetch_factor": pf, "pin_memory": pin, "persistent_workers": False,
-         "backend": backend}
-    return {"id": idx, "kind": "shardkit", "status": "ok", "setting": s, "requested": s,
-            "note": "", "same_as": None, "batch_size": batch, **res}
+         "backend": backend, "cache": "none" if cache is None else cache["requested"]}
+    row = {"id": idx, "kind": "shardkit", "status": "ok", "setting": s, "requested": s,
+           "note": "", "same_as": None, "batch_size": batch, **res}
+    if cache is not None:
+        row["cache"] = cache
+    return row
 
 
 def _res(thr, wait=0.5, step=10.0):
@@ -413,7 +416,7 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
     assert "loader ms" in result.output and "Recommended:" in result.output
     assert "pillow-simd was requested but stock Pillow" in result.output
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["schema_version"] == 2
+    assert doc["schema_version"] == 3
     assert doc["config"]["backends"] == ["process"]
     assert set(doc) >= {"created_by", "created_at", "config", "step", "environment", "rows",
                         "recommendation", "plots"}
@@ -430,7 +433,7 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
         assert r["kind"] in {"shardkit", "baseline"} and r["status"] in {"ok", "n/a"}
         assert set(r["setting"]) == {"data", "format", "decoder", "num_workers",
                                      "prefetch_factor", "pin_memory", "persistent_workers",
-                                     "backend"}
+                                     "backend", "cache"}
         assert r["setting"]["backend"] == r["requested"]["backend"] == "process"
         if r["status"] == "n/a":
             assert r["note"] and "metrics" not in r
@@ -579,7 +582,7 @@ def test_cli_backend_thread_and_process_gives_rows_for_both(packed_sample, tmp_p
     assert "backend" in header
     assert re.search(r"\bthread\b", result.output) and re.search(r"\bproc\b", result.output)
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["schema_version"] == 2 and doc["config"]["backends"] == ["thread", "process"]
+    assert doc["schema_version"] == 3 and doc["config"]["backends"] == ["thread", "process"]
     rows = doc["rows"]
     assert [(r["requested"]["backend"], r["requested"]["num_workers"], r["status"])
             for r in rows] == [("thread", 0, "ok"), ("thread", 1, "ok"), ("process", 0, "n/a"),
@@ -708,3 +711,106 @@ def test_loader_vs_step_without_a_step_draws_no_line_and_no_verdict():
     assert {to_hex(b.get_facecolor()) for b in ax.patches} == {"#1f77b4"}
     assert "no step simulated" in ax.get_title()
     assert plot_loader_vs_step([dict(rows[0], status="error")]) is None
+
+
+# --- issue 11: the decoded cache as a grid dimension ------------------------------------------
+
+def test_parse_caches_puts_none_first_and_names_bad_item():
+    assert parse_caches("ram,none,ram") == ["none", "ram"]
+    assert parse_caches("disk:/tmp/x,auto") == ["disk:/tmp/x", "auto"]
+    with pytest.raises(ConfigError, match="--cache: 'rom'"):
+        parse_caches("none,rom")
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 2], [2], (False,), (False,),
+                       pin_available=False, caches=["ram", "none"])
+    assert [(r.requested.cache, r.requested.num_workers, r.status) for r in rows] == \
+        [("none", 0, "run"), ("none", 2, "run"), ("ram", 0, "run"), ("ram", 2, "run")]
+
+
+def _cache(mode="ram", fill_img_s=80.0, size=40 << 20, n=140):
+    return {"requested": mode, "mode": mode, "resolution": "full", "size_bytes": size,
+            "filled_samples": n, "filled_bytes": size, "bytes_per_image": size / n,
+            "fill_s": n / fill_img_s, "fill_img_s": fill_img_s, "fill_hit_rate": 0.0,
+            "hits": 96, "misses": 0, "hit_rate": 1.0, "disabled": None}
+
+
+def test_recommendation_takes_a_cache_only_when_it_pays():
+    from shardkit.bench.runner import add_cache_ratios
+
+    # the cache triples the rate: it is recommended, with its size and fill epoch in the text
+    rows = [_ok_row(0, 2, 2, _res(100.0), backend="thread"),
+            _ok_row(1, 2, 2, _res(300.0), backend="thread", cache=_cache(fill_img_s=80.0))]
+    add_cache_ratios(rows)
+    assert rows[1]["uncached_row"] == 0 and rows[1]["ratio_to_uncached"] == pytest.approx(3.0)
+    assert rows[1]["fill_ratio_to_uncached"] == pytest.approx(0.8)
+    rec = recommend(rows, {"kind": "none"})
+    assert rec["recommended_row"] == 1 and rec["cache"]["mode"] == "ram"
+    assert "cache=ram" in rec["text"] and "40 MiB" in rec["text"]
+    assert "second epoch" in rec["text"] and "0.80x uncached" in rec["text"]
+    # within the 5% tolerance: the uncached setting is cheaper (no memory, no fill epoch)
+    rows[1]["metrics"] = _res(103.0)["metrics"]
+    rec = recommend(rows, {"kind": "none"})
+    assert rec["best_row"] == 1 and rec["recommended_row"] == 0
+    assert "not worth its memory" in rec["text"]
+    # fewer workers still come first: a cached 1-worker row beats an uncached 2-worker one
+    rows.append(_ok_row(2, 1, 2, _res(102.0), backend="thread", cache=_cache()))
+    assert recommend(rows, {"kind": "none"})["recommended_row"] == 2
+
+
+def _split_pixels(root, split):
+    records = [json.loads(x) for x in (Path(root) / "splits" / f"{split}.jsonl").read_text()
+               .splitlines() if x.strip()]
+    return len(records), sum(r["width"] * r["height"] * 3 for r in records)
+
+
+def test_cli_cache_none_and_ram_rows_carry_size_hit_rate_and_fill(packed_sample, tmp_path):
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    data = packed_sample("wds")
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(main, [
+        "bench", "--data", str(data), "--out", str(out), "--cache", "ram,none",
+        "--num-workers", "1", "--prefetch-factor", "2", "--pin-memory", "off",
+        "--batch-size", "8", "--image-size", "32", "--warmup", "1", "--batches", "2",
+        "--repeats", "2"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    header = next(line for line in result.output.splitlines() if "loader ms" in line)
+    assert "cache" in header and "      cache: " in result.output
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["schema_version"] == 3 and doc["config"]["caches"] == ["none", "ram"]
+    plain, cached = doc["rows"]
+    assert plain["setting"]["cache"] == "none" and plain["cache"] == {"requested": "none",
+                                                                       "mode": "none"}
+    c = cached["cache"]
+    n, nbytes = _split_pixels(data, "train")
+    assert cached["setting"]["cache"] == "ram" and c["mode"] == "ram"
+    assert c["resolution"] == "full" and c["size_bytes"] == nbytes  # every RGB pixel, 1 byte
+    assert c["filled_samples"] == n and c["filled_bytes"] == nbytes
+    assert c["bytes_per_image"] == pytest.approx(nbytes / n)
+    assert c["fill_hit_rate"] == 0.0 and c["fill_s"] > 0 and c["disabled"] is None
+    # the timed repeats read every consumed sample from the arena: (1 warm-up + 2) batches of 8
+    assert (c["hits"], c["misses"], c["hit_rate"]) == (2 * 3 * 8, 0, 1.0)
+    assert cached["uncached_row"] == plain["id"] and cached["ratio_to_uncached"] > 0
+    assert cached["fill_ratio_to_uncached"] > 0
+    assert doc["recommendation"]["recommended_row"] in (0, 1)
+    assert c["path"].startswith("/dev/shm/") and not Path(c["path"]).exists()  # removed
+
+
+def test_bench_disk_cache_is_reused_by_the_next_row(packed_sample, tmp_path):
+    from shardkit.bench.cli import run_bench
+
+    data = packed_sample("wds")
+    cache_dir = tmp_path / "arena"
+    doc = run_bench([str(data)], tmp_path / "bench", num_workers="0,1", prefetch_factor="2",
+                    pin_memory="off", caches=f"disk:{cache_dir}", echo=None, plots=False,
+                    cfg=RunConfig(warmup=1, batches=2, repeats=1, batch_size=8, image_size=32))
+    first, second = doc["rows"]
+    n, nbytes = _split_pixels(data, "train")
+    assert first["cache"]["mode"] == second["cache"]["mode"] == "disk"
+    assert first["cache"]["fill_hit_rate"] == 0.0  # row 0 decodes and fills
+    assert second["cache"]["fill_hit_rate"] == 1.0  # row 1 finds every image in the file
+    assert second["cache"]["filled_samples"] == n
+    arenas = list(cache_dir.glob("*.arena"))
+    assert len(arenas) == 1 and arenas[0].stat().st_size >= nbytes
+    assert "ratio_to_uncached" not in second  # no uncached twin in this grid

@@ -13,9 +13,11 @@ from pathlib import Path
 import click
 
 from shardkit.bench.env import EXPECT_PIL_CHOICES, collect_environment
-from shardkit.bench.grid import expand_grid, parse_backends, parse_int_list, parse_mode
+from shardkit.bench.grid import (expand_grid, parse_backends, parse_caches, parse_int_list,
+                                 parse_mode)
 from shardkit.bench.report import format_table, recommend, write_json, write_plots
-from shardkit.bench.runner import RunConfig, add_baseline_rows, dataset_info, run_rows
+from shardkit.bench.runner import (RunConfig, add_baseline_rows, add_cache_ratios, dataset_info,
+                                   run_rows)
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
 from shardkit.errors import ConfigError, ShardkitError
 
@@ -64,7 +66,7 @@ def _make_step(step_ms: float | None, model: str | None, device: str, num_classe
 def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = (), decoders: tuple[str, ...] = ("auto",),
               num_workers: str = "0,1,2,4", prefetch_factor: str = "2,4,8",
               pin_memory: str = "both", persistent_workers: str = "off",
-              backends: str = "thread", cfg: RunConfig = RunConfig(), step_ms: float | None = None,
+              backends: str = "thread", caches: str = "none", cfg: RunConfig = RunConfig(), step_ms: float | None = None,
               model: str | None = None, device: str = "auto", baseline: str = "none",
               expect_pil: str = "any", tolerance: float = 0.05, threshold: float = 0.10,
               plots: bool = True, echo=click.echo) -> dict:
@@ -72,6 +74,9 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
 
     ``backends``: comma list of ``make_loader`` backends (``"thread"``, ``"process"``), each run
     over the same grid; see :func:`shardkit.bench.grid.expand_grid` for the N/A rules.
+    ``caches``: comma list of decoded-cache modes (``none``, ``ram``, ``auto``, ``disk:DIR``),
+    each run over the same grid; a cached row is timed after one untimed fill epoch
+    (:mod:`shardkit.bench.runner`).
 
     Raises:
         ConfigError: bad option values (named in the message).
@@ -99,6 +104,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     pins = parse_mode(pin_memory, "--pin-memory")
     pers = parse_mode(persistent_workers, "--persistent-workers")
     backend_list = parse_backends(backends, "--backend")
+    cache_list = parse_caches(caches, "--cache")
     decoders = tuple(dict.fromkeys(decoders))
     unavailable = decoder_availability(list(decoders))
     step = _make_step(step_ms, model, device, len(infos[0]["classes"]))
@@ -107,7 +113,8 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     env = collect_environment(expect_pil=expect_pil, decoders=list(decoders))
     rows = expand_grid([(i["root"], i["format"]) for i in infos], list(decoders), workers,
                        prefetch, pins, pers, pin_available=torch.cuda.is_available(),
-                       unavailable_decoders=unavailable, backends=backend_list)
+                       unavailable_decoders=unavailable, backends=backend_list,
+                       caches=cache_list)
     ran = {d: env["shardkit_decode"].get("decoders", {}).get(d, {}).get("name") for d in decoders}
     for d, name in ran.items():
         if d != "auto" and name is not None and name != d:
@@ -115,6 +122,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     t0 = time.perf_counter()
     progress = (lambda msg: echo(msg, err=True)) if echo else None
     results = run_rows(rows, cfg, step, progress=progress)
+    add_cache_ratios(results)
     if baseline == "imagefolder":
         results += add_baseline_rows(results, infos[0], cfg, step, progress=progress)
     for r in results:
@@ -132,6 +140,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
                    "split": cfg.split, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
                    "warmup": cfg.warmup, "batches": cfg.batches, "repeats": cfg.repeats,
                    "train": cfg.train, "decoders": list(decoders), "backends": backend_list,
+                   "caches": cache_list,
                    "num_workers": workers,
                    "prefetch_factor": prefetch, "pin_memory": pin_memory,
                    "persistent_workers": persistent_workers, "baseline": baseline,
@@ -173,6 +182,10 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
 @click.option("--backend", "backends", default="thread", show_default=True,
               help="Comma list of loader backends: thread (decoding threads in this process), "
                    "process (DataLoader worker processes); e.g. thread,process compares them.")
+@click.option("--cache", "caches", default="none", show_default=True,
+              help="Comma list of decoded-cache modes: none, ram, auto, disk:DIR (e.g. none,ram "
+                   "compares them). A cached row is timed after one untimed epoch that fills "
+                   "it; its size, hit rate and fill time are in the table and bench.json.")
 @click.option("--num-workers", default="0,1,2,4", show_default=True,
               help="Comma list: decoding threads or worker processes (see --backend).")
 @click.option("--prefetch-factor", default="2,4,8", show_default=True,
@@ -202,10 +215,10 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               help="Recommend the cheapest setting within this fraction of the best throughput.")
 @click.option("--data-bound-threshold", default=0.10, show_default=True, type=float)
 @click.option("--eval", "eval_mode", is_flag=True, help="Time the eval transform (train=False).")
-def bench_command(data, split, out, formats, decoders, backends, num_workers, prefetch_factor,
-                  pin_memory, persistent_workers, batch_size, image_size, warmup, batches, repeats,
-                  step_ms, model, device, baseline, expect_pil, tolerance, data_bound_threshold,
-                  eval_mode):
+def bench_command(data, split, out, formats, decoders, backends, caches, num_workers,
+                  prefetch_factor, pin_memory, persistent_workers, batch_size, image_size, warmup,
+                  batches, repeats, step_ms, model, device, baseline, expect_pil, tolerance,
+                  data_bound_threshold, eval_mode):
     """Benchmark the loader over a settings grid: is training data-bound, and what to change."""
     cfg = RunConfig(split=split, batch_size=batch_size, image_size=image_size, warmup=warmup,
                     batches=batches, repeats=repeats, train=not eval_mode)
@@ -213,7 +226,7 @@ def bench_command(data, split, out, formats, decoders, backends, num_workers, pr
         payload = run_bench(list(data), out, formats=formats, decoders=decoders,
                             num_workers=num_workers, prefetch_factor=prefetch_factor,
                             pin_memory=pin_memory, persistent_workers=persistent_workers,
-                            backends=backends, cfg=cfg,
+                            backends=backends, caches=caches, cfg=cfg,
                             step_ms=step_ms, model=model, device=device, baseline=baseline,
                             expect_pil=expect_pil, tolerance=tolerance,
                             threshold=data_bound_threshold)

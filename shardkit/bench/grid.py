@@ -12,6 +12,10 @@ The ``backend`` dimension (``make_loader(backend="thread" | "process")``) adds t
   long as the loader, across epochs): that row points at the thread row without it.
 - With ``num_workers=0`` both backends build every batch in the calling process, the same work:
   the process row points at the thread row (when the thread backend is in the grid).
+
+The ``cache`` dimension (``make_loader(cache="none" | "ram" | "disk:DIR" | "auto")``, issue 11)
+applies to every other setting; the runner fills a cached row's arena in one untimed epoch before
+timing it (see :mod:`shardkit.bench.runner`).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from shardkit.errors import ConfigError
 
 __all__ = ["Setting", "GridRow", "expand_grid", "parse_int_list", "parse_mode",
-           "parse_backends", "BACKENDS"]
+           "parse_backends", "parse_caches", "BACKENDS"]
 
 MODES = {"on": (True,), "off": (False,), "both": (False, True)}
 
@@ -36,7 +40,8 @@ class Setting:
     """One loader configuration. ``prefetch_factor`` None = not passed / not applicable.
 
     ``num_workers``: decoding threads (``backend="thread"``) or DataLoader worker processes
-    (``backend="process"``); ``prefetch_factor``: batches in flight per thread / worker.
+    (``backend="process"``); ``prefetch_factor``: batches in flight per thread / worker;
+    ``cache``: the decoded cache (``"none"``, ``"ram"``, ``"disk:DIR"``, ``"auto"``).
     """
 
     data: str
@@ -47,6 +52,7 @@ class Setting:
     pin_memory: bool
     persistent_workers: bool
     backend: str = "thread"
+    cache: str = "none"
 
     def as_dict(self) -> dict:
         """JSON-ready fields."""
@@ -122,13 +128,35 @@ def parse_backends(text: str, name: str = "--backend") -> list[str]:
     return [b for b in BACKENDS if b in items]
 
 
+def parse_caches(text: str, name: str = "--cache") -> list[str]:
+    """``"ram,none"`` -> ``["none", "ram"]``: the named decoded-cache modes, duplicates dropped,
+    ``"none"`` first (the uncached twin is measured before the cached rows), then as given.
+    Each item is ``none``, ``ram``, ``auto`` or ``disk:DIR`` (DIR must not contain a comma).
+
+    Raises:
+        ConfigError: an item is not a cache mode (names the option and the item).
+    """
+    from shardkit.stream.cache import parse_cache
+
+    items = [s.strip() for s in str(text).split(",")]
+    for item in items:
+        try:
+            parse_cache(item)
+        except ConfigError:
+            raise ConfigError(f"{name}: {item!r} is not a cache mode; expected a comma-separated "
+                              f"list of none, ram, auto, disk:DIR") from None
+    items = list(dict.fromkeys(items))
+    return (["none"] if "none" in items else []) + [c for c in items if c != "none"]
+
+
 def expand_grid(datasets: list[tuple[str, str | None]], decoders: list[str],
                 num_workers: list[int], prefetch_factors: list[int | None],
                 pin_memory: tuple[bool, ...], persistent_workers: tuple[bool, ...], *,
                 pin_available: bool, unavailable_decoders: dict[str, str] | None = None,
-                backends: tuple[str, ...] | list[str] = ("thread",)) -> list[GridRow]:
-    """Every combination, in order data > decoder > backend > num_workers > prefetch > pin >
-    persistent.
+                backends: tuple[str, ...] | list[str] = ("thread",),
+                caches: tuple[str, ...] | list[str] = ("none",)) -> list[GridRow]:
+    """Every combination, in order data > decoder > backend > cache > num_workers > prefetch >
+    pin > persistent.
 
     Args:
         datasets: ``(path, format)`` pairs.
@@ -140,6 +168,7 @@ def expand_grid(datasets: list[tuple[str, str | None]], decoders: list[str],
         unavailable_decoders: ``name -> reason`` for decoders that cannot run here (N/A rows).
         backends: ``make_loader`` backends to try, from :data:`BACKENDS`; always expanded thread
             first whatever the order given.
+        caches: decoded-cache modes to try (:func:`parse_caches` forms), ``"none"`` first.
 
     Returns:
         One :class:`GridRow` per requested combination; rows that do not apply are ``"n/a"``
@@ -153,18 +182,21 @@ def expand_grid(datasets: list[tuple[str, str | None]], decoders: list[str],
     """
     unavailable_decoders = unavailable_decoders or {}
     backends = parse_backends(",".join(backends), "backends")
+    caches = parse_caches(",".join(caches), "caches")
     rows: list[GridRow] = []
     measured: dict[Setting, int] = {}
     for data, fmt in datasets:
         for dec in decoders:
             for be in backends:
-                for nw in num_workers:
-                    for pf in prefetch_factors:
-                        for pin in pin_memory:
-                            for pers in persistent_workers:
-                                asked = Setting(data, fmt, dec, nw, pf, pin, pers, be)
-                                rows.append(_row(len(rows), asked, measured, pin_available,
-                                                 unavailable_decoders, "thread" in backends))
+                for cache in caches:
+                    for nw in num_workers:
+                        for pf in prefetch_factors:
+                            for pin in pin_memory:
+                                for pers in persistent_workers:
+                                    asked = Setting(data, fmt, dec, nw, pf, pin, pers, be,
+                                                    cache)
+                                    rows.append(_row(len(rows), asked, measured, pin_available,
+                                                     unavailable_decoders, "thread" in backends))
     return rows
 
 

@@ -3,13 +3,18 @@
 Recommendation rule: among measured shardkit rows, the cheapest setting whose median throughput
 (images/s) is within ``tolerance`` (default 5%) of the best one, cheapest meaning fewest workers,
 then the thread backend before the process backend (no worker processes, no per-batch
-inter-process copy), then lowest prefetch_factor, then pin_memory off, then persistent_workers
-off. The run is data-bound at the given step time when that setting's median
+inter-process copy), then no decoded cache before ``ram`` before ``disk`` (a cache costs memory
+or disk, and its first epoch is the fill), then lowest prefetch_factor, then pin_memory off, then
+persistent_workers off. A cached row's throughput is its steady state from the second epoch on;
+the text says so, with the cache's size and its fill epoch's rate. The run is data-bound at the given step time when that setting's median
 ``data_wait_fraction`` (loader wait / wall time) >= ``threshold``.
 
 ``bench.json`` schema 2: every row's ``requested`` and ``setting`` carry ``backend`` ("thread" |
 "process"; the ImageFolder baseline is a DataLoader, "process"); ``config.backends`` lists the
-backends run. Schema 1 had no backend (everything ran as "process").
+backends run. Schema 1 had no backend (everything ran as "process"). Schema 3 adds
+``setting.cache`` / ``requested.cache`` ("none" | "ram" | "auto" | "disk:DIR"), each shardkit
+row's ``cache`` dict (:func:`shardkit.bench.runner.cache_record`: size, hit rate, fill time),
+``ratio_to_uncached`` / ``fill_ratio_to_uncached`` on cached rows and ``config.caches``.
 """
 from __future__ import annotations
 
@@ -20,10 +25,30 @@ from pathlib import Path
 __all__ = ["recommend", "format_table", "plot_series", "plot_loader_vs_step", "write_plots",
            "write_json", "SCHEMA_VERSION"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Cheapest first, for the recommendation (unknown / missing backend: last).
 _BACKEND_COST = {"thread": 0, "process": 1}
+#: Decoded cache modes that ran (``auto`` resolved), cheapest first.
+_CACHE_COST = {"none": 0, "ram": 1, "disk": 2}
+
+
+def _cache_mode(rec: dict) -> str:
+    """The cache mode that ran: ``"none"``, ``"ram"`` or ``"disk"`` (``auto`` resolved)."""
+    c = rec.get("cache")
+    if c is not None:
+        return c.get("mode", "none")
+    req = rec["setting"].get("cache", "none")
+    return "disk" if req.startswith("disk:") else req
+
+
+def _cache_text(rec: dict) -> str:
+    """``"cache=ram"`` (or ``"cache=auto>ram"``), empty without a cache."""
+    req = rec["setting"].get("cache", "none")
+    ran = _cache_mode(rec)
+    if req == "none":
+        return ""
+    return f"cache={req}" if ran == req or req.startswith("disk:") else f"cache={req}>{ran}"
 
 
 def _med(rec: dict, metric: str) -> float | None:
@@ -34,15 +59,16 @@ def _med(rec: dict, metric: str) -> float | None:
 def _cost(rec: dict) -> tuple:
     s = rec["setting"]
     return (s["num_workers"], _BACKEND_COST.get(s.get("backend"), len(_BACKEND_COST)),
-            s["prefetch_factor"] or 0, s["pin_memory"], s["persistent_workers"],
+            _CACHE_COST.get(_cache_mode(rec), len(_CACHE_COST)), s["prefetch_factor"] or 0, s["pin_memory"], s["persistent_workers"],
             -_med(rec, "throughput_img_s"))
 
 
 def _label(rec: dict) -> str:
     s = rec["setting"]
     pf = "-" if s["prefetch_factor"] is None else s["prefetch_factor"]
+    cache = _cache_text(rec)
     return (f"{s['format']}/{s['decoder']} backend={s.get('backend', '-')} "
-            f"workers={s['num_workers']} prefetch={pf} "
+            + (f"{cache} " if cache else "") + f"workers={s['num_workers']} prefetch={pf} "
             f"pin={'on' if s['pin_memory'] else 'off'}"
             + (" persistent" if s["persistent_workers"] else ""))
 
@@ -81,6 +107,7 @@ def recommend(results: list[dict], step: dict, *, tolerance: float = 0.05,
     text = [f"Recommended: {_label(rec)} (row {rec['id']}): {thr:.0f} img/s, "
             f"{thr / _med(best, 'throughput_img_s'):.0%} of the best ({_label(best)}, row "
             f"{best['id']}, {_med(best, 'throughput_img_s'):.0f} img/s)."]
+    text += _cache_advice(rec, ok)
     if step.get("kind") == "none":
         bound = None
         text.append("No step was simulated (--step-ms / --model): this is the loader's own "
@@ -96,7 +123,10 @@ def recommend(results: list[dict], step: dict, *, tolerance: float = 0.05,
             best_frac = min(_med(r, "data_wait_fraction") for r in ok)
             text.append(f"Even the least-waiting setting waits {best_frac:.0%}: add CPU cores or "
                         f"workers, use a cheaper decoder (DCT-scaled turbojpeg) or smaller "
-                        f"images, or pack to a faster format." if best_frac >= threshold else
+                        f"images, or pack to a faster format"
+                        + ("" if any(_cache_mode(r) != "none" for r in ok) else
+                           ", or try a decoded cache (--cache none,ram)") + "."
+                        if best_frac >= threshold else
                         f"Some settings wait less ({best_frac:.0%}); prefer throughput over "
                         f"cost here.")
     groups: dict[tuple, list[dict]] = {}
@@ -112,7 +142,35 @@ def recommend(results: list[dict], step: dict, *, tolerance: float = 0.05,
     return {"recommended_row": rec["id"], "best_row": best["id"], "setting": rec["setting"],
             "throughput_img_s": thr, "best_throughput_img_s": _med(best, "throughput_img_s"),
             "data_wait_fraction": frac, "data_bound": bound, "tolerance": tolerance,
-            "threshold": threshold, "text": " ".join(text), "per_group": per_group}
+            "threshold": threshold, "text": " ".join(text), "per_group": per_group,
+            "cache": rec.get("cache")}
+
+
+def _cache_advice(rec: dict, ok: list[dict]) -> list[str]:
+    """Sentences on the recommended row's decoded cache: its size, that its rate is the steady
+    state from the second epoch on, and its fill epoch's rate (and ratio to uncached); or, when
+    a cheaper uncached row was picked over a cached one, that the cache did not pay."""
+    c = rec.get("cache") or {}
+    if c.get("mode", "none") != "none":
+        size = c.get("size_bytes") or 0
+        per = c.get("bytes_per_image")
+        out = [f"Its decoded cache ({c['mode']}, {size / 2**20:.0f} MiB"
+               + (f", {per / 1024:.0f} KiB per image" if per else "") + ") serves this rate "
+               "from the second epoch on"]
+        if c.get("fill_img_s"):
+            ratio = rec.get("fill_ratio_to_uncached")
+            out[0] += (f"; the first epoch fills it at {c['fill_img_s']:.0f} img/s"
+                       + (f" ({ratio:.2f}x uncached)" if ratio else ""))
+        if c.get("hit_rate") is not None and c["hit_rate"] < 1.0:
+            out[0] += f"; only {c['hit_rate']:.0%} of the timed reads were hits"
+        return [out[0] + "."]
+    cached = [r for r in ok if _cache_mode(r) != "none"]
+    if cached:
+        top = max(cached, key=lambda r: _med(r, "throughput_img_s"))
+        return [f"The fastest cached row ({_label(top)}, row {top['id']}, "
+                f"{_med(top, 'throughput_img_s'):.0f} img/s) gains less than the tolerance over this "
+                f"one: not worth its memory here."]
+    return []
 
 
 _SHORT_BACKEND = {"thread": "thread", "process": "proc"}
@@ -133,9 +191,12 @@ def format_table(results: list[dict]) -> str:
     ``step ms`` per batch, ``img/s`` (median, and min-max over repeats), ``wait`` (fraction of
     wall time waiting for data), ``cpu`` (cores), ``MiB`` (peak PSS), ``x base`` (throughput
     ratio to the ImageFolder baseline at the same setting); "-" = not measured (N/A rows).
+    ``cache``: the decoded cache ("none", "ram", "disk", "auto>ram"...); a cached row gets a
+    second line with the arena's size, the timed hit rate, its fill epoch and the ratios to its
+    uncached twin (``x uncached``, ``fill x``).
     """
-    head = (f"{'id':>3} {'kind':<8} {'format':<11} {'decoder':<14} {'backend':<7} {'nw':>2} "
-            f"{'pf':>2} {'pin':<3} "
+    head = (f"{'id':>3} {'kind':<8} {'format':<11} {'decoder':<14} {'backend':<7} "
+            f"{'cache':<8} {'nw':>2} {'pf':>2} {'pin':<3} "
             f"{'pers':<4} {'status':<5} {'loader ms':>9} {'step ms':>8} {'img/s':>8} "
             f"{'img/s min-max':>15} {'wait':>5} {'cpu':>5} {'MiB':>6} {'x base':>6}")
     lines = [head, "-" * len(head)]
@@ -151,7 +212,8 @@ def format_table(results: list[dict]) -> str:
             dec = f"{dec}>{r['decoder_ran']}"  # requested > what really ran
         lines.append(
             f"{r['id']:>3} {r['kind']:<8} {str(s['format'])[:11]:<11} {dec[:14]:<14} "
-            f"{_SHORT_BACKEND.get(s.get('backend'), '-'):<7} {s['num_workers']:>2} {pf:>2} "
+            f"{_SHORT_BACKEND.get(s.get('backend'), '-'):<7} {_cache_cell(r, s):<8} "
+            f"{s['num_workers']:>2} {pf:>2} "
             f"{'on' if s['pin_memory'] else 'off':<3} "
             f"{'on' if s['persistent_workers'] else 'off':<4} {r['status']:<5} "
             f"{_fmt(r, 'loader_ms_per_batch', '9.1f'):>9} "
@@ -159,18 +221,46 @@ def format_table(results: list[dict]) -> str:
             f"{_fmt(r, 'throughput_img_s', '8.1f'):>8} {spread:>15} "
             f"{_fmt(r, 'data_wait_fraction', '5.0%'):>5} {_fmt(r, 'cpu_util_cores', '5.2f'):>5} "
             f"{_fmt(r, 'memory_mb', '6.0f'):>6} {ratio:>6}")
+        c = r.get("cache") or {}
+        if c.get("mode", "none") != "none":
+            lines.append("      cache: " + _cache_line(r, c))
         if r["note"]:
             lines.append(f"      note: {r['note']}")
     return "\n".join(lines)
 
 
+def _cache_cell(rec: dict, s: dict) -> str:
+    req = s.get("cache", "none")
+    if rec["kind"] == "baseline":
+        return "-"
+    ran = (rec.get("cache") or {}).get("mode")
+    short = "disk" if req.startswith("disk:") else req
+    return (f"{short}>{ran}" if ran and ran != short else short)[:8]
+
+
+def _cache_line(rec: dict, c: dict) -> str:
+    hit = "-" if c.get("hit_rate") is None else f"{c['hit_rate']:.0%}"
+    parts = [f"{(c.get('size_bytes') or 0) / 2**20:.1f} MiB "
+             f"({c.get('filled_samples')} images), hit rate {hit}"]
+    if c.get("fill_s") is not None:
+        parts.append(f"fill epoch {c['fill_s']:.2f} s ({(c.get('fill_img_s') or 0):.0f} img/s"
+                     + (", reused" if (c.get("fill_hit_rate") or 0) >= 0.999 else "") + ")")
+    if rec.get("ratio_to_uncached"):
+        parts.append(f"{rec['ratio_to_uncached']:.2f}x uncached (row {rec['uncached_row']})")
+    if rec.get("fill_ratio_to_uncached"):
+        parts.append(f"fill {rec['fill_ratio_to_uncached']:.2f}x uncached")
+    if c.get("disabled"):
+        parts.append(f"disabled: {c['disabled']}")
+    return "; ".join(parts)
+
+
 def _lines(results: list[dict]) -> dict[str, list[tuple[int, dict]]]:
-    """Plot series: one per (kind, data, decoder, backend, prefetch, pin, persistent),
+    """Plot series: one per (kind, data, decoder, backend, cache, prefetch, pin, persistent),
     x = num_workers.
 
     The num_workers=0 point (measured once, without prefetch or persistent workers, and for the
     process backend as the thread row: the same work) joins every series of the same kind, data,
-    decoder, backend and pin; N/A rows that only copy another pin setting (no CUDA) or the
+    decoder, backend, cache and pin; N/A rows that only copy another pin setting (no CUDA) or the
     thread backend without persistent workers (it has none) are left out.
     """
     by_id = {r["id"]: r for r in results}
@@ -187,20 +277,22 @@ def _lines(results: list[dict]) -> dict[str, list[tuple[int, dict]]]:
                 and q["persistent_workers"] != src["setting"]["persistent_workers"]):
             continue  # persistent N/A (thread backend): a copy of the other line would mislead
         base = (r["kind"], q["data"], q["format"], q["decoder"], q.get("backend"),
-                q["pin_memory"])
+                q.get("cache", "none"), q["pin_memory"])
         if q["num_workers"] == 0:
             zero[base] = src
             continue
         series.setdefault((*base, q["prefetch_factor"], q["persistent_workers"]),
                           {})[q["num_workers"]] = src
     for base, src in zero.items():
-        keys = [k for k in series if k[:6] == base] or [(*base, None, False)]
+        keys = [k for k in series if k[:7] == base] or [(*base, None, False)]
         for k in keys:
             series.setdefault(k, {})[0] = src
     out = {}
-    for (kind, _data, fmt, dec, backend, pin, pf, pers), points in series.items():
+    for (kind, _data, fmt, dec, backend, cache, pin, pf, pers), points in series.items():
         name = (f"{'baseline ' if kind == 'baseline' else ''}{fmt}/{dec} "
-                + (f"{backend} " if kind != "baseline" and backend else "") +
+                + (f"{backend} " if kind != "baseline" and backend else "")
+                + (f"cache={'disk' if cache.startswith('disk:') else cache} "
+                   if kind != "baseline" and cache != "none" else "") +
                 f"pf={'-' if pf is None else pf} pin={'on' if pin else 'off'}"
                 + (" pers" if pers else ""))
         out[name] = sorted(points.items())
@@ -253,12 +345,14 @@ def plot_series(results: list[dict], metric: str, ylabel: str = ""):
 
 
 def _bar_label(rec: dict, qualify: bool) -> str:
-    """``"thread w2 pf2 pin (#3)"``: backend, num_workers, prefetch_factor (left out when not
+    """``"thread w2 pf2 pin (#3)"``: backend, decoded cache when there is one
+    (``cache=ram``), num_workers, prefetch_factor (left out when not
     passed), pin_memory and persistent workers when on, the row id; ``format/decoder`` first
     when ``qualify``; ImageFolder baseline rows (a DataLoader) start with "baseline"."""
     s = rec["setting"]
     parts = ["baseline"] if rec["kind"] == "baseline" else (
-        ([f"{s['format']}/{s['decoder']}"] if qualify else []) + [s.get("backend") or "-"])
+        ([f"{s['format']}/{s['decoder']}"] if qualify else []) + [s.get("backend") or "-"]
+        + ([_cache_text(rec)] if _cache_text(rec) else []))
     parts.append(f"w{s['num_workers']}")
     if s["prefetch_factor"] is not None:
         parts.append(f"pf{s['prefetch_factor']}")

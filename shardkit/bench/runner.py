@@ -3,10 +3,19 @@
 A row never crashes the sweep: an option combination the loader rejects at construction is
 recorded as ``"n/a"`` with the loader's message (case 20); a failure while iterating is recorded
 as ``"error"`` with the exception, and the CLI exits non-zero when any row errored.
+
+A row with a decoded cache (``setting.cache`` not ``"none"``, issue 11) first runs one whole
+untimed epoch that fills the arena (its wall time is the row's ``cache.fill_s``; a disk arena
+already filled by an earlier row or run is reused and costs only the reads), then is timed as
+any row: the timed repeats read from the cache, as every epoch after the first of a real run.
+The row's ``cache`` dict (:func:`cache_record`) holds its size, hit rate and fill time, and the
+runner adds ``ratio_to_uncached`` / ``fill_ratio_to_uncached`` against the row with the same
+setting and ``cache="none"`` when the grid has it.
 """
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +24,8 @@ from shardkit.bench.grid import GridRow, Setting
 from shardkit.bench.harness import measure
 from shardkit.bench.steps import Step
 
-__all__ = ["RunConfig", "dataset_info", "shardkit_factory", "run_rows", "add_baseline_rows"]
+__all__ = ["RunConfig", "dataset_info", "shardkit_factory", "run_rows", "add_baseline_rows",
+           "fill_cache", "cache_record", "add_cache_ratios"]
 
 
 @dataclass(frozen=True)
@@ -48,8 +58,8 @@ def dataset_info(root: str | Path) -> dict:
 
 
 def shardkit_factory(setting: Setting, cfg: RunConfig):
-    """Builds ``shardkit.make_loader(...)`` with ``WorkerOptions(backend=setting.backend)`` for
-    ``setting`` (construction errors propagate).
+    """Builds ``shardkit.make_loader(...)`` with ``WorkerOptions(backend=setting.backend)`` and
+    ``cache=setting.cache`` for ``setting`` (construction errors propagate).
 
     ``prefetch_factor=None`` is not passed, so both backends get ``make_loader``'s default
     (2 batches in flight per worker, the DataLoader default too).
@@ -65,7 +75,74 @@ def shardkit_factory(setting: Setting, cfg: RunConfig):
                                                  decoder=setting.decoder),
                        workers=WorkerOptions(backend=setting.backend,
                                              persistent_workers=setting.persistent_workers),
-                       **extra)
+                       cache=getattr(setting, "cache", "none"), **extra)
+
+
+def fill_cache(loader, epoch: int) -> dict | None:
+    """Fills ``loader``'s decoded cache with one whole epoch (``epoch``, not one of the timed
+    repeats') when it has one; returns ``{"fill_s" (wall seconds, float), "fill_images" (int),
+    "fill_img_s", "stats_after_fill"}`` or None (no cache: ``cache="none"``, or ``"auto"``
+    that chose none, or an arena that could not be opened)."""
+    cache_stats = getattr(loader, "cache_stats", None)
+    if cache_stats is None or cache_stats() is None:
+        return None
+    loader.set_epoch(epoch)
+    n, t0 = 0, time.perf_counter()
+    for batch in loader:
+        n += len(batch[1])
+    fill_s = time.perf_counter() - t0
+    return {"fill_s": fill_s, "fill_images": n, "fill_img_s": n / fill_s if fill_s > 0 else None,
+            "stats_after_fill": cache_stats()}
+
+
+def cache_record(requested: str, fill: dict | None, after: dict | None) -> dict:
+    """The ``cache`` dict of a bench row: ``{"requested", "mode" ("none" | "ram" | "disk": what
+    ran; ``"auto"`` resolves to one of them), "resolution", "path" (the arena file),
+    "size_bytes" (every sample at the
+    cache resolution, bytes), "filled_samples", "filled_bytes", "bytes_per_image", "fill_s"
+    (wall seconds of the untimed fill epoch), "fill_img_s", "fill_hit_rate" (hits during the
+    fill epoch: 0.0 for a fresh arena, 1.0 for a reused disk arena), "hits", "misses",
+    "hit_rate" (during the timed repeats, warm-up included; None without samples),
+    "disabled"}``. ``fill`` is :func:`fill_cache`'s result, ``after`` the loader's
+    ``cache_stats()`` after timing."""
+    if fill is None or after is None:
+        return {"requested": requested, "mode": "none"}
+    before = fill["stats_after_fill"]
+    hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
+    n = before["num_samples"] or 0
+    return {"requested": requested, "mode": after["mode"], "resolution": after["resolution"],
+            "path": after["path"],
+            "size_bytes": after["size_bytes"], "filled_samples": after["filled_samples"],
+            "filled_bytes": after["filled_bytes"],
+            "bytes_per_image": after["size_bytes"] / n if n else None,
+            "fill_s": fill["fill_s"], "fill_img_s": fill["fill_img_s"],
+            "fill_hit_rate": before["hit_rate"], "hits": hits, "misses": misses,
+            "hit_rate": hits / (hits + misses) if hits + misses else None,
+            "disabled": after["disabled"]}
+
+
+def add_cache_ratios(results: list[dict]) -> None:
+    """Sets ``ratio_to_uncached`` (median throughput, cached / uncached) and
+    ``fill_ratio_to_uncached`` (fill-epoch img/s / the uncached row's median img/s) on every
+    measured shardkit row with a cache whose twin (same setting, ``cache="none"``) was measured
+    too, and ``uncached_row`` (that twin's id)."""
+    def key(s: dict) -> tuple:
+        return tuple(sorted((k, v) for k, v in s.items() if k != "cache"))
+
+    twins = {key(r["setting"]): r for r in results if r["kind"] == "shardkit"
+             and r["status"] == "ok" and r["setting"].get("cache", "none") == "none"}
+    for r in results:
+        c = r.get("cache")
+        if r["kind"] != "shardkit" or r["status"] != "ok" or not c or c["mode"] == "none":
+            continue
+        twin = twins.get(key(r["setting"]))
+        if twin is None:
+            continue
+        base = twin["metrics"]["throughput_img_s"]["median"]
+        r["uncached_row"] = twin["id"]
+        r["ratio_to_uncached"] = r["metrics"]["throughput_img_s"]["median"] / base
+        if c.get("fill_img_s"):
+            r["fill_ratio_to_uncached"] = c["fill_img_s"] / base
 
 
 def _epochs(loader):
@@ -89,7 +166,9 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
 
     Each dict: ``id, kind, requested, setting, status ("ok" | "n/a" | "error"), note, same_as``
     and, when measured, ``batch_size, batches_timed, images_timed, metrics, memory_kind,
-    num_batches`` (``len()`` of the loader when it has one).
+    num_batches`` (``len()`` of the loader when it has one) and, for shardkit rows, ``cache``
+    (:func:`cache_record`). Call :func:`add_cache_ratios` on the result for the cached rows'
+    ratios to their uncached twins.
     """
     out = []
     for row in rows:
@@ -102,7 +181,8 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
             progress(f"[{kind} row {row.id}] {s.format or ''} decoder={s.decoder} "
                      f"backend={s.backend} workers={s.num_workers} "
                      f"prefetch={s.prefetch_factor} pin={s.pin_memory} "
-                     f"persistent={s.persistent_workers}")
+                     f"persistent={s.persistent_workers}"
+                     + (f" cache={s.cache}" if getattr(s, "cache", "none") != "none" else ""))
         try:
             loader = factory(row.setting, cfg)
         except ValueError as exc:  # LoaderError/ConfigError or DataLoader's own validation
@@ -110,9 +190,14 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
                                                              f"{type(exc).__name__}: {exc}"))
             continue
         n = _len(loader)
+        fill = None
         try:
+            fill = fill_cache(loader, cfg.repeats)
             res = measure(_epochs(loader), step, repeats=cfg.repeats, warmup=cfg.warmup,
                           max_batches=cfg.batches, monitor_interval=cfg.monitor_interval)
+            if kind == "shardkit":
+                res["cache"] = cache_record(getattr(row.setting, "cache", "none"), fill,
+                                            loader.cache_stats() if fill else None)
         except Exception as exc:  # noqa: BLE001 - recorded as an error row, reported, exit != 0
             rec.update(status="error", note=_join(rec["note"], f"{type(exc).__name__}: {exc}"))
             continue
