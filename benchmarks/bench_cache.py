@@ -16,10 +16,17 @@ consumer images/s, no step in between:
 
 Ratios: ``cached / uncached`` (target >= 2.0), ``fill / uncached`` (target >= 0.9, i.e. the fill
 epoch within 10%). Memory: arena bytes per image and per split, at full size and at 256.
+
+``--memory``: instead, PSS per process (``/proc/PID/smaps`` and ``smaps_rollup``, via
+:func:`shardkit.stream.cache.arena_memory`) of a ``cache="ram"`` loader with ``--workers``
+DataLoader worker processes (``backend="process"``, fork, persistent), after a fill epoch and
+``--repeats`` cached epochs, next to the same loader uncached: the arena's RSS in each process,
+its PSS summed over main + workers (one copy), and each process's whole PSS.
 Usage::
 
     .venv/bin/python benchmarks/bench_cache.py --data OUT [--split train] [--repeats 3] \\
         [--backend thread] [--out FILE]
+    .venv/bin/python benchmarks/bench_cache.py --data OUT --memory [--workers 2] [--out FILE]
 """
 from __future__ import annotations
 
@@ -68,6 +75,40 @@ def _one_repeat(root, split, batch, workers, backend, epoch):
     return rates, stats, diff
 
 
+def _memory(root, split, batch, workers, epochs):
+    """PSS of main + worker processes, cached (ram) and uncached; see the module doc."""
+    import psutil
+
+    from shardkit.stream import WorkerOptions, make_loader
+    from shardkit.stream.cache import arena_memory
+
+    opts = dict(num_workers=workers, workers=WorkerOptions(
+        backend="process", multiprocessing_context="fork", persistent_workers=True))
+    out = {}
+    for mode in ("none", "ram"):
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+            os.environ["SHARDKIT_CACHE_SHM"] = shm
+            with make_loader(root, split, batch, cache=mode, **opts) as loader:
+                for e in range(epochs + 1):
+                    _epoch(loader, e)
+                stats = loader.cache_stats()
+                pids = [os.getpid(), *(p.pid for p in psutil.Process().children(True))]
+                mem = arena_memory(stats["path"] if stats else "/nonexistent", pids)
+        roles = ["main"] + [f"worker{i}" for i in range(len(pids) - 1)]
+        out[mode] = {
+            "processes": {role: {k: v / 2**20 for k, v in mem["pids"][pid].items()}
+                          for role, pid in zip(roles, pids)},
+            "sum_total_pss_mib": mem["sum_total_pss"] / 2**20,
+            "arena_sum_rss_mib": mem["sum_rss"] / 2**20,
+            "arena_sum_pss_mib": mem["sum_pss"] / 2**20,
+            "arena_sum_anonymous_mib": mem["sum_anonymous"] / 2**20,
+            "arena_filled_mib": (stats["filled_bytes"] / 2**20) if stats else 0.0,
+            "hit_rate": stats["hit_rate"] if stats else None}
+    out["extra_total_pss_mib"] = out["ram"]["sum_total_pss_mib"] - \
+        out["none"]["sum_total_pss_mib"]
+    return out
+
+
 @click.command()
 @click.option("--data", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--split", default="train", show_default=True)
@@ -76,7 +117,13 @@ def _one_repeat(root, split, batch, workers, backend, epoch):
 @click.option("--backend", default="thread", show_default=True)
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--out", default=None, type=click.Path(dir_okay=False))
-def main(data, split, batch_size, workers, backend, repeats, out):
+@click.option("--memory", is_flag=True, help="PSS per process instead of speed (module doc).")
+def main(data, split, batch_size, workers, backend, repeats, out, memory):
+    if memory:
+        result = {"data": str(data), "split": split, "batch_size": batch_size,
+                  "workers": workers, "epochs_after_fill": repeats,
+                  **_memory(data, split, batch_size, workers, repeats)}
+        return _emit(result, out)
     runs = [_one_repeat(data, split, batch_size, workers, backend, 2 * r)
             for r in range(repeats)]
     med = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
@@ -98,6 +145,10 @@ def main(data, split, batch_size, workers, backend, repeats, out):
         "fill_seconds_summed_over_threads": full["fill_seconds"],
         "all_repeats": [r[0] for r in runs],
     }
+    _emit(result, out)
+
+
+def _emit(result: dict, out: str | None) -> None:
     click.echo(json.dumps(result, indent=1))
     if out:
         from shardkit.manifest import atomic_write_bytes

@@ -357,3 +357,35 @@ def test_train_config_takes_the_cache_options():
     for bad in (dict(cache="rom"), dict(cache_eval="crops"), dict(cache_max_side=0)):
         with pytest.raises(ConfigError, match="cache"):
             TrainConfig(data="x", **bad)
+
+
+def test_pss_shows_one_copy_of_the_arena_for_two_worker_processes(root, shm):
+    """Memory accounting: 2 DataLoader worker processes (fork, persistent) read the slots of a
+    filled arena for 3 epochs, so each maps most of it (RSS ~ the arena in each), but PSS summed
+    over main + workers counts it once, and no process holds a copy of any of its pages."""
+    import psutil
+
+    from shardkit.stream.cache import arena_memory
+
+    workers = WorkerOptions(backend="process", multiprocessing_context="fork",
+                            persistent_workers=True)
+    with make_loader(root, "train", BATCH, num_workers=2, workers=workers, cache="ram",
+                     image_size=32) as loader:
+        for e in range(4):  # epoch 0 fills, epochs 1-3 read the slots through the mapping
+            loader.set_epoch(e)
+            [None for _ in loader]
+        stats = loader.cache_stats()
+        kids = [p.pid for p in psutil.Process().children(recursive=True)]
+        mem = arena_memory(stats["path"], [os.getpid(), *kids])
+    data = stats["filled_bytes"]
+    assert stats["filled_samples"] == _num_train(root) and data == stats["size_bytes"]
+    assert stats["hits"] == 3 * _num_train(root)
+    readers = [mem["pids"][pid] for pid in kids if mem["pids"][pid]["rss"] > 0]
+    assert len(readers) == 2
+    for r in readers:  # each worker built ~half of each epoch's batches: most slots after 3
+        assert r["rss"] >= 0.6 * data and r["shared"] > 0 and r["anonymous"] == 0
+    # one copy: PSS summed over every process is the arena's size (+ its header and table, and
+    # 4 KiB page rounding per slot), not once per process that reads it
+    slack = arena_mod.HEADER_BYTES + 64 * 4096 + _num_train(root) * 4096
+    assert data <= mem["sum_pss"] <= data + slack, (mem, data)
+    assert mem["sum_rss"] >= 1.3 * data and mem["sum_anonymous"] == 0
