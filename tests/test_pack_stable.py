@@ -206,3 +206,31 @@ def test_degenerate_images_listed_and_quarantined_with_strict(tmp_path):
     assert "degenerate images (packed; --strict quarantines them): 2" in summary.format_text()
     strict = pack(src, tmp_path / "strict", progress=False, split={"train": 1.0}, strict=True)
     assert strict.num_packed == 6 and strict.quarantine_reasons == {"degenerate image": 2}
+
+
+def test_check_uses_the_recorded_hashes_and_finds_what_decoding_finds(tmp_path):
+    """`shardkit check` on a pack that recorded pHashes decodes nothing for the search, and
+    reports the same cross-split pair and degenerate images as a run that decodes every
+    sample (--recompute-hashes)."""
+    from shardkit.doctor import check_dataset
+
+    src = _near_source(tmp_path / "src", split_first=True)
+    flat = Image.new("RGB", (300, 200), (200, 200, 200))
+    (src / "train" / "roses" / "placeholder.jpg").write_bytes(_jpeg(flat))
+    out = tmp_path / "out"
+    pack(src, out, progress=False)
+    stored = check_dataset(out, transforms=False)
+    decoded = check_dataset(out, transforms=False, recompute_hashes=True)
+    assert stored["hashes"] == {"train": "stored", "val": "stored"}
+    assert decoded["hashes"] == {"train": "decoded", "val": "decoded"}
+    first = sorted((SAMPLE / "daisy").glob("*.jpg"))[0].name
+    pairs = [sorted([p["a"]["path"], p["b"]["path"]]) for p in stored["near_duplicates"]]
+    assert pairs == [[f"train/daisy/{first}", "val/daisy/copy_of_first.jpg"]]
+    assert [(p["a"]["key"], p["b"]["key"]) for p in stored["near_duplicates"]] == \
+        [(p["a"]["key"], p["b"]["key"]) for p in decoded["near_duplicates"]]
+    assert [d["path"] for d in stored["degenerate"]] == ["train/roses/placeholder.jpg"]
+    assert stored["degenerate"] == decoded["degenerate"]
+    # a pack without recorded hashes falls back to decoding
+    pack(src, tmp_path / "off", near_duplicates="off", progress=False)
+    assert check_dataset(tmp_path / "off", transforms=False)["hashes"] == {
+        "train": "decoded", "val": "decoded"}

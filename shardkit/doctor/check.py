@@ -11,8 +11,11 @@ Findings are *errors* (the command exits 1) or *warnings* (exit 0 unless ``stric
   threshold. ``strict=True`` turns every warning into an error.
 
 Cost: the group and sha256 checks are dictionary passes, O(N) in the N samples of all splits. The
-near-duplicate search decodes every sample once (the bulk of the run time: the pHash and the
-degenerate test come from that one decode), then finds the pairs within the threshold among all
+near-duplicate search uses the pHashes and degenerate list that ``shardkit pack`` recorded
+(``phash`` in the split files, ``source.degenerate``), decoding nothing; a dataset without them
+(packed before, or with ``--near-duplicates off``), or ``recompute_hashes=True``, decodes every
+sample once instead (the bulk of the run time: the pHash and the degenerate test come from that
+one decode). It then finds the pairs within the threshold among all
 splits' hashes at once by multi-index hashing (:func:`shardkit.neardup.near_pairs`: exact,
 sub-quadratic; ~1-3 s for a million hashes at distance 4, see benchmarks/README.md) and keeps
 those whose samples lie in different splits. Degenerate images are left out of that search
@@ -37,7 +40,8 @@ log = logging.getLogger(__name__)
 def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bool = True,
                   phash_threshold: int | None = None, imbalance_threshold: float | None = None,
                   transforms: bool = True, transform_config: Any = None, transform_samples: int = 4,
-                  decoder: str = "auto", seed: int = 0, progress: bool = False) -> dict[str, Any]:
+                  decoder: str = "auto", seed: int = 0, progress: bool = False,
+                  recompute_hashes: bool = False) -> dict[str, Any]:
     """Run every leak and drift check on the dataset at ``root``.
 
     Args:
@@ -58,6 +62,9 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
         transform_samples: samples used for the drift check (the first ones of ``val``, else
             ``test``, else the first non-empty split).
         decoder: decoder registry name used for pHashes.
+        recompute_hashes: decode every sample for its pHash even when the pack recorded them
+            (by default a split whose records all carry ``phash`` uses those, decoding
+            nothing; the report's ``hashes`` says ``"stored"`` or ``"decoded"`` per split).
         seed: seed of the train-transform randomness in the drift check.
         progress: tqdm bars on stderr (pHash search and drift check).
 
@@ -113,14 +120,17 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
 
     near_level = errors if strict else warnings
     if near_duplicates:
-        hashes, skip, degenerate = {}, {}, []
+        hashes, skip, degenerate, source = {}, {}, [], {}
         for s in rows:
-            hashes[s], skip[s] = leaks.split_image_checks(root, manifest, s, decoder=decoder,
-                                                          progress=progress)
+            stored = None if recompute_hashes else leaks.stored_image_checks(manifest, rows[s])
+            source[s] = "decoded" if stored is None else "stored"
+            hashes[s], skip[s] = stored if stored is not None else leaks.split_image_checks(
+                root, manifest, s, decoder=decoder, progress=progress)
             degenerate += [{"split": s, "key": rows[s][pos]["key"],
                             "path": rows[s][pos].get("path"), "reason": reason}
                            for pos, reason in skip[s].items()]
         report["degenerate"] = degenerate
+        report["hashes"] = source
         if degenerate:
             near_level.append({"check": "degenerate", "message": _degenerate_message(degenerate)})
         pairs = leaks.near_duplicate_pairs(hashes, rows, phash_threshold, skip=skip)

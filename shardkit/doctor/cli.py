@@ -119,6 +119,9 @@ def inspect_command(out, split, out_dir, n, seed, json_path, progress, decoder, 
 @click.option("--no-near-duplicates", is_flag=True,
               help="Skip the pHash search and the degenerate-image test (they decode every "
               "sample); reported as not run.")
+@click.option("--recompute-hashes", is_flag=True,
+              help="Decode every sample for its pHash even where the pack recorded them (by "
+              "default recorded hashes are used and nothing is decoded).")
 @click.option("--no-transforms", is_flag=True,
               help="Skip the transform drift check; reported as not run.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -126,7 +129,7 @@ def inspect_command(out, split, out_dir, n, seed, json_path, progress, decoder, 
 @_DECODER
 @_TCFG
 def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, no_near_duplicates,
-                  no_transforms, seed, progress, decoder, transform_config):
+                  recompute_hashes, no_transforms, seed, progress, decoder, transform_config):
     """Check OUT's splits for leakage and its transforms for drift; exit 1 on a leak.
 
     The last line is the verdict: FAILED (exit 1) on shared groups, identical bytes or transform
@@ -139,7 +142,8 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
                          near_duplicates=not no_near_duplicates, phash_threshold=phash_threshold,
                          imbalance_threshold=imbalance_threshold, transforms=not no_transforms,
                          transform_config=_load_transform_config(transform_config, out),
-                         decoder=decoder, seed=seed, progress=progress_default(progress))
+                         decoder=decoder, seed=seed, progress=progress_default(progress),
+                         recompute_hashes=recompute_hashes)
     click.echo(format_check_report(report))
     if json_path is not None:
         write_json_report(report, json_path)

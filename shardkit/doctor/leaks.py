@@ -99,6 +99,26 @@ def split_image_checks(root: str | Path, manifest: dict[str, Any], split: str, *
     return hashes, dict(sorted(degenerate.items()))
 
 
+def stored_image_checks(manifest: dict[str, Any], rows: list[dict[str, Any]]
+                        ) -> tuple[np.ndarray, dict[int, str]] | None:
+    """The pHashes and degenerate images that ``shardkit pack`` recorded for one split (its
+    ``phash`` per split record, its ``source.degenerate`` list), as
+    :func:`split_image_checks` returns them, without decoding; None when the pack recorded none
+    (an older dataset, or ``--near-duplicates off``)."""
+    near = (manifest.get("split") or {}).get("near_duplicates") or {}
+    if near.get("mode") in (None, "off") or any("phash" not in r for r in rows):
+        return None
+    reasons = {d["path"]: d["reason"] for d in (manifest.get("source") or {}).get("degenerate", [])}
+    hashes = np.zeros(len(rows), dtype=np.uint64)
+    degenerate: dict[int, str] = {}
+    for pos, row in enumerate(rows):
+        if row["phash"] is None:
+            degenerate[pos] = reasons.get(row.get("path"), "degenerate (recorded by pack)")
+        else:
+            hashes[pos] = int(row["phash"], 16)
+    return hashes, degenerate
+
+
 def split_phashes(root: str | Path, manifest: dict[str, Any], split: str, *, decoder: str = "auto",
                   progress: bool = False) -> np.ndarray:
     """pHashes of every sample of ``split`` (degenerate ones included), decoded from the stored
