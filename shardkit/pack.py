@@ -357,13 +357,9 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         previous = None
         if opts.split_from is not None:  # read before anything is written (PREV may be OUT)
             previous = plan.load_previous(Path(opts.split_from))
-            if opts.split_auto:
-                if previous.ratios is None:
-                    raise ConfigError(f"--split-from {previous.root}: that pack kept given "
-                                      "splits, so it has no ratios to reuse; pass --split "
-                                      "NAME=FRACTION,... with its split names")
-                opts = opts.replace(split=previous.ratios)
         source = plan.scan_source(src, opts)                                         # 1
+        if previous is not None and opts.split_auto:
+            opts = plan.ratios_from_previous(previous, source, opts)
         label_map, label_idx = plan.resolve_labels(source.items, opts.labels)        # 2
         checked = plan.check_files(source, opts)                                     # 3
         _fail_if_nothing_to_pack(src, source, checked.keep, checked.quarantine)
@@ -457,7 +453,9 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
                    "is set].")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Check processes.")
-@click.option("--strict", is_flag=True, help="Reject images with decoder warnings.")
+@click.option("--strict", is_flag=True,
+              help="Quarantine images that decode only with warnings, and degenerate images "
+                   "(a side under 32 px, near-constant pixels).")
 @click.option("--max-pixels", type=click.IntRange(min=1), metavar="N",
               help="Pixel limit per image.")
 @click.option("--overwrite", is_flag=True,

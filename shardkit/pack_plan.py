@@ -40,9 +40,16 @@ if TYPE_CHECKING:
 
 __all__ = ["ScannedSource", "CheckedFiles", "SplitOutcome", "PreviousSplits", "scan_source",
            "resolve_labels", "check_files", "plan_split", "load_previous",
+           "ratios_from_previous",
            "NO_GROUP_RULE_WARNING"]
 
 logger = logging.getLogger("shardkit.pack")
+
+_GIANT_CLUSTER_MIN = 10
+_GIANT_CLUSTER_FRACTION = 0.05
+"""A near-duplicate cluster larger than both (images; share of the packed images) is warned
+about: bursts and copies make clusters of a handful, a chain across unrelated images makes a
+giant one."""
 
 NO_GROUP_RULE_WARNING = ("no group rule (--group-by or --metadata/--group-column): every file is "
                          "its own group, so near-duplicates (same subject, burst shots) can leak "
@@ -387,6 +394,34 @@ def load_previous(prev: Path) -> PreviousSplits:
                           group_rule=split.get("group_rule") or {})
 
 
+def ratios_from_previous(previous: PreviousSplits, source: ScannedSource,
+                         options: PackOptions) -> PackOptions:
+    """``options`` with ``split`` set to the previous pack's ratios, for ``--split-from``
+    without ``--split``.
+
+    Raises:
+        ConfigError: the source gives its own splits (they would be kept as given, so nothing
+            would be kept from the previous pack), or the previous pack kept given splits (it
+            has no ratios to reuse).
+    """
+    if source.given is not None:
+        raise ConfigError(f"--split-from {previous.root}: {source.root} gives its own splits "
+                          f"({layout.describe_mapping(source.given['mapping'])}), which are kept "
+                          "as given, so nothing would be kept from the earlier pack; pass --split "
+                          "NAME=FRACTION,... to pool and re-split them with its placements kept, "
+                          "or drop --split-from")
+    if previous.ratios is None:
+        raise ConfigError(f"--split-from {previous.root}: that pack kept given splits, so it has "
+                          "no ratios to reuse; pass --split NAME=FRACTION,... with its split names")
+    return options.replace(split=previous.ratios)
+
+
+def _rule_key(rule: dict) -> dict:
+    """A group rule without the metadata file's location: a grown dataset's CSV may live
+    elsewhere and still group by the same column."""
+    return {k: v for k, v in (rule or {}).items() if k != "csv"}
+
+
 @dataclass
 class SplitOutcome:
     """What step 4 decided.
@@ -436,6 +471,17 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
                           "which are kept as given; pass --split NAME=FRACTION,... to re-split "
                           "it with the earlier placements kept")
     fixed = previous.group_to_split if previous is not None else None
+    if previous is not None and previous.group_rule and \
+            _rule_key(previous.group_rule) != _rule_key(source.group_rule):
+        raise ConfigError(f"--split-from {previous.root} grouped files by "
+                          f"{_rule_key(previous.group_rule)}, this pack by "
+                          f"{_rule_key(source.group_rule)}: placements are kept by group name, "
+                          "so use the same group rule (otherwise every group looks new and old "
+                          "validation files could land in training)")
+    if fixed and not set(fixed) & {items[i].group for i in keep}:
+        raise ConfigError(f"--split-from {previous.root}: none of its {len(fixed)} groups is "
+                          f"among this source's groups (its first: {sorted(fixed)[:3]}); check "
+                          "the source and the group rule")
     if fixed is not None and set(fixed.values()) - set(options.split):
         raise SplitError(f"--split-from {previous.root} has splits "
                          f"{sorted(set(fixed.values()))} but the requested splits are "
@@ -475,11 +521,6 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
                 + ([numeric] if numeric else []) + list(plan.warnings) + near_warnings)
     if source.group_rule["kind"] == "none" and mode != "given":
         warnings.append(NO_GROUP_RULE_WARNING)
-    if previous is not None and previous.group_rule != source.group_rule:
-        warnings.append(f"--split-from {previous.root} grouped files by "
-                        f"{previous.group_rule or 'an unknown rule'}, this pack by "
-                        f"{source.group_rule}: placements are kept by group name, so use the "
-                        "same group rule")
     fields = pack_given.split_fields(source.given, mode, plan, [items[i].relpath for i in keep],
                                      options)
     fields["method"] = plan.method
@@ -537,13 +578,21 @@ def _near_section(plan: SplitPlan, pairs, keep: list[int], items, mode: str,
         if len(where) > 1:
             across.append(entry)
     section.update(num_clusters=len(listed), num_across_splits=len(across), clusters=listed)
+    notes = []
+    largest = max((len(c["paths"]) for c in listed), default=0)
+    if largest > max(_GIANT_CLUSTER_MIN, _GIANT_CLUSTER_FRACTION * len(keep)):
+        notes.append(f"the largest near-duplicate cluster holds {largest} of {len(keep)} images "
+                     f"(pHash distance <= {options.near_threshold}): at this --near-threshold "
+                     "unrelated images chain together into one atomic group, which decides the "
+                     "split fractions; lower --near-threshold (default 4)")
     if not across:
-        return section, []
+        return section, notes
     why = ("given splits keep them where they are" if mode == "given" else
            "--near-duplicates report moves nothing; merge keeps each cluster in one split")
     listing = "; ".join(" ~ ".join(repr(p) for p in e["paths"][:3])
                         + " (" + ", ".join(f"{x} {c}" for x, c in e["splits"].items()) + ")"
                         for e in across[:5])
     more = f"; ... and {len(across) - 5} more" if len(across) > 5 else ""
-    return section, [f"{len(across)} near-duplicate cluster(s) (pHash distance <= "
-                     f"{options.near_threshold}) span several splits ({why}): {listing}{more}"]
+    return section, notes + [f"{len(across)} near-duplicate cluster(s) (pHash distance <= "
+                             f"{options.near_threshold}) span several splits ({why}): "
+                             f"{listing}{more}"]

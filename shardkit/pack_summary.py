@@ -92,10 +92,17 @@ class PackSummary:
                      f"{len(self.label_conflicts)}; packed with decoder warnings: "
                      f"{self.num_with_warnings}; ignored entries: {self.num_ignored}")
         lines += [f"    ignored {path}: {why}" for path, why in self.ignored[:10]]
-        lines.append(f"  split rule: {self.split_method}" + {
-            "hash": " (a keyed hash of each group: re-packing a grown source moves no group)",
-            "balanced": " (closest to the ratios; added data may move groups)"}.get(
-                self.split_method, ""))
+        if self.kept_from:
+            lines.append(f"  split rule: placements kept from {self.kept_from['root']}, new "
+                         "groups balanced toward the ratios (pass --split-from again next time "
+                         "to keep these placements)")
+        else:
+            lines.append(f"  split rule: {self.split_method}" + {
+                "hash": " (a keyed hash of each group: re-packing a grown source moves no group, "
+                        "unless new identical or near-duplicate files join it to a group of a "
+                        "held-out split)",
+                "balanced": " (closest to the ratios; added data may move groups)"}.get(
+                    self.split_method, ""))
         if self.kept_from:
             k = self.kept_from
             lines.append(f"  kept from {k['root']}: {k['kept_groups']} groups where they were, "

@@ -13,17 +13,20 @@ Method (:func:`assign_splits`):
    ``shardkit.pack.pack(on_label_conflict=...)``).
 3. **Kept placements** (``fixed``, from a previous pack: ``shardkit pack --split-from PREV``). A
    component holding a group that the previous pack placed goes where that group was (when its
-   groups were in several splits, the split holding most of their samples; the others are listed
+   groups were in several splits, to the most held-out of them, i.e. the one with the smallest
+   ratio: a validation or test image must never move into training; the moved groups are listed
    in :attr:`SplitPlan.moved_groups`). Only components without such a group are assigned below,
    and always by the balanced rule, starting from the kept counts, so they make up for the kept
    groups' imbalance as far as they can.
 4. **Assignment** of the remaining components, by ``method``:
 
-   - ``"hash"`` (the default of ``shardkit pack``): **stable under additions.** A component's
-     split is decided by ``u``, a keyed hash of its smallest group name (BLAKE2b, 64 bits, keyed by
-     the seed) read as a fraction in [0, 1): the first split whose cumulative ratio exceeds ``u``
-     (in the order of the ratios). Adding groups never moves an old group (unless a new file joins
-     it to another group by identical bytes or a near-duplicate), for any dataset size. Each class
+   - ``"hash"`` (the default of ``shardkit pack``): **stable under additions.** Each group's own
+     split is decided by ``u``, a keyed hash of its name (BLAKE2b, 64 bits, keyed by the seed)
+     read as a fraction in [0, 1): the first split whose cumulative ratio exceeds ``u`` (in the
+     order of the ratios); a component of several groups goes to the most held-out of their
+     splits (the smallest ratio). Adding groups never moves an old group, for any dataset size,
+     unless a new file joins it to another group by identical bytes or a near-duplicate; then it
+     can only move toward a smaller (held-out) split, never into training. Each class
      is balanced in expectation only: a split's share varies by chance, with a standard deviation
      of about ``sqrt(r (1 - r) / G)`` for ``G`` equal-sized groups (0.02 for r = 0.1, G = 225), so
      small datasets can miss their ratios by more than the tolerance (reported). Changing a ratio
@@ -128,7 +131,7 @@ class SplitPlan:
             groups, empty splits).
         mode: ``"ratios"`` (:func:`assign_splits`) or ``"given"`` (:func:`given_splits`).
         method: the assignment rule of the components not kept (:data:`SPLIT_METHODS`;
-            given splits: ``"given"``).
+            ``"balanced"`` whenever ``fixed`` is given; given splits: ``"given"``).
         kept_groups: groups placed where ``fixed`` said (0 without ``fixed``).
         moved_groups: ``{"group", "from", "to"}`` of each group of ``fixed`` that had to move
             because new links or identical bytes joined it to a group kept in another split.
@@ -359,15 +362,11 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     comp_split: dict[int, str] = {}
     moved: list[dict] = []
     kept = 0
-    group_size = Counter(s.group for s in items)
     for root in roots:
-        votes = Counter()
-        for g in comp_groups[root]:
-            if g in fixed:
-                votes[fixed[g]] += group_size[g]
-        if not votes:
+        placed = {fixed[g] for g in comp_groups[root] if g in fixed}
+        if not placed:
             continue
-        split = max(names, key=lambda x: (votes[x], -names.index(x)))
+        split = _most_held_out(placed, names, ratios)
         comp_split[root] = split
         for g in sorted(comp_groups[root]):
             if g in fixed:
@@ -379,10 +378,11 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     # 4. the other components
     rest = [r for r in roots if r not in comp_split]
     if method == "hash" and not fixed:
+        edges = np.cumsum([ratios[x] for x in names])
         for root in rest:
-            u = _unit_hash(int(seed), min(comp_groups[root]))
-            split = next((x for x, edge in zip(names, np.cumsum([ratios[x] for x in names]))
-                          if u < edge), names[-1])
+            own = {next((x for x, edge in zip(names, edges) if _unit_hash(int(seed), g) < edge),
+                        names[-1]) for g in comp_groups[root]}
+            split = _most_held_out(own, names, ratios)
             comp_split[root] = split
             state.add(split, [items[i].label for i in comp_samples[root]])
     else:  # balanced, largest component first, seeded tie-break
@@ -432,8 +432,18 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
                      assignment=assignment, group_to_split=group_to_split, counts=dict(n_s),
                      class_counts=class_counts, achieved=achieved, class_achieved=class_achieved,
                      merged_groups=merged, label_conflicts=conflicts,
-                     num_duplicates=num_duplicates, warnings=warnings, method=method,
-                     kept_groups=kept, moved_groups=moved)
+                     num_duplicates=num_duplicates, warnings=warnings,
+                     method="balanced" if fixed else method, kept_groups=kept,
+                     moved_groups=moved)
+
+
+def _most_held_out(candidates: set[str], names: tuple[str, ...], ratios: dict[str, float]
+                   ) -> str:
+    """The split of ``candidates`` with the smallest ratio (ties: the later name): where an
+    atomic set goes when its groups were, or hash, into several splits. Held-out splits are the
+    small ones; moving a validation or test image into training would leak it, moving a
+    training image out of training only costs a sample."""
+    return min(candidates, key=lambda x: (ratios[x], -names.index(x)))
 
 
 def _unit_hash(seed: int, key: str) -> float:

@@ -234,3 +234,50 @@ def test_check_uses_the_recorded_hashes_and_finds_what_decoding_finds(tmp_path):
     pack(src, tmp_path / "off", near_duplicates="off", progress=False)
     assert check_dataset(tmp_path / "off", transforms=False)["hashes"] == {
         "train": "decoded", "val": "decoded"}
+
+
+def test_split_from_refuses_another_group_rule_and_a_split_first_source(tmp_path):
+    stages = _growing_source(tmp_path)
+    prev = tmp_path / "prev"
+    _pack_stage(stages[0], prev)
+    with pytest.raises(ConfigError, match="grouped files by .*'column': 'group'.* this pack by "
+                                          ".*'regex'.*use the same group rule"):
+        pack(stages[1], tmp_path / "o1", group_by=r"^[^/]+/(?P<g>\d)", split_from=prev,
+             progress=False)
+    tree = tmp_path / "given"  # the first stage laid out split-first, as prev split it
+    for split in load_manifest(prev)["splits"]:
+        for r in read_split_records(prev, split):
+            dest = tree / split / r["path"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(SAMPLE / r["path"], dest)
+    with pytest.raises(ConfigError, match="gives its own splits .* kept as given"):
+        pack(tree, tmp_path / "o2", split_from=prev, progress=False)
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_near_duplicate_bridging_old_groups_never_moves_a_held_out_group_into_train(tmp_path):
+    """A resized copy of a validation photo, filed under a training photographer's group: the
+    two groups must share a split, and it is the held-out one (the training group moves)."""
+    stages = _growing_source(tmp_path)
+    prev = tmp_path / "prev"
+    _pack_stage(stages[0], prev)
+    placed = _placements(prev)
+    rows = {r["path"]: (split, r["group"]) for split in load_manifest(prev)["splits"]
+            for r in read_split_records(prev, split)}
+    val_path, (_, val_group) = next((p, v) for p, v in sorted(rows.items()) if v[0] == "val")
+    train_group = next(g for g, s in sorted(placed.items()) if s == "train")
+    src = stages[1]
+    with Image.open(src / val_path) as im:
+        copy = im.convert("RGB").resize((im.width * 3 // 4, im.height * 3 // 4), Image.BICUBIC)
+    (src / "daisy" / "copy_of_val.jpg").write_bytes(_jpeg(copy, quality=85))
+    with open(tmp_path / "src1.csv", "a", newline="") as f:
+        f.write(f"daisy/copy_of_val.jpg,{train_group}\n")
+    for kw in ({"split_from": prev, "split_method": "balanced"}, {}):
+        out = tmp_path / f"out{len(kw)}"
+        _pack_stage(src, out, **kw)
+        after = _placements(out)
+        assert after[val_group] == "val" and after[train_group] == "val"
+        assert not [g for g, s in placed.items() if s != "train" and after[g] == "train"]
+        if kw:
+            assert load_manifest(out)["split"]["kept_from"]["moved_groups"] == [
+                {"group": train_group, "from": "train", "to": "val"}]

@@ -84,14 +84,32 @@ def test_links_join_groups_and_a_kept_group_moves_only_when_joined_across_splits
     plan = assign_splits(samples, R3, seed=0, links=[(3, 17), (17, 25)])
     assert plan.merged_groups == [["g17", "g25", "g3"]]
     assert len({plan.group_to_split[g] for g in ("g3", "g17", "g25")}) == 1
-    # g3 was in val, g17 in train (with more samples): joining them moves g3, said in a warning
+    # g3 was in val, g17 in train (with more samples): joined, they go to the held-out split;
+    # a validation image never moves into training
     samples.append(SplitSample("g17", 0, "extra"))
     fixed = {"g3": "val", "g17": "train"}
     joined = assign_splits(samples, R3, seed=0, links=[(3, 17)], fixed=fixed)
-    assert joined.moved_groups == [{"group": "g3", "from": "val", "to": "train"}]
-    assert "'g3' val -> train" in joined.warnings[-1]
+    assert joined.moved_groups == [{"group": "g17", "from": "train", "to": "val"}]
+    assert "'g17' train -> val" in joined.warnings[-1]
+    both = assign_splits(samples, R3, seed=0, links=[(3, 17)],
+                         fixed={"g3": "val", "g17": "test"})  # equal ratios: the later name
+    assert both.group_to_split["g3"] == both.group_to_split["g17"] == "test"
     with pytest.raises(SplitError, match="link \\(0, 99\\)"):
         assign_splits(samples, R3, seed=0, links=[(0, 99)])
+
+
+def test_hash_rule_joined_groups_go_to_the_most_held_out_of_their_own_splits():
+    """Under the hash rule each group keeps the split its own hash gives; a new near-duplicate
+    link between a train group and a val group puts both in val (never the val one in train)."""
+    samples = [SplitSample(f"g{i}", 0, f"h{i}") for i in range(200)]
+    alone = assign_splits(samples, R3, seed=0)
+    train = next(i for i in range(200) if alone.group_to_split[f"g{i}"] == "train")
+    val = next(i for i in range(200) if alone.group_to_split[f"g{i}"] == "val")
+    linked = assign_splits(samples, R3, seed=0, links=[(train, val)])
+    assert linked.group_to_split[f"g{train}"] == linked.group_to_split[f"g{val}"] == "val"
+    changed = [g for g in alone.group_to_split
+               if alone.group_to_split[g] != linked.group_to_split[g]]
+    assert changed == [f"g{train}"]
 
 
 def test_changing_a_ratio_moves_only_groups_between_the_old_and_new_boundaries():

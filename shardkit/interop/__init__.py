@@ -142,7 +142,9 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
     card = root / CARD_NAME
     if "hf" in tools and card.exists() and CARD_MARKER not in card.read_text(errors="replace"):
         raise ConfigError(f"{card} exists and was not written by shardkit; move it away first "
-                          "(shardkit does not replace files it did not write)")
+                          "(shardkit does not replace files it did not write), or load without "
+                          "a card: datasets.load_dataset(\"webdataset\", data_files={\"train\": "
+                          f"\"{root}/shards/train-*.tar\", ...})")
     lock = _RunLock(root)
     lock.acquire()
     try:
