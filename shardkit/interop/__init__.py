@@ -144,7 +144,7 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
         raise ConfigError(f"{card} exists and was not written by shardkit; move it away first "
                           "(shardkit does not replace files it did not write), or load without "
                           "a card: datasets.load_dataset(\"webdataset\", data_files={\"train\": "
-                          f"\"{root}/shards/train-*.tar\", ...})")
+                          f"\"{root}/shards/train-*.tar\", ...}})")
     lock = _RunLock(root)
     lock.acquire()
     try:
