@@ -22,11 +22,19 @@ epoch within 10%). Memory: arena bytes per image and per split, at full size and
 DataLoader worker processes (``backend="process"``, fork, persistent), after a fill epoch and
 ``--repeats`` cached epochs, next to the same loader uncached: the arena's RSS in each process,
 its PSS summed over main + workers (one copy), and each process's whole PSS.
+
+``--fill-breakdown``: instead, where the fill epoch's time goes, single thread, per image, each
+step timed back to back on the same image and the minimum over ``--repeats`` passes kept (so
+load from other processes inflates little): the uncached transform (crop-window decode fused
+with the resize), the cache's ``fill`` (a fresh arena each pass), and its parts: the whole-image
+decode, the crop window's decode alone, drawing the crop, resizing from decoded pixels, and the
+store (``pwrite`` into fresh tmpfs pages + xxh3).
 Usage::
 
     .venv/bin/python benchmarks/bench_cache.py --data OUT [--split train] [--repeats 3] \\
         [--backend thread] [--out FILE]
     .venv/bin/python benchmarks/bench_cache.py --data OUT --memory [--workers 2] [--out FILE]
+    .venv/bin/python benchmarks/bench_cache.py --data OUT --fill-breakdown [--out FILE]
 """
 from __future__ import annotations
 
@@ -75,6 +83,59 @@ def _one_repeat(root, split, batch, workers, backend, epoch):
     return rates, stats, diff
 
 
+def _fill_breakdown(root, split, repeats):
+    """Per-image ms of the uncached transform, the cache fill and the fill's parts (module doc)."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from shardkit.stream.cache import DecodedCache
+    from shardkit.stream.source import ShardSource
+    from shardkit.transforms import TransformConfig, make_transform, sample_crop_params
+
+    src = ShardSource(root, split)
+    datas = [bytes(src.read(i)) for i in range(len(src))]
+    tf = make_transform(TransformConfig(image_size=224), True)
+    dec, out, clk = tf.decoder, np.empty((224, 224, 3), np.uint8), time.perf_counter
+    names = ("uncached", "fill", "decode_whole", "decode_window", "crop_params",
+             "resize_from_pixels", "store")
+    best = {k: np.full(len(datas), np.inf) for k in names}
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+            os.environ["SHARDKIT_CACHE_SHM"] = shm
+            fresh = DecodedCache(src, tf, "ram", None)
+            fresh.attach()
+            for i, d in enumerate(datas):
+                t = [clk()]
+                tf(d, np.random.default_rng(i), out=out)
+                t.append(clk())
+                fresh.fill(i, d, tf, np.random.default_rng(i), out)
+                t.append(clk())
+                pix = dec.decode_scaled(d, Fraction(1))
+                t.append(clk())
+                h, w = pix.shape[:2]
+                p = sample_crop_params(w, h, tf.cfg, np.random.default_rng(i))
+                dec.decode_region(d, (p.left, p.top, p.left + p.width, p.top + p.height),
+                                  Fraction(1))
+                t.append(clk())
+                sample_crop_params(w, h, tf.cfg, np.random.default_rng(i))
+                t.append(clk())
+                tf.from_pixels(pix, w, h, np.random.default_rng(i), out)
+                t.append(clk())
+                fresh.arena.table["state"][i] = 0
+                fresh.arena.store(i, pix, 0)  # the slot's pages exist now: a rewrite
+                t.append(clk())
+                for k, a, b in zip(names, t, t[1:]):
+                    best[k][i] = min(best[k][i], b - a)
+            fresh.detach()
+    ms = {k: float(v.mean() * 1e3) for k, v in best.items()}
+    ms["resize_from_pixels"] -= ms["crop_params"]  # from_pixels draws the crop too
+    return {"images": len(datas), "ms_per_image": ms,
+            "ratio_fill_to_uncached_speed": ms["uncached"] / ms["fill"],
+            "ratio_decode_whole_to_window": ms["decode_whole"] / ms["decode_window"],
+            "floor_without_store_speed": ms["uncached"] / (ms["fill"] - ms["store"])}
+
+
 def _memory(root, split, batch, workers, epochs):
     """PSS of main + worker processes, cached (ram) and uncached; see the module doc."""
     import psutil
@@ -118,7 +179,11 @@ def _memory(root, split, batch, workers, epochs):
 @click.option("--repeats", default=3, show_default=True)
 @click.option("--out", default=None, type=click.Path(dir_okay=False))
 @click.option("--memory", is_flag=True, help="PSS per process instead of speed (module doc).")
-def main(data, split, batch_size, workers, backend, repeats, out, memory):
+@click.option("--fill-breakdown", is_flag=True, help="Per-image cost of the fill's parts.")
+def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_breakdown):
+    if fill_breakdown:
+        return _emit({"data": str(data), "split": split, "repeats": repeats,
+                      **_fill_breakdown(data, split, repeats)}, out)
     if memory:
         result = {"data": str(data), "split": split, "batch_size": batch_size,
                   "workers": workers, "epochs_after_fill": repeats,

@@ -22,6 +22,10 @@ error):
 - ``shardkit``: ``shardkit pack SRC WORK/shardkit-<fmt> --split train=1.0`` for each format
   (wds, lmdb, hdf5), then ``shardkit.make_loader(..., train=True, image_size=224)`` with its
   defaults (thread backend, prefetch 2): uint8 channels-last batches.
+- ``shardkit_cached``: the wds pack only, ``make_loader(..., cache="ram")`` (issue 11): the
+  untimed warm-up epoch decodes every image once into the shared-memory arena (its time is
+  reported as ``fill_s``), the timed epochs crop from the cached pixels (original JPEG bytes
+  stay on disk). The side-by-side peer is FFCV's ``MODE=raw`` (``peer_ffcv.py``).
 
 Every DataLoader peer uses ``shuffle`` (or its own shuffling), ``--workers`` worker processes and
 ``persistent_workers=True`` (when ``--workers`` > 0), so no peer pays worker start-up per epoch.
@@ -40,12 +44,12 @@ import torchvision.transforms as T
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from common import BATCH, IMAGE_SIZE, list_images, parse_args, time_epochs
+from common import BATCH, IMAGE_SIZE, emit, list_images, parse_args, time_epochs
 
 PIPELINES = ["imagefolder_pil", "imagefolder_pil_uint8", "webdataset_pil", "litdata_pil",
-             "mosaic_pil", "shardkit"]
+             "mosaic_pil", "shardkit", "shardkit_cached"]
 NEEDS = {"webdataset_pil": "webdataset", "litdata_pil": "litdata", "mosaic_pil": "streaming",
-         "shardkit": "shardkit"}
+         "shardkit": "shardkit", "shardkit_cached": "shardkit"}
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet, as torchvision's examples
 FLOAT_TF = T.Compose([T.RandomResizedCrop(IMAGE_SIZE), T.RandomHorizontalFlip(), T.ToTensor(),
                       T.Normalize(MEAN, STD)])
@@ -169,6 +173,38 @@ def run_shardkit(args):
                     backend=getattr(loader, "backend_name", loader.backend))
 
 
+def run_shardkit_cached(args):
+    """As :func:`common.time_epochs` (one untimed warm-up epoch, here the fill, then
+    ``--epochs`` timed ones), with the fill epoch's seconds and the cache's size in the row."""
+    import time
+
+    import shardkit
+
+    out = _fresh(os.path.join(args.work, "shardkit-wds-cached"))
+    subprocess.run([sys.executable, "-m", "shardkit.cli", "pack", args.src, out, "--format",
+                    "wds", "--split", "train=1.0", "--no-progress"], check=True,
+                   capture_output=True)
+    with shardkit.make_loader(out, "train", BATCH, num_workers=args.workers, prefetch_factor=2,
+                              pin_memory=False, train=True, image_size=IMAGE_SIZE,
+                              cache="ram") as loader:
+        count = _counter(loader)
+        t0 = time.perf_counter()
+        filled = count()
+        fill_s = time.perf_counter() - t0
+        start = time.perf_counter()
+        images = sum(count() for _ in range(args.epochs))
+        seconds = time.perf_counter() - start
+        stats = loader.cache_stats()
+        row = {"pipeline": "shardkit_cached", "output": "uint8 (N, 3, 224, 224) channels-last",
+               "images": images, "seconds": round(seconds, 2),
+               "img_per_s": round(images / seconds, 1), "workers": args.workers,
+               "epochs": args.epochs, "batch": BATCH, "backend": loader.backend_name,
+               "fill_s": round(fill_s, 2), "fill_img_per_s": round(filled / fill_s, 1),
+               "cache_bytes": stats["size_bytes"], "hit_rate": round(stats["hit_rate"], 4)}
+    emit(row, args.out)
+    return row
+
+
 def _installed(package: str) -> bool:
     import importlib.util
 
@@ -188,6 +224,8 @@ def main() -> None:
     for name in [p for p in PIPELINES if p in wanted]:  # always in the same order
         if name == "shardkit":
             run_shardkit(args)
+        elif name == "shardkit_cached":
+            run_shardkit_cached(args)
         elif name.startswith("imagefolder"):
             uint8 = name.endswith("uint8")
             time_epochs(name, _counter(imagefolder(args, files, uint8)), args,
