@@ -261,7 +261,8 @@ def lacking_metadata_error(csv_path: str | os.PathLike, column: str, relpaths: l
                            root: str | os.PathLike | None = None,
                            known: list[str] | None = None,
                            path_column: str = "path") -> SourceError:
-    """The error for ``relpaths`` without a metadata row or ``column`` value (first 20 listed).
+    """The error for ``relpaths`` without a metadata row or ``column`` value: the count, the
+    hint below when there is one, then the files (first 20 listed).
 
     When the CSV has a row that matches no file, one such path is shown next to one of
     ``relpaths`` so the user sees how they differ: a row with the same file name as a file
@@ -271,15 +272,15 @@ def lacking_metadata_error(csv_path: str | os.PathLike, column: str, relpaths: l
     Never raises: an unreadable CSV just gives no example.
     """
     csv_s = os.path.abspath(os.fspath(csv_path))
-    text = (f"metadata CSV {csv_s!r} has no row or an empty {column!r} for "
-            f"{_listing(relpaths)} file(s)")
+    text = (f"metadata CSV {csv_s!r} has no row or an empty {column!r} for {len(relpaths)} "
+            "file(s)")
     pair = _unmatched_example(csv_s, path_column, relpaths, root, known)
-    if pair is not None:
+    if pair is not None:  # the hint first: the listing below can be long
         where = os.fspath(root) if root is not None else "SRC"
         text += (f". The CSV's path {pair[0]!r} matches no file; compare the file {pair[1]!r} "
                  f"under {where}: paths must be relative to SRC like that, may start with "
                  "'./', or be absolute under SRC")
-    return SourceError(text)
+    return SourceError(f"{text}. Files without a row: {_listing(relpaths)}")
 
 
 def _unmatched_example(csv_s: str, path_column: str, relpaths: list[str], root, known

@@ -354,7 +354,7 @@ def test_metadata_split_column_without_row_for_an_image_is_an_error(tmp_path):
     with pytest.raises(SourceError) as err:
         pack(root, tmp_path / "out", metadata=meta, split_column="split", progress=False)
     assert str(err.value) == (f"metadata CSV {str(meta)!r} has no row or an empty 'split' for "
-                              f"1: 'daisy/{files[1].name}' file(s)")
+                              f"1 file(s). Files without a row: 1: 'daisy/{files[1].name}'")
 
 
 # ---------------------------------------------------------------- options

@@ -113,11 +113,11 @@ def test_unmatched_rows_are_shown_next_to_a_src_relpath(src, tmp_path, written):
     with pytest.raises(SourceError) as err:
         apply_group_metadata(items, meta, "user")
     msg = str(err.value)
-    assert msg.startswith(f"metadata CSV {str(meta)!r} has no row or an empty 'user' for 10: "
-                          f"{rels[0]!r}, ")
-    assert msg.endswith(f" file(s). The CSV's path {rows[0][0]!r} matches no file; compare the "
-                        f"file {rels[0]!r} under {src}: paths must be relative to SRC like "
-                        "that, may start with './', or be absolute under SRC")
+    assert msg.startswith(f"metadata CSV {str(meta)!r} has no row or an empty 'user' for 10 "
+                          f"file(s). The CSV's path {rows[0][0]!r} matches no file; compare the "
+                          f"file {rels[0]!r} under {src}: paths must be relative to SRC like "
+                          "that, may start with './', or be absolute under SRC. Files without "
+                          f"a row: 10: {rels[0]!r}, ")  # the hint before the long listing
     assert "\n" not in msg
 
 
@@ -132,13 +132,14 @@ def test_example_pairs_a_row_with_the_same_file_name_and_skips_matched_rows(src,
         f"under {src}:" in str(err)
     # without ``known`` the matched rows cannot be told apart: only a same-name row is shown
     assert f"'extra/{rels[8]}'" in str(lacking_metadata_error(meta, "user", rels[8:]))
-    assert str(lacking_metadata_error(meta, "user", rels[9:])).endswith(f"{rels[9]!r} file(s)")
+    assert str(lacking_metadata_error(meta, "user", rels[9:])).endswith(
+        f"Files without a row: 1: {rels[9]!r}")
     # every row matches a file and one file has no row: no row to compare, nothing added
     meta = _write(tmp_path / "meta.csv", ["path", "user"], [[r, "g"] for r in rels[:9]])
     with pytest.raises(SourceError) as err:
         apply_group_metadata(items, meta, "user")
-    assert str(err.value) == (f"metadata CSV {str(meta)!r} has no row or an empty 'user' for 1: "
-                              f"{rels[9]!r} file(s)")
+    assert str(err.value) == (f"metadata CSV {str(meta)!r} has no row or an empty 'user' for 1 "
+                              f"file(s). Files without a row: 1: {rels[9]!r}")
 
 
 def test_pack_cli_joins_dot_slash_and_absolute_rows_for_group_and_split_column(

@@ -570,7 +570,8 @@ def test_non_image_without_metadata_row_is_quarantined_not_an_error(sample_dir, 
         ("daisy/notes.txt", "not an image (sniffed: unknown)")]
     check_packed(tmp_path / "o", src, 9)
     shutil.copyfile(sorted((sample_dir / "tulips").glob("*.jpg"))[0], src / "roses" / "extra.jpg")
-    with pytest.raises(SourceError, match=r"no row or an empty 'who' for 1: 'roses/extra.jpg' "):
+    with pytest.raises(SourceError, match=r"no row or an empty 'who' for 1 file\(s\)\. Files "
+                                          r"without a row: 1: 'roses/extra.jpg'"):
         pack(src, tmp_path / "o2", split={"train": 0.5, "val": 0.5}, metadata=meta,
              group_column="who", progress=False)
 

@@ -236,7 +236,8 @@ def test_group_metadata_join_and_errors(tmp_path):
         apply_group_metadata(items, meta, "photographer", path_column="file")
     with pytest.raises(ConfigError, match="no column 'path'"):
         apply_group_metadata(items, meta, "who")
-    with pytest.raises(SourceError, match=r"no row or an empty 'who' for 1: 'b/3.jpg'"):
+    with pytest.raises(SourceError, match=r"no row or an empty 'who' for 1 file.*Files "
+                                          r"without a row: 1: 'b/3.jpg'"):
         apply_group_metadata(items + _items("b/3.jpg"), meta, "who", path_column="file")
     meta.write_text("path,who\na/1.jpg,ann\na/1.jpg,bob\n", encoding="utf-8")
     with pytest.raises(SourceError, match="several 'who' values to 1: 'a/1.jpg'"):

@@ -177,7 +177,7 @@ def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool) -> 
         written.append(_put(root / CARD_NAME, card_text(
             manifest, name, names, exts, members.every_sample_has("json"))))
     if written:
-        logger.info("wrote the files of %s for %s (%d files)",
+        logger.info("wrote the files of %s for %s (%d file(s))",
                     ", ".join(_NICE[t] for t in tools if t not in lacking), root, len(written))
     return written
 
