@@ -66,7 +66,8 @@ def _make_step(step_ms: float | None, model: str | None, device: str, num_classe
 def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = (), decoders: tuple[str, ...] = ("auto",),
               num_workers: str = "0,1,2,4", prefetch_factor: str = "2,4,8",
               pin_memory: str = "both", persistent_workers: str = "off",
-              backends: str = "thread", caches: str = "none", cfg: RunConfig = RunConfig(), step_ms: float | None = None,
+              backends: str = "thread", caches: str = "none", cfg: RunConfig = RunConfig(),
+              step_ms: float | None = None,
               model: str | None = None, device: str = "auto", baseline: str = "none",
               expect_pil: str = "any", tolerance: float = 0.05, threshold: float = 0.10,
               plots: bool = True, echo=click.echo) -> dict:

@@ -6,8 +6,9 @@ then the thread backend before the process backend (no worker processes, no per-
 inter-process copy), then no decoded cache before ``ram`` before ``disk`` (a cache costs memory
 or disk, and its first epoch is the fill), then lowest prefetch_factor, then pin_memory off, then
 persistent_workers off. A cached row's throughput is its steady state from the second epoch on;
-the text says so, with the cache's size and its fill epoch's rate. The run is data-bound at the given step time when that setting's median
-``data_wait_fraction`` (loader wait / wall time) >= ``threshold``.
+the text says so, with the cache's size and its fill epoch's rate. The run is data-bound at the
+given step time when that setting's median ``data_wait_fraction`` (loader wait / wall time)
+>= ``threshold``.
 
 ``bench.json`` schema 2: every row's ``requested`` and ``setting`` carry ``backend`` ("thread" |
 "process"; the ImageFolder baseline is a DataLoader, "process"); ``config.backends`` lists the
@@ -59,8 +60,8 @@ def _med(rec: dict, metric: str) -> float | None:
 def _cost(rec: dict) -> tuple:
     s = rec["setting"]
     return (s["num_workers"], _BACKEND_COST.get(s.get("backend"), len(_BACKEND_COST)),
-            _CACHE_COST.get(_cache_mode(rec), len(_CACHE_COST)), s["prefetch_factor"] or 0, s["pin_memory"], s["persistent_workers"],
-            -_med(rec, "throughput_img_s"))
+            _CACHE_COST.get(_cache_mode(rec), len(_CACHE_COST)), s["prefetch_factor"] or 0,
+            s["pin_memory"], s["persistent_workers"], -_med(rec, "throughput_img_s"))
 
 
 def _label(rec: dict) -> str:
@@ -168,8 +169,8 @@ def _cache_advice(rec: dict, ok: list[dict]) -> list[str]:
     if cached:
         top = max(cached, key=lambda r: _med(r, "throughput_img_s"))
         return [f"The fastest cached row ({_label(top)}, row {top['id']}, "
-                f"{_med(top, 'throughput_img_s'):.0f} img/s) gains less than the tolerance over this "
-                f"one: not worth its memory here."]
+                f"{_med(top, 'throughput_img_s'):.0f} img/s) gains less than the tolerance over "
+                f"this one: not worth its memory here."]
     return []
 
 
