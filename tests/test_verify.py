@@ -292,5 +292,5 @@ def test_broken_dataset_error_through_the_installed_command(packed_sample, tmp_p
     assert proc.returncode == 2, proc.stderr
     *notes, line = proc.stderr.splitlines()
     assert all(n.startswith("INFO shardkit.") for n in notes), proc.stderr
-    assert line.startswith("Error: ShardCorruptError: shard ") and shard in line
+    assert line.startswith("Error: ShardCorruptError: ") and f"{shard}: missing" in line
     assert proc.stdout == ""

@@ -31,6 +31,8 @@ from typing import Any
 from shardkit.doctor import leaks
 from shardkit.doctor.reading import load_manifest_dict, read_rows
 from shardkit.errors import ConfigError, ManifestError
+from shardkit.manifest import is_url
+from shardkit.stream.source import check_shard_files
 
 __all__ = ["check_dataset", "format_check_report", "check_headline", "write_json_report"]
 
@@ -78,6 +80,9 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
 
     Raises:
         ConfigError: a threshold is out of range.
+        ShardCorruptError: a shard listed in the manifest is missing or has another size
+            (all of them named; checked before the near-duplicate search, which may read no
+            shard when the pack recorded the hashes).
         ManifestError: unreadable manifest or split file, or a ``splits/<split>.jsonl`` whose row
             count differs from the manifest's ``num_samples``.
         ShardCorruptError, DecodeError: from reading the samples.
@@ -121,6 +126,9 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     near_level = errors if strict else warnings
     if near_duplicates:
         hashes, skip, degenerate, source = {}, {}, [], {}
+        if not is_url(root):  # stored hashes read no shard: find a missing one here, at once
+            for s in rows:
+                check_shard_files(root, s, manifest["splits"][s]["shards"])
         for s in rows:
             stored = None if recompute_hashes else leaks.stored_image_checks(manifest, rows[s])
             source[s] = "decoded" if stored is None else "stored"
