@@ -5,8 +5,10 @@ of space while filling falls back to uncached reads, disk caches are validated a
 dataset, ``auto`` decides by the budget, ``cache_eval="final"``."""
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -271,7 +273,9 @@ def test_disk_cache_is_reused_across_runs_and_checked(root, plain, tmp_path, cap
     assert _same(plain[0], first[0]) and _same(plain[1], second[0])
     assert (s1["misses"], s2["hits"], s2["misses"]) == (n, n, 0)
     files = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert files == ["shardkit-train-full.arena", "shardkit-train-full.arena.lock"]
+    where = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:12]
+    assert files == [f"shardkit-train-full-{where}.arena",
+                     f"shardkit-train-full-{where}.arena.lock"]
     # a damaged slot (bit rot, a copy gone wrong) is never served: its check fails, re-decoded
     path = tmp_path / "cache" / files[0]
     with open(path, "r+b") as f:
@@ -284,15 +288,33 @@ def test_disk_cache_is_reused_across_runs_and_checked(root, plain, tmp_path, cap
 
 
 def test_stale_disk_cache_is_rebuilt_never_read(packed_sample, tmp_path, caplog):
-    """The same photos packed as lmdb: other shards (other sha256s), same DIR and split."""
-    spec = f"disk:{tmp_path}"
-    _epochs(packed_sample("wds"), [0], cache=spec)
-    other = packed_sample("lmdb")
-    plain, _ = _epochs(other, [0])
+    """The dataset at one place re-packed (the same photos as lmdb: other shards, other
+    sha256s), same DIR and split: its arena is rebuilt, never read."""
+    spec = f"disk:{tmp_path / 'cache'}"
+    where = tmp_path / "data"
+    shutil.copytree(packed_sample("wds"), where)
+    _epochs(where, [0], cache=spec)
+    shutil.rmtree(where)
+    shutil.copytree(packed_sample("lmdb"), where)
+    plain, _ = _epochs(where, [0])
     with caplog.at_level(logging.WARNING, logger="shardkit.stream.cache"):
-        cached, stats = _epochs(other, [0], cache=spec)
+        cached, stats = _epochs(where, [0], cache=spec)
     assert "stale arena, for another dataset" in caplog.text
     assert _same(plain[0], cached[0]) and stats["hits"] == 0
+    assert len(list((tmp_path / "cache").glob("*.arena"))) == 1  # replaced, not added
+
+
+def test_two_datasets_sharing_a_disk_dir_keep_one_arena_each(packed_sample, tmp_path):
+    spec = f"disk:{tmp_path / 'cache'}"
+    a, b = packed_sample("wds"), packed_sample("hdf5")
+    _epochs(a, [0], cache=spec)
+    _epochs(b, [0], cache=spec)
+    _, again = _epochs(a, [1], cache=spec)  # a's arena was not evicted by b's
+    assert again["misses"] == 0 and again["hits"] == _num_train(a)
+    assert len(list((tmp_path / "cache").glob("*.arena"))) == 2
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        _epochs(a, [0], cache=f"disk:{tmp_path / 'file'}")
 
 
 def test_disk_cache_of_a_killed_run_is_checked_before_reuse(root, plain, tmp_path, caplog):

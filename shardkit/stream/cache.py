@@ -168,12 +168,18 @@ class DecodedCache:
             path = folder / f"shardkit-cache-{source.split}-{resolution}-{digest}.arena"
         else:
             folder = Path(directory)
+            if folder.exists() and not folder.is_dir():
+                raise ConfigError(f"cache='disk:{directory}': {folder} is not a folder")
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ConfigError(f"cache='disk:{directory}': cannot create the folder "
                                   f"({e.strerror})") from e
-            path = folder / f"shardkit-{source.split}-{resolution}.arena"
+            # named after the dataset's location: two datasets sharing DIR keep one arena each,
+            # and a re-pack in the same place replaces its stale arena instead of adding one
+            where = hashlib.sha256(os.path.realpath(source.root).encode("utf-8", "surrogatepass")
+                                   ).hexdigest()[:12]
+            path = folder / f"shardkit-{source.split}-{resolution}-{where}.arena"
         self.path = str(path)
         self.projected_bytes = int((cached[:, 0] * cached[:, 1] * 3).sum())
         self.arena = Arena(self.path, ident, np.concatenate([sizes, cached], axis=1),
