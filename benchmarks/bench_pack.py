@@ -48,13 +48,15 @@ def baseline(files: list[tuple[Path, str]], out: Path, shard_samples: int) -> No
             sink.write({"__key__": f"s{i:08d}", "jpg": path.read_bytes(), "cls": classes[cls]})
 
 
-def shardkit_pack(src: Path, out: Path, fmt: str, shard_samples: int, workers: int) -> None:
+def shardkit_pack(src: Path, out: Path, fmt: str, shard_samples: int, workers: int,
+                  near: str = "merge") -> None:
     from shardkit.pack import pack
 
     meta = src / "metadata.csv"
     group = dict(metadata=meta, group_column="group_flickr_user") if meta.exists() else {}
     pack(src, out, format=fmt, split={"train": 0.8, "val": 0.1, "test": 0.1}, seed=0,
-         shard_samples=shard_samples, workers=workers, progress=False, **group)
+         shard_samples=shard_samples, workers=workers, progress=False, near_duplicates=near,
+         **group)
 
 
 def timed(fn, repeat: int) -> list[float]:
@@ -92,6 +94,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per row (median reported)")
     ap.add_argument("--shard-samples", type=int, default=256)
     ap.add_argument("--formats", default="wds,lmdb,hdf5")
+    ap.add_argument("--near-duplicates", default="merge",
+                    help="comma list of pack --near-duplicates modes, one row each (e.g. "
+                         "merge,off: the cost of the pHash)")
     args = ap.parse_args(argv)
 
     files = image_files(args.data)
@@ -99,23 +104,26 @@ def main(argv=None) -> dict:
     timed(lambda out: baseline(files, out, args.shard_samples), 1)  # warm-up: page cache
     rows = {"baseline (wds.ShardWriter loop)":
             timed(lambda out: baseline(files, out, args.shard_samples), args.repeat)}
+    modes = args.near_duplicates.split(",")
     for fmt in args.formats.split(","):
-        rows[f"shardkit pack --format {fmt}"] = timed(
-            lambda out, fmt=fmt: shardkit_pack(args.data, out, fmt, args.shard_samples, args.workers),
-            args.repeat)
+        for near in modes:
+            name = f"shardkit pack --format {fmt}" + (f" --near-dup {near}" if len(modes) > 1
+                                                      else "")
+            rows[name] = timed(lambda out, fmt=fmt, near=near: shardkit_pack(
+                args.data, out, fmt, args.shard_samples, args.workers, near), args.repeat)
 
     base = statistics.median(rows["baseline (wds.ShardWriter loop)"])
     results = []
     print(f"{len(files)} files, {nbytes / 1e6:.1f} MB from {args.data}; workers={args.workers}, "
           f"median of {args.repeat}")
-    print(f"{'method':<34} {'s':>8} {'files/s':>9} {'MB/s':>8} {'speed vs baseline':>18}")
+    print(f"{'method':<52} {'s':>8} {'files/s':>9} {'MB/s':>8} {'speed vs baseline':>18}")
     for name, times in rows.items():
         med = statistics.median(times)
         row = {"method": name, "seconds_median": med, "seconds_all": times,
                "files_per_s": len(files) / med, "mb_per_s": nbytes / 1e6 / med,
                "speed_ratio_vs_baseline": base / med}
         results.append(row)
-        print(f"{name:<34} {med:8.2f} {row['files_per_s']:9.1f} {row['mb_per_s']:8.1f} "
+        print(f"{name:<52} {med:8.2f} {row['files_per_s']:9.1f} {row['mb_per_s']:8.1f} "
               f"{row['speed_ratio_vs_baseline']:17.3f}x")
     report = {"benchmark": "pack", "data": str(args.data), "num_files": len(files),
               "source_bytes": nbytes, "shard_samples": args.shard_samples, "repeat": args.repeat,
