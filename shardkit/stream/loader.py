@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Callable, Iterator
+from typing import Iterator
 
 from ..errors import ConfigError, LoaderError, ShardkitError
 from .backends import ProcessBackend, ThreadBackend
