@@ -150,7 +150,8 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
 
     Raises:
         LabelError: identical bytes under different labels with policy ``"error"``.
-        ConfigError: ``previous`` with a source whose given splits are kept.
+        ConfigError: ``previous`` with a source whose given splits are kept, with another
+            group rule (the metadata file's path aside), or sharing no group with the source.
         SplitError: ``previous`` names splits that are not among the requested ones.
     """
     items, results, keep = source.items, checked.results, checked.keep
