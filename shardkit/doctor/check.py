@@ -126,14 +126,17 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     near_level = errors if strict else warnings
     if near_duplicates:
         hashes, skip, degenerate, source = {}, {}, [], {}
-        if not is_url(root):  # stored hashes read no shard: find a missing one here, at once
-            for s in rows:
-                check_shard_files(root, s, manifest["splits"][s]["shards"])
         for s in rows:
-            stored = None if recompute_hashes else leaks.stored_image_checks(manifest, rows[s])
-            source[s] = "decoded" if stored is None else "stored"
-            hashes[s], skip[s] = stored if stored is not None else leaks.split_image_checks(
-                root, manifest, s, decoder=decoder, progress=progress)
+            found = None if recompute_hashes else leaks.stored_image_checks(manifest, rows[s])
+            if found is None:  # decoding reads every shard: a missing one fails there
+                found = leaks.split_image_checks(root, manifest, s, decoder=decoder,
+                                                 progress=progress)
+                source[s] = "decoded"
+            else:
+                if not is_url(root):  # stored hashes read no shard: a missing one fails here
+                    check_shard_files(root, s, manifest["splits"][s]["shards"])
+                source[s] = "stored"
+            hashes[s], skip[s] = found
             degenerate += [{"split": s, "key": rows[s][pos]["key"],
                             "path": rows[s][pos].get("path"), "reason": reason}
                            for pos, reason in skip[s].items()]

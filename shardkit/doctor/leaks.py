@@ -84,13 +84,9 @@ def split_image_checks(root: str | Path, manifest: dict[str, Any], split: str, *
     Raises:
         ShardCorruptError, DecodeError: a sample cannot be read or decoded.
     """
-    n = int(manifest["splits"][split]["num_samples"])
-    limit = dataset_max_pixels(manifest)
-    hashes = np.zeros(n, dtype=np.uint64)
+    hashes = np.zeros(int(manifest["splits"][split]["num_samples"]), dtype=np.uint64)
     degenerate: dict[int, str] = {}
-    for pos, data in tqdm(iter_sample_bytes(root, manifest, split), total=n,
-                          desc=f"phash {split}", disable=not progress):
-        rgb = decode_rgb(data, decoder, limit)
+    for pos, rgb in _decoded(root, manifest, split, decoder, progress):
         reason = degenerate_reason(rgb)
         if reason is None:
             hashes[pos] = phash64(rgb)
@@ -130,13 +126,20 @@ def split_phashes(root: str | Path, manifest: dict[str, Any], split: str, *, dec
     Raises:
         ShardCorruptError, DecodeError: a sample cannot be read or decoded.
     """
-    n = int(manifest["splits"][split]["num_samples"])
-    limit = dataset_max_pixels(manifest)
-    out = np.zeros(n, dtype=np.uint64)
-    for pos, data in tqdm(iter_sample_bytes(root, manifest, split), total=n,
-                          desc=f"phash {split}", disable=not progress):
-        out[pos] = phash64(decode_rgb(data, decoder, limit))
+    out = np.zeros(int(manifest["splits"][split]["num_samples"]), dtype=np.uint64)
+    for pos, rgb in _decoded(root, manifest, split, decoder, progress):
+        out[pos] = phash64(rgb)
     return out
+
+
+def _decoded(root, manifest: dict[str, Any], split: str, decoder: str, progress: bool):
+    """``(position, (H, W, 3) uint8 RGB)`` of every sample of ``split``, decoded from the stored
+    shard bytes with the dataset's pixel limit (tqdm bar ``phash <split>`` with ``progress``)."""
+    limit = dataset_max_pixels(manifest)
+    for pos, data in tqdm(iter_sample_bytes(root, manifest, split),
+                          total=int(manifest["splits"][split]["num_samples"]),
+                          desc=f"phash {split}", disable=not progress):
+        yield pos, decode_rgb(data, decoder, limit)
 
 
 def near_duplicate_pairs(hashes: dict[str, np.ndarray], rows: dict[str, list[dict[str, Any]]],
