@@ -565,20 +565,26 @@ def test_plot_series_one_per_backend_with_shared_num_workers_0_point():
     assert series["wds/auto process pf=2 pin=off"][1][1]["setting"]["backend"] == "process"
 
 
-def test_cli_backend_thread_and_process_gives_rows_for_both(packed_sample, tmp_path):
+def _small_bench_cli(data, out, *args: str):
+    """``shardkit bench`` on ``data`` with a small grid (image size 32, 1 warm-up + 2 batches,
+    no pinning) plus ``args``; asserts exit 0, returns ``(result, header line of the table)``."""
     from click.testing import CliRunner
 
     from shardkit.cli import main
 
+    result = CliRunner().invoke(main, [
+        "bench", "--data", str(data), "--out", str(out), *args, "--prefetch-factor", "2",
+        "--pin-memory", "off", "--image-size", "32", "--warmup", "1", "--batches", "2"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result, next(line for line in result.output.splitlines() if "loader ms" in line)
+
+
+def test_cli_backend_thread_and_process_gives_rows_for_both(packed_sample, tmp_path):
     data = packed_sample("wds")
     out = tmp_path / "bench"
-    result = CliRunner().invoke(main, [
-        "bench", "--data", str(data), "--out", str(out), "--backend", "thread,process",
-        "--num-workers", "0,1", "--prefetch-factor", "2", "--pin-memory", "off",
-        "--batch-size", "4", "--image-size", "32", "--warmup", "1", "--batches", "2",
-        "--repeats", "1"])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    header = next(line for line in result.output.splitlines() if "loader ms" in line)
+    result, header = _small_bench_cli(data, out, "--backend", "thread,process",
+                                      "--num-workers", "0,1", "--batch-size", "4",
+                                      "--repeats", "1")
     assert "backend" in header
     assert re.search(r"\bthread\b", result.output) and re.search(r"\bproc\b", result.output)
     doc = json.loads((out / "bench.json").read_text())
@@ -763,19 +769,10 @@ def _split_pixels(root, split):
 
 
 def test_cli_cache_none_and_ram_rows_carry_size_hit_rate_and_fill(packed_sample, tmp_path):
-    from click.testing import CliRunner
-
-    from shardkit.cli import main
-
     data = packed_sample("wds")
     out = tmp_path / "bench"
-    result = CliRunner().invoke(main, [
-        "bench", "--data", str(data), "--out", str(out), "--cache", "ram,none",
-        "--num-workers", "1", "--prefetch-factor", "2", "--pin-memory", "off",
-        "--batch-size", "8", "--image-size", "32", "--warmup", "1", "--batches", "2",
-        "--repeats", "2"])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    header = next(line for line in result.output.splitlines() if "loader ms" in line)
+    result, header = _small_bench_cli(data, out, "--cache", "ram,none", "--num-workers", "1",
+                                      "--batch-size", "8", "--repeats", "2")
     assert "cache" in header and "      cache: " in result.output
     doc = json.loads((out / "bench.json").read_text())
     assert doc["schema_version"] == 3 and doc["config"]["caches"] == ["none", "ram"]
