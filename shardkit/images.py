@@ -113,6 +113,7 @@ class ImageResult:
     warnings: tuple[str, ...]
     icc: bool
     pixels: np.ndarray | None = field(default=None, repr=False, compare=False)
+    original_size: tuple[int, int] | None = None
 
 
 class _Reject(Exception):
@@ -274,7 +275,8 @@ def _check(data: bytes, media: str, max_pixels: int, messages: list[str],
 
 
 def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
-                strict: bool = False, keep_pixels: bool = False) -> ImageResult:
+                strict: bool = False, keep_pixels: bool = False, max_side: int | None = None,
+                jpeg_quality: int = 95) -> ImageResult:
     """Check one source file by decoding it completely, and say what to store.
 
     Args:

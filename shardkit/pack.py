@@ -101,6 +101,9 @@ logger = logging.getLogger("shardkit.pack")
 
 LABEL_CONFLICT_POLICIES = ("error", "quarantine", "keep")
 NEAR_DUPLICATE_MODES = ("merge", "report", "off")
+ENGINES = ("local", "ray")
+"""Where the per-file check (step 3) and the shard writes (step 6) run: this machine's processes,
+or Ray tasks (``pip install shardkit[ray]``; :mod:`shardkit.ray`)."""
 DEFAULT_SPLIT = {"train": 0.8, "val": 0.1, "test": 0.1}
 """Split ratios when none are given."""
 KNOWN_SPLIT_NAMES = ("train", "val", "test")
@@ -157,6 +160,10 @@ class PackOptions:
     split_from: str | os.PathLike | None = None  # earlier pack whose placements are kept
     near_duplicates: str = "merge"              # one of NEAR_DUPLICATE_MODES
     near_threshold: int = 4                     # max pHash Hamming distance of near-duplicates
+    max_side: int | None = None                 # downscale + re-encode images longer than this
+    jpeg_quality: int = 95                      # JPEG quality of those re-encoded images, 1-100
+    engine: str = "local"                       # one of ENGINES: where steps 3 and 6 run
+    ray_address: str | None = None              # Ray cluster address (engine="ray"); None: auto
     split_auto: bool = field(default=False, init=False)  # split was unset (see the class doc)
     shard_bytes_note: str | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -193,6 +200,17 @@ class PackOptions:
         if self.split == "given" and self.split_from is not None:
             raise ConfigError("--split-from keeps an earlier pack's placements; it cannot be "
                               "combined with --split given (drop one of them)")
+        if self.max_side is not None:
+            self._set("max_side", _integer("max_side", self.max_side, 16, "a side in pixels"))
+        self._set("jpeg_quality", _integer("jpeg_quality", self.jpeg_quality, 1,
+                                           "a JPEG quality in 1-100"))
+        if self.jpeg_quality > 100:
+            raise ConfigError(f"jpeg_quality={self.jpeg_quality}; expected a JPEG quality in "
+                              "1-100")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine={self.engine!r}; expected one of {ENGINES}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise ConfigError(f"ray_address={self.ray_address!r} needs engine='ray'")
         if self.on_label_conflict not in LABEL_CONFLICT_POLICIES:
             raise ConfigError(f"on_label_conflict={self.on_label_conflict!r}; expected one of "
                               f"{LABEL_CONFLICT_POLICIES}")
@@ -331,7 +349,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         **kwargs: fields of :class:`PackOptions` (``format``, ``split``, ``seed``, ``group_by``,
             ``metadata``, ``group_column``, ``labels``, ``shard_samples``, ``shard_bytes``,
             ``workers``, ``strict``, ``max_pixels``, ``overwrite``, ``progress``, ``wds_cls``,
-            ``on_label_conflict``, ``fail_fast``, ``writer_options``); with ``options`` they
+            ``on_label_conflict``, ``fail_fast``, ``writer_options``, ``max_side``,
+            ``jpeg_quality``, ``engine``, ``ray_address``, ...); with ``options`` they
             replace its values. An unknown name raises TypeError.
 
     Returns:
@@ -458,6 +477,17 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
                    "(a side under 32 px, near-constant pixels).")
 @click.option("--max-pixels", type=click.IntRange(min=1), metavar="N",
               help="Pixel limit per image.")
+@click.option("--max-side", type=click.IntRange(min=16), metavar="PX",
+              help="Store images whose longer side exceeds PX downscaled to PX (antialiased) "
+                   "and re-encoded as JPEG; each sample keeps its original size and sha256 in "
+                   "the index [default: original bytes].")
+@click.option("--jpeg-quality", type=click.IntRange(1, 100), default=95, show_default=True,
+              metavar="Q", help="JPEG quality of images re-encoded by --max-side (4:4:4).")
+@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+              help="Where files are checked and shards written: local processes, or Ray tasks "
+                   "(pip install 'shardkit[ray]').")
+@click.option("--ray-address", metavar="ADDR",
+              help="Ray cluster to join (engine ray) [default: RAY_ADDRESS, else a local Ray].")
 @click.option("--overwrite", is_flag=True,
               help="Replace a finished dataset in OUT: the new one is built beside it (in "
                    "OUT/.shardkit-new, so the disk needs room for both) and swapped in at the "
@@ -475,8 +505,9 @@ from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --
 def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_method, split_from,
                  near_duplicates, near_threshold, group_by, metadata,
                  group_column, labels,
-                 shard_samples, shard_bytes, workers, strict, max_pixels, overwrite, wds_cls, wds_json,
-                 on_label_conflict, fail_fast, no_progress):
+                 shard_samples, shard_bytes, workers, strict, max_pixels, max_side, jpeg_quality,
+                 engine, ray_address, overwrite, wds_cls, wds_json, on_label_conflict, fail_fast,
+                 no_progress):
     """Pack SRC (an ImageFolder tree or a .csv list) into shards in OUT.
 
     Exit 0 with the summary on stdout; 2 with one "Error: <ErrorType>: <message>" line on
@@ -489,7 +520,8 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_me
             overwrite=overwrite, progress=not no_progress, wds_cls=wds_cls, wds_json=wds_json,
             on_label_conflict=on_label_conflict, fail_fast=fail_fast, layout=layout,
             split_column=split_column, split_method=split_method, split_from=split_from,
-            near_duplicates=near_duplicates, near_threshold=near_threshold)
+            near_duplicates=near_duplicates, near_threshold=near_threshold, max_side=max_side,
+            jpeg_quality=jpeg_quality, engine=engine, ray_address=ray_address)
         summary = pack(src, out, options=options)
     except (ShardkitError, OSError) as e:  # bad input, unwritable OUT, full disk: no traceback
         raise command_error(e) from None

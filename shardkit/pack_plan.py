@@ -200,8 +200,8 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     """
     items = source.items
     want_hash = options.near_duplicates != "off"
-    jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash)
-            for it in items]
+    jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash,
+             options.max_side, options.jpeg_quality) for it in items]
     results: list = [None] * len(items)
     if source.ungrouped:
         checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
@@ -232,13 +232,13 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     return CheckedFiles(results=results, keep=keep, quarantine=quarantine)
 
 
-def _check_one(job: tuple[str, str, int, bool, bool]) -> dict:
+def _check_one(job: tuple[str, str, int, bool, bool, int | None, int]) -> dict:
     """Worker: read + sha256 + full decode check of one file, then the degenerate-image test and
     (``want_hash``) the pHash, both from the check's own decode. Keeps bytes only when
     normalised; never returns pixels (they would cross the process boundary)."""
     from shardkit.images import check_image
 
-    path, relpath, max_pixels, strict, want_hash = job
+    path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -246,7 +246,8 @@ def _check_one(job: tuple[str, str, int, bool, bool]) -> dict:
         return {"ok": False, "reason": f"unreadable: {e.strerror or e}"}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     try:
-        res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True)
+        res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True,
+                          max_side=max_side, jpeg_quality=jpeg_quality)
         if res.ok:
             degenerate = neardup.degenerate_reason(res.pixels)
             phash = neardup.phash64(res.pixels) if want_hash and not degenerate else None
@@ -259,6 +260,8 @@ def _check_one(job: tuple[str, str, int, bool, bool]) -> dict:
     out.update(degenerate=degenerate, phash=phash)
     out.update(ok=True, ext=res.ext, rule=res.rule, width=int(res.width), height=int(res.height),
                warnings=list(res.warnings or []))
+    if res.original_size is not None:  # stored downscaled (--max-side): the source's size
+        out["original_width"], out["original_height"] = map(int, res.original_size)
     if res.rule != "original":
         out["data"] = bytes(res.data)
     return out

@@ -142,6 +142,8 @@ def _write_one(sink, key: str, it, res: dict, label: int, classes, bar) -> dict:
             "ext": res["ext"], "rule": res["rule"], "width": res["width"], "height": res["height"],
             "warnings": res["warnings"],
             "phash": None if res.get("phash") is None else f"{res['phash']:016x}",
+            **({"original_width": res["original_width"],
+                "original_height": res["original_height"]} if "original_width" in res else {}),
             manifest_mod.CHECKSUM_FIELD: f"{manifest_mod.sample_checksum(data):016x}"}
 
 
