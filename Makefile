@@ -25,6 +25,7 @@ sysdeps:
 # The C extension must import wherever the libjpeg headers are installed (the check fails the
 # install with the reason otherwise, instead of every ROI/fused test skipping).
 $(STAMP): pyproject.toml setup.py shardkit/decode/_jpegroi.c shardkit/decode/_resample.c \
+          shardkit/augment/_kernels.c \
           shardkit/decode/_resample.h
 	$(MAKE) sysdeps
 	test -x $(PY) || python3 -m venv .venv

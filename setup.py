@@ -44,6 +44,14 @@ setup(
             libraries=["jpeg"],
             extra_compile_args=["-O3"],
             optional=_optional,
-        )
+        ),
+        # uint8 augmentation kernels (no libjpeg): float32 arithmetic as torchvision's, so no
+        # contraction into FMAs the reference does not do
+        Extension(
+            "shardkit.augment._kernels",
+            sources=["shardkit/augment/_kernels.c"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],
+            optional=_optional,
+        ),
     ]
 )

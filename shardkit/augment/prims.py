@@ -1,0 +1,310 @@
+"""Augmentation primitives: one pixel operation with concrete arguments, on a uint8 image.
+
+Every primitive has a torch implementation that calls :mod:`torchvision.transforms.v2.functional`
+on a ``(3, H, W)`` uint8 tensor of any device (the reference and the GPU path), and most have a
+CPU fast path that works in place on a C-contiguous ``(H, W, 3)`` uint8 numpy row (a row of the
+loader's batch buffer) with the GIL released (:mod:`shardkit.augment._kernels`, or a lookup table
+built by torchvision itself on the 256 possible values). The fast paths equal torchvision's result
+exactly, except ``sharpness`` and the nearest-neighbour ``affine``/``rotate``, where float
+summation order can move a value that lies within rounding of .5 (a grey level for sharpness, one
+pixel position for affine); tests/test_augment_ops.py states the bounds.
+
+A *program* is a list of ``(name, args)`` pairs drawn by :mod:`shardkit.augment.ops`; it is the
+whole randomness of one sample, so the CPU and device paths apply the same one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+import torchvision.transforms.v2.functional as F
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2.functional._color import _blend
+from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
+
+logger = logging.getLogger("shardkit.augment")
+
+try:
+    from shardkit.augment import _kernels
+except ImportError:  # no C compiler at install: every primitive takes the torch path
+    _kernels = None
+
+_RAMP = torch.arange(256, dtype=torch.uint8).expand(3, 1, 256)  # (3, 1, 256): every value
+_NEAREST = InterpolationMode.NEAREST
+
+
+def _fill3(fill) -> list[float]:
+    """A fill value (int or 3 ints, 0-255) as the 3-float list torchvision takes."""
+    if isinstance(fill, (int, float)):
+        return [float(fill)] * 3
+    return [float(v) for v in fill]
+
+
+# ------------------------------------------------------------------ torch (any device) versions
+def t_brightness(img, factor):
+    return F.adjust_brightness(img, factor)
+
+
+def t_contrast(img, factor):
+    return F.adjust_contrast(img, factor)
+
+
+def t_saturation(img, factor):
+    return F.adjust_saturation(img, factor)
+
+
+def t_hue(img, factor):
+    return F.adjust_hue(img, factor)
+
+
+def t_sharpness(img, factor):
+    return F.adjust_sharpness(img, factor)
+
+
+def t_posterize(img, bits):
+    return F.posterize(img, int(bits))
+
+
+def t_solarize(img, threshold):
+    return F.solarize(img, float(threshold))
+
+
+def t_autocontrast(img):
+    return F.autocontrast(img)
+
+
+def t_equalize(img):
+    return F.equalize(img)
+
+
+def t_grayscale(img):
+    return F.rgb_to_grayscale(img, num_output_channels=3)
+
+
+def t_affine(img, angle, translate, scale, shear, fill, interpolation="nearest"):
+    return F.affine(img, angle=float(angle), translate=list(translate), scale=float(scale),
+                    shear=list(shear), interpolation=InterpolationMode(interpolation),
+                    fill=_fill3(fill), center=None)
+
+
+def t_shear_origin(img, shear, fill, interpolation="nearest"):
+    """RandAugment's ShearX/ShearY: an affine shear about the top-left corner
+    (torchvision ``_AutoAugmentBase._apply_image_or_video_transform``)."""
+    return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=list(shear),
+                    interpolation=InterpolationMode(interpolation), fill=_fill3(fill),
+                    center=[0, 0])
+
+
+def t_rotate(img, angle, fill, interpolation="nearest"):
+    return F.rotate(img, float(angle), interpolation=InterpolationMode(interpolation),
+                    fill=_fill3(fill))
+
+
+def t_perspective(img, startpoints, endpoints, fill, interpolation="bilinear"):
+    return F.perspective(img, startpoints, endpoints,
+                         interpolation=InterpolationMode(interpolation), fill=_fill3(fill))
+
+
+def t_gaussian_blur(img, kernel_size, sigma):
+    return F.gaussian_blur(img, [int(kernel_size)] * 2, [float(sigma)] * 2)
+
+
+def t_erase(img, i, j, h, w, value):
+    v = torch.tensor(_fill3(value), dtype=img.dtype, device=img.device).view(3, 1, 1)
+    return F.erase(img, i, j, h, w, v)
+
+
+def t_augmix(img, weights, chains):
+    """torchvision v2 ``AugMix.forward`` on one image with drawn weights and chains:
+    ``m0 * image + sum_i w_i * chain_i(image)`` in float32, truncated to uint8.
+    ``weights``: ``(m0, w_1..w_k)``; ``chains``: k programs."""
+    mix = float(weights[0]) * img
+    for w, chain in zip(weights[1:], chains):
+        mix.add_(float(w) * apply_torch(img, chain))
+    return mix.to(img.dtype)
+
+
+TORCH: dict[str, Callable] = {
+    "brightness": t_brightness, "contrast": t_contrast, "saturation": t_saturation,
+    "hue": t_hue, "sharpness": t_sharpness, "posterize": t_posterize, "solarize": t_solarize,
+    "autocontrast": t_autocontrast, "equalize": t_equalize, "grayscale": t_grayscale,
+    "affine": t_affine, "shear_origin": t_shear_origin, "rotate": t_rotate,
+    "perspective": t_perspective, "gaussian_blur": t_gaussian_blur, "erase": t_erase,
+    "augmix": t_augmix, "identity": lambda img: img,
+}
+"""Primitive name -> ``fn(img (3, H, W) uint8 tensor, *args) -> (3, H, W) uint8 tensor``."""
+
+
+def apply_torch(img: torch.Tensor, program) -> torch.Tensor:
+    """Runs ``program`` on ``img`` ((3, H, W) uint8, any device) with the torch primitives;
+    returns a new tensor (``img`` is not modified)."""
+    for name, args in program:
+        img = TORCH[name](img, *args)
+    return img
+
+
+# ------------------------------------------------------------------ CPU fast paths (in place)
+def _lut_from(fn, *args) -> np.ndarray:
+    """The (3, 256) uint8 table of an elementwise torchvision op, computed by torchvision on
+    every possible value (so applying it equals the op exactly)."""
+    return np.ascontiguousarray(fn(_RAMP, *args).reshape(3, 256).numpy())
+
+
+def _apply_lut(row: np.ndarray, lut: np.ndarray) -> None:
+    _kernels.lut(row, row.shape[0], row.shape[1], lut)
+
+
+def h_brightness(row, factor):
+    _apply_lut(row, _lut_from(F.adjust_brightness, factor))
+
+
+def h_contrast(row, factor):
+    h, w = row.shape[:2]
+    gray = np.empty((h, w), np.uint8)
+    _kernels.gray(row, h, w, gray)
+    # torchvision: mean of the floored float grayscale, then _blend(image, mean, factor)
+    mean = torch.from_numpy(gray).to(torch.float32).mean().reshape(1, 1, 1)
+    _apply_lut(row, _lut_from(_blend, mean, factor))
+
+
+def h_saturation(row, factor):
+    _kernels.saturation(row, row.shape[0], row.shape[1], float(factor))
+
+
+def h_sharpness(row, factor):
+    _kernels.sharpness(row, row.shape[0], row.shape[1], float(factor))
+
+
+def h_posterize(row, bits):
+    _apply_lut(row, _lut_from(F.posterize, int(bits)))
+
+
+def h_solarize(row, threshold):
+    _apply_lut(row, _lut_from(F.solarize, float(threshold)))
+
+
+def _hist(row) -> np.ndarray:
+    hist = np.empty((3, 256), np.int32)
+    _kernels.hist(row, row.shape[0], row.shape[1], hist)
+    return hist
+
+
+def h_autocontrast(row):
+    hist = _hist(row)
+    lut = np.empty((3, 256), np.uint8)
+    ramp = torch.arange(256, dtype=torch.float32)
+    for c in range(3):  # torchvision autocontrast_image with this channel's min and max
+        nz = np.flatnonzero(hist[c])
+        lo, hi = float(nz[0]), float(nz[-1])
+        if lo == hi:
+            lo, inv_scale = 0.0, torch.tensor(1.0)
+        else:
+            inv_scale = torch.tensor(hi, dtype=torch.float32).sub_(lo).mul_(1.0 / 255)
+        lut[c] = ramp.sub(lo).div_(inv_scale).clamp_(0, 255).to(torch.uint8).numpy()
+    _apply_lut(row, lut)
+
+
+def equalize_lut(hist: np.ndarray) -> np.ndarray:
+    """(3, 256) uint8 equalization tables from (3, 256) histograms, as torchvision v2's
+    ``equalize_image`` computes them (a channel whose non-mode pixels number < 255 keeps its
+    values)."""
+    hist_t = torch.from_numpy(hist)
+    n = int(hist[0].sum())
+    cum = hist_t.cumsum(dim=-1)
+    index = cum.argmax(dim=-1)
+    step = (n - hist_t.gather(-1, index.unsqueeze(-1))).div_(255, rounding_mode="floor")
+    valid = step.ne(0)
+    cum = cum[:, :-1]
+    cum.add_(step // 2).div_(step.clamp(min=1), rounding_mode="floor").clamp_(0, 255)
+    lut = torch.cat([torch.zeros(3, 1, dtype=torch.uint8), cum.to(torch.uint8)], dim=-1)
+    ident = torch.arange(256, dtype=torch.uint8).expand(3, 256)
+    return np.ascontiguousarray(torch.where(valid, lut, ident).numpy())
+
+
+def h_equalize(row):
+    _apply_lut(row, equalize_lut(_hist(row)))
+
+
+def h_grayscale(row):
+    h, w = row.shape[:2]
+    gray = np.empty((h, w), np.uint8)
+    _kernels.gray(row, h, w, gray)  # floor(float gray) == torchvision's .to(uint8) of it
+    row[...] = gray[:, :, None]
+
+
+def _theta(matrix) -> tuple[float, ...]:
+    return tuple(float(v) for v in np.asarray(matrix, np.float32))
+
+
+def _fill_ints(fill) -> tuple[int, int, int]:
+    return tuple(int(v) for v in _fill3(fill))
+
+
+def h_affine(row, angle, translate, scale, shear, fill, interpolation="nearest"):
+    if interpolation != "nearest":
+        return _via_torch(row, t_affine, angle, translate, scale, shear, fill, interpolation)
+    m = _get_inverse_affine_matrix([0.0, 0.0], float(angle), [float(t) for t in translate],
+                                   float(scale), [float(s) for s in shear])
+    _kernels.affine_nearest(row, row.shape[0], row.shape[1], _theta(m), _fill_ints(fill))
+
+
+def h_shear_origin(row, shear, fill, interpolation="nearest"):
+    if interpolation != "nearest":
+        return _via_torch(row, t_shear_origin, shear, fill, interpolation)
+    h, w = row.shape[:2]
+    center = [-w * 0.5, -h * 0.5]  # center=[0, 0] in pixels, relative to the image centre
+    m = _get_inverse_affine_matrix(center, 0.0, [0.0, 0.0], 1.0, [float(s) for s in shear])
+    _kernels.affine_nearest(row, h, w, _theta(m), _fill_ints(fill))
+
+
+def h_rotate(row, angle, fill, interpolation="nearest"):
+    if interpolation != "nearest" or float(angle) % 90 == 0:  # torchvision: exact rot90 there
+        return _via_torch(row, t_rotate, angle, fill, interpolation)
+    m = _get_inverse_affine_matrix([0.0, 0.0], -float(angle), [0.0, 0.0], 1.0, [0.0, 0.0])
+    _kernels.affine_nearest(row, row.shape[0], row.shape[1], _theta(m), _fill_ints(fill))
+
+
+def h_erase(row, i, j, h, w, value):
+    row[i:i + h, j:j + w] = np.asarray(_fill_ints(value), np.uint8)
+
+
+def _via_torch(row: np.ndarray, fn, *args) -> None:
+    out = fn(torch.from_numpy(row).permute(2, 0, 1), *args)
+    row[...] = out.permute(1, 2, 0).numpy()
+
+
+HWC: dict[str, Callable] = {
+    "brightness": h_brightness, "contrast": h_contrast, "saturation": h_saturation,
+    "sharpness": h_sharpness, "posterize": h_posterize, "solarize": h_solarize,
+    "autocontrast": h_autocontrast, "equalize": h_equalize, "grayscale": h_grayscale,
+    "affine": h_affine, "shear_origin": h_shear_origin, "rotate": h_rotate, "erase": h_erase,
+    "identity": lambda row: None,
+}
+"""Primitive name -> in-place ``fn(row (H, W, 3) uint8 C-contiguous, *args)`` (C kernels)."""
+
+
+def fast_path_available() -> bool:
+    """Whether the C kernels (``shardkit.augment._kernels``) imported."""
+    return _kernels is not None
+
+
+def apply_hwc(row: np.ndarray, program, *, fast: bool = True) -> None:
+    """Runs ``program`` in place on ``row``: a C-contiguous writable ``(H, W, 3)`` uint8 array.
+    Primitives with a C fast path use it (``fast`` and the extension built); the rest run the
+    torch primitive on a ``(3, H, W)`` view and copy the result back."""
+    use_fast = fast and _kernels is not None
+    for name, args in program:
+        fn = HWC.get(name) if use_fast else None
+        if fn is not None:
+            fn(row, *args)
+        else:
+            _via_torch(row, TORCH[name], *args)
+
+
+def degrees_atan(magnitude: float) -> float:
+    """RandAugment's shear magnitude as torchvision turns it into an angle:
+    ``degrees(atan(magnitude))``."""
+    return math.degrees(math.atan(magnitude))
