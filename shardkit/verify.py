@@ -10,7 +10,11 @@ Checks, in order, for every split listed in ``manifest.json`` (layout: ``docs/DE
    ``xxh3`` of the stored bytes (:func:`shardkit.manifest.sample_checksum`; the index's copy, which
    readers compare, must be the same); a sample stored as the original file
    (``rule == "original"``) must hash to the recorded source sha256; a normalised one (any other
-   rule) must decode fully with Pillow.
+   rule) must decode fully with Pillow;
+4. samples stored downscaled (``shardkit pack --max-side N``: the rule holds ``downscaled``) must
+   decode to the recorded ``width`` x ``height``, and when the manifest records N
+   (``normalization.max_side``) have a longer side of N and a recorded original longer side over
+   N. The report counts them per split (:func:`shardkit.doctor.reading.stored_resolution`).
 
 A shard whose size or hash is wrong is reported, and its samples are still read (to name the
 damaged keys) for the ``wds`` and ``hdf5`` formats, whose readers bound-check every access. For
@@ -51,6 +55,8 @@ class VerifyReport:
         num_shards: shards checked. ``num_samples``: samples read back and checked.
         bad_shards: shard paths (relative to root) with at least one problem.
         bad_keys: sample keys that failed.
+        stored: :func:`shardkit.doctor.reading.stored_resolution` of the splits whose records
+            could be read: ``max_side`` and the number of downscaled samples per split.
     """
 
     root: Path
@@ -59,6 +65,7 @@ class VerifyReport:
     num_samples: int = 0
     bad_shards: list[str] = field(default_factory=list)
     bad_keys: list[str] = field(default_factory=list)
+    stored: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -74,21 +81,26 @@ class VerifyReport:
     def format_text(self) -> str:
         """Human-readable report: one ``FAIL`` line per problem and a final verdict line."""
         lines = [f"FAIL {p}" for p in self.problems]
+        if self.stored is not None:
+            from shardkit.doctor.reading import format_stored_resolution
+
+            lines.append(format_stored_resolution(self.stored))
         verdict = "OK" if self.ok else f"{len(self.problems)} problem(s)"
         lines.append(f"verify {self.root}: {verdict} ({self.num_shards} shards, "
                      f"{self.num_samples} samples checked)")
         return "\n".join(lines)
 
 
-def _decodes(data: bytes) -> str | None:
+def _decodes(data: bytes) -> tuple[str | None, tuple[int, int]]:
+    """``(None, (width, height))`` when Pillow decodes ``data`` fully, else ``(error, (0, 0))``."""
     from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()
+            return None, im.size
     except Exception as e:  # noqa: BLE001 - any decoder failure is the finding
-        return f"{type(e).__name__}: {e}"
-    return None
+        return f"{type(e).__name__}: {e}", (0, 0)
 
 
 def verify(root, *, decode: bool = True) -> VerifyReport:
@@ -106,11 +118,12 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
             schema version (nothing can be verified).
     """
     from shardkit import formats, manifest as manifest_mod
-    from shardkit.doctor.reading import load_manifest_dict, read_rows
+    from shardkit.doctor.reading import load_manifest_dict, read_rows, stored_resolution
 
     root = Path(manifest_mod.local_path(root))
     man = load_manifest_dict(root)
     report = VerifyReport(root=root)
+    read: dict[str, list[dict]] = {}
     for split, info in man["splits"].items():
         shards = info.get("shards", [])
         try:
@@ -119,6 +132,7 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
         except ShardkitError as e:
             report._fail(f"split {split!r}: {e}")
             continue
+        read[split] = records
         if len(records) != info["num_samples"] or len(index) != info["num_samples"]:
             report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} records, the "
                          f"index {len(index)}, the manifest says {info['num_samples']}")
@@ -138,6 +152,7 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
             report.num_shards += 1
             _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []), decode,
                           formats)
+    report.stored = stored_resolution(man, read)
     return report
 
 
@@ -205,11 +220,35 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
                                  f"{digest[:16]}... differs from the source's "
                                  f"{rec['sha256'][:16]}...",
                                  shard=path, key=key)
-            elif decode and (err := _decodes(data)) is not None:
-                report._fail(f"{where}: sample {key!r} ({rec.get('path')}, rule {rec['rule']}) "
-                             f"does not decode: {err}", shard=path, key=key)
+            elif decode:
+                err, size = _decodes(data)
+                if err is not None:
+                    report._fail(f"{where}: sample {key!r} ({rec.get('path')}, rule "
+                                 f"{rec['rule']}) does not decode: {err}", shard=path, key=key)
+                elif (problem := _downscale_problem(rec, size, man)) is not None:
+                    report._fail(f"{where}: sample {key!r} ({rec.get('path')}, rule "
+                                 f"{rec['rule']}) {problem}", shard=path, key=key)
     finally:
         reader.close()
+
+
+def _downscale_problem(rec: dict, size: tuple[int, int], man: dict) -> str | None:
+    """What is wrong with a downscaled sample decoding to ``size`` (None: nothing, or the
+    sample is not downscaled)."""
+    from shardkit.doctor.reading import is_downscaled
+
+    if not is_downscaled(rec):
+        return None
+    recorded = (int(rec.get("width", -1)), int(rec.get("height", -1)))
+    if size != recorded:
+        return (f"decodes to {size[0]}x{size[1]}, the split file says "
+                f"{recorded[0]}x{recorded[1]}")
+    max_side = (man.get("normalization") or {}).get("max_side")
+    original = max(int(rec.get("original_width", 0)), int(rec.get("original_height", 0)))
+    if max_side is not None and (max(size) != max_side or original <= max_side):
+        return (f"is stored at {size[0]}x{size[1]} from an original longer side of {original} "
+                f"px; --max-side {max_side} gives a longer side of {max_side} from one over it")
+    return None
 
 
 @click.command("verify")

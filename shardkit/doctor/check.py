@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.doctor import leaks
-from shardkit.doctor.reading import load_manifest_dict, read_rows
+from shardkit.doctor.reading import (format_stored_resolution, load_manifest_dict, read_rows,
+                                     stored_resolution)
 from shardkit.errors import ConfigError, ManifestError
 from shardkit.manifest import is_url
 from shardkit.stream.source import check_shard_files
@@ -73,7 +74,8 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     Returns:
         A JSON-serialisable report: ``{"root", "ok", "strict", "thresholds", "errors": [{"check",
         "message"}], "warnings": [...], "group_overlap", "sha_overlap", "near_duplicates",
-        "degenerate", "missing_classes", "imbalance", "transform"}`` (see the functions of
+        "degenerate", "missing_classes", "imbalance", "transform", "stored_resolution"}`` (see
+        :func:`shardkit.doctor.reading.stored_resolution` for the last, and the functions of
         :mod:`shardkit.doctor.leaks` and :mod:`shardkit.doctor.drift` for each part), where
         ``degenerate`` is ``[{"split", "key", "path", "reason"}]``, the samples left out of the
         near-duplicate search. ``ok`` is True when ``errors`` is empty.
@@ -108,6 +110,7 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
         "root": str(root), "strict": bool(strict),
         "thresholds": {"phash_hamming": int(phash_threshold),
                        "imbalance_ratio": imbalance_threshold},
+        "stored_resolution": stored_resolution(manifest, rows),
     }
 
     groups = leaks.group_overlap(rows)
@@ -230,6 +233,8 @@ def format_check_report(report: dict[str, Any]) -> str:
                  f"{'not run' if near is None else len(near)}; degenerate images (left out of "
                  f"the near-duplicate search): "
                  f"{'not run' if near is None else len(report.get('degenerate') or [])}")
+    if report.get("stored_resolution") is not None:
+        lines.append(f"  {format_stored_resolution(report['stored_resolution'])}")
     for split, imb in report["imbalance"].items():
         ratio = imb["ratio"]
         lines.append(f"  {split}: imbalance max/min = "

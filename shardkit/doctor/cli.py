@@ -166,6 +166,9 @@ def stats_command(out, split, max_samples, save, progress, decoder):
     result = run_command(compute_stats, out, split, max_samples=max_samples, decoder=decoder,
                          save=save, progress=progress_default(progress))
     click.echo(f"{split}: {result['num_samples']} samples")
+    if "max_side" in result:
+        click.echo(f"stored resolution: {result['num_downscaled']} of them stored downscaled "
+                   f"(--max-side {result['max_side']}): statistics of the stored pixels")
     click.echo("mean (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["mean"]))
     click.echo("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))
     if save:

@@ -18,7 +18,8 @@ import numpy as np
 from shardkit.errors import ConfigError, ManifestError, ShardCorruptError
 
 __all__ = ["ROW_FIELDS", "load_manifest_dict", "split_names", "read_rows", "iter_sample_bytes",
-           "decode_rgb", "save_manifest_dict"]
+           "decode_rgb", "save_manifest_dict", "is_downscaled", "packed_downscaled",
+           "stored_resolution", "format_stored_resolution"]
 
 ROW_FIELDS = ("key", "label", "group", "sha256")
 """Fields of a ``splits/<split>.jsonl`` row that the doctor commands read."""
@@ -157,3 +158,59 @@ def dataset_max_pixels(manifest: dict) -> int | None:
     """The pixel limit the dataset was packed with (``normalization.max_pixels``), so reading
     applies the same limit as packing; None when the manifest does not record one."""
     return (manifest.get("normalization") or {}).get("max_pixels")
+
+
+def is_downscaled(row: dict[str, Any]) -> bool:
+    """Whether a split-file row was stored downscaled (``shardkit pack --max-side``): its rule
+    holds the step ``downscaled`` (see ``shardkit.images.RULES``)."""
+    return "downscaled" in str(row.get("rule", "original")).split("+")
+
+
+def packed_downscaled(manifest: dict[str, Any]) -> bool:
+    """Whether the manifest says the pack used ``--max-side``: ``normalization.max_side`` is set,
+    or a ``normalization.transcoded`` rule holds ``downscaled`` (decided without the split
+    files)."""
+    norm = manifest.get("normalization") or {}
+    return norm.get("max_side") is not None or any(
+        "downscaled" in rule.split("+") for rule in (norm.get("transcoded") or {}))
+
+
+def stored_resolution(manifest: dict[str, Any],
+                      rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """How each split was stored with respect to ``shardkit pack --max-side N``.
+
+    Args:
+        manifest: the dataset's manifest. rows: ``{split: split-file rows}`` (:func:`read_rows`).
+
+    Returns:
+        ``{"max_side", "jpeg_quality", "max_side_from", "downscaled": {split: count},
+        "num_samples": {split: count}}``. ``max_side`` (pixels) and ``jpeg_quality`` (1-100) are
+        the manifest's ``normalization`` fields when recorded (``max_side_from`` ``"manifest"``);
+        otherwise ``max_side`` is the largest stored longer side among downscaled rows
+        (``"records"``: that is N, since each is stored with its longer side N), and None with
+        ``max_side_from`` None when no row was downscaled. ``jpeg_quality`` None when unrecorded.
+    """
+    norm = manifest.get("normalization") or {}
+    down = {s: [r for r in split_rows if is_downscaled(r)] for s, split_rows in rows.items()}
+    max_side, source = norm.get("max_side"), "manifest"
+    if max_side is None:
+        sides = [max(int(r.get("width", 0)), int(r.get("height", 0)))
+                 for split_rows in down.values() for r in split_rows]
+        max_side, source = (max(sides), "records") if sides else (None, None)
+    quality = norm.get("jpeg_quality") if norm.get("max_side") is not None else None
+    return {"max_side": max_side, "jpeg_quality": quality, "max_side_from": source,
+            "downscaled": {s: len(d) for s, d in down.items()},
+            "num_samples": {s: len(r) for s, r in rows.items()}}
+
+
+def format_stored_resolution(info: dict[str, Any]) -> str:
+    """One line for :func:`stored_resolution`'s result, e.g. ``stored resolution: --max-side 512
+    (JPEG q95): downscaled train 161/161, val 20/20`` or ``stored resolution: full (no
+    --max-side)``."""
+    if info["max_side"] is None:
+        return "stored resolution: full (no --max-side)"
+    quality = "" if info["jpeg_quality"] is None else f" (JPEG q{info['jpeg_quality']})"
+    inferred = " [inferred from the records]" if info["max_side_from"] == "records" else ""
+    counts = ", ".join(f"{s} {n}/{info['num_samples'][s]}" for s, n in info["downscaled"].items())
+    return f"stored resolution: --max-side {info['max_side']}{quality}{inferred}: downscaled " \
+           f"{counts or 'none'}"

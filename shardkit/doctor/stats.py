@@ -2,7 +2,9 @@
 
 The statistics are taken over every pixel of every sample (each pixel weighs the same, so large
 images weigh more than small ones), on the decoded uint8 RGB pixels *before* any resize, crop or
-normalisation, scaled to 0-1. The std is the population std (ddof = 0).
+normalisation, scaled to 0-1. The std is the population std (ddof = 0). They are the *stored*
+pixels: in a dataset packed with ``--max-side N`` the samples stored downscaled count at their
+stored size (the result says how many were read, and N).
 
 Accumulation is exact: per channel the pixel count, the sum and the sum of squares are kept as
 Python integers (unbounded), so the result does not depend on the order of the samples and
@@ -18,8 +20,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, iter_sample_bytes,
-                                     load_manifest_dict, save_manifest_dict, split_names)
+from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, is_downscaled,
+                                     iter_sample_bytes, load_manifest_dict, packed_downscaled,
+                                     read_rows, save_manifest_dict, split_names,
+                                     stored_resolution)
 from shardkit.errors import ConfigError
 
 __all__ = ["ChannelMoments", "compute_stats"]
@@ -101,12 +105,15 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
 
     Returns:
         ``{"mean": [r, g, b], "std": [r, g, b], "num_samples": k}``: floats on the 0-1 scale, RGB
-        order, population std over all pixels; ``k`` samples were read.
+        order, population std over all pixels; ``k`` samples were read. A dataset packed with
+        ``--max-side`` (:func:`shardkit.doctor.reading.packed_downscaled`) adds ``"max_side"``
+        (pixels) and ``"num_downscaled"``: how many of the ``k`` were stored downscaled.
 
     Raises:
         ConfigError: unknown split, ``max_samples < 1``, or the split is empty.
         ManifestError, ShardCorruptError, DecodeError: from reading the dataset (the manifest,
-            the split index and the shards; ``splits/<split>.jsonl`` is not read).
+            the split index and the shards; ``splits/<split>.jsonl`` is read only for a
+            dataset packed with ``--max-side``).
     """
     if max_samples is not None and (isinstance(max_samples, bool) or int(max_samples) < 1):
         raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")
@@ -123,6 +130,10 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
         moments.update(decode_rgb(data, decoder, limit))
     result = {"mean": list(moments.mean()), "std": list(moments.std()),
               "num_samples": moments.num_images}
+    if packed_downscaled(manifest):
+        rows = read_rows(root, split, ("key",))
+        result["max_side"] = stored_resolution(manifest, {split: rows})["max_side"]
+        result["num_downscaled"] = sum(is_downscaled(r) for r in rows[:n])
     if save:
         fresh = load_manifest_dict(root)  # re-read: keep fields written since we started
         fresh.setdefault("stats", {})[split] = result
