@@ -189,7 +189,8 @@ class CheckedFiles:
 
 
 def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
-    """Step 3: reads, hashes and fully decodes every item in ``options.workers`` processes.
+    """Step 3: reads, hashes and fully decodes every item in ``options.workers`` processes (or
+    Ray tasks with ``options.engine == "ray"``; the results are the same, in scan order).
 
     Items the group rule gives no group are checked first: a real image among them raises the
     rule's error before the long check of the rest; non-images among them are quarantined.
@@ -205,7 +206,8 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     results: list = [None] * len(items)
     if source.ungrouped:
         checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
-                             options.progress, desc="check (no group)")
+                             options.progress, desc="check (no group)", engine=options.engine,
+                             ray_address=options.ray_address)
         for i, res in zip(source.ungrouped, checked):
             results[i] = res
         images_without_group = [items[i].relpath for i in source.ungrouped if results[i]["ok"]]
@@ -213,7 +215,8 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
             raise source.no_group_error(images_without_group)
     rest = [i for i, res in enumerate(results) if res is None]
     for i, res in zip(rest, _check_all([jobs[i] for i in rest], options.workers,
-                                       options.progress)):
+                                       options.progress, engine=options.engine,
+                                       ray_address=options.ray_address)):
         results[i] = res
     quarantine = [{"path": m.relpath, "reason": "file not found"} for m in source.missing]
     keep: list[int] = []
@@ -267,12 +270,20 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int]) -> dict:
     return out
 
 
-def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check") -> list[dict]:
-    """Runs :func:`_check_one` over ``jobs`` in input order, in ``workers`` processes.
+def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
+               engine: str = "local", ray_address: str | None = None) -> list[dict]:
+    """Runs :func:`_check_one` over ``jobs`` in input order, in ``workers`` processes, or with
+    ``engine="ray"`` as Ray tasks of a few dozen files each (:func:`shardkit.ray.engine.check_all`,
+    on the cluster at ``ray_address``; ``workers`` does not apply).
 
     A process pool that loses a worker (a decoder crashing the process) raises instead of hanging:
-    ``ProcessPoolExecutor`` reports ``BrokenProcessPool``, turned into a SourceError here.
+    ``ProcessPoolExecutor`` reports ``BrokenProcessPool``, turned into a SourceError here (Ray
+    retries a task whose worker died, and raises SourceError when every retry died).
     """
+    if engine == "ray":
+        from shardkit.ray import engine as ray_engine
+
+        return ray_engine.check_all(jobs, progress, desc=desc, address=ray_address)
     results: list[dict] = []
     bar = tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress)
     try:

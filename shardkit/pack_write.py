@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from shardkit.pack import PackOptions
 
 __all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
-           "shuffled_members", "class_warnings", "transcoded_counts", "build_manifest",
+           "shuffled_members", "shard_ranges", "stored_size", "class_warnings", "transcoded_counts", "build_manifest",
            "naming_file"]
 
 logger = logging.getLogger("shardkit.pack")
@@ -72,17 +72,31 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
     ``{split: {"num_samples", "class_counts", "num_groups", "shards"}}``. ``classes``: the
     label map's class names (label ``k`` is ``classes[k]``).
 
+    ``options.engine == "ray"``: each shard is written by a Ray task
+    (:func:`shardkit.ray.engine.write_splits`) from the same :func:`shard_ranges` as the local
+    sink's rollover, so the files are the local engine's, byte for byte (wds, hdf5).
+
     Raises:
-        SourceError: a source file changed since step 3. OSError: from the shard writers.
+        SourceError: a source file changed since step 3; a Ray task that died on every retry.
+        OSError: from the shard writers.
     """
     split_manifest: dict[str, dict] = {}
+    written = None
+    splits = [(name, shuffled_members([outcome.keep[j] for j in outcome.plan.indices(name)],
+                                      options.seed, pos, name))
+              for pos, name in enumerate(outcome.plan.names)]
     bar = tqdm(total=len(outcome.keep), desc="write", unit="file", disable=not options.progress)
     try:
-        for pos, name in enumerate(outcome.plan.names):
-            members = shuffled_members([outcome.keep[j] for j in outcome.plan.indices(name)],
-                                       options.seed, pos, name)
-            records, shards = _write_split(out, name, members, source.items, label_idx,
-                                           checked.results, classes, options, bar)
+        if options.engine == "ray":  # every split's shards as Ray tasks, yielded split by split
+            from shardkit.ray import engine as ray_engine
+
+            written = ray_engine.write_splits(out, splits, source.items, label_idx,
+                                              checked.results, classes, options, bar)
+        else:
+            written = (_write_split(out, name, members, source.items, label_idx,
+                                    checked.results, classes, options, bar)
+                       for name, members in splits)
+        for (name, members), (records, shards) in zip(splits, written):
             with naming_file(out / "splits" / f"{name}.jsonl"):
                 manifest_mod.write_split_files(out, name, records)
             split_manifest[name] = {
@@ -92,6 +106,8 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
                 "num_groups": len({source.items[i].group for i in members}), "shards": shards}
             logger.info("split %s: %d samples in %d shards", name, len(records), len(shards))
     finally:
+        if hasattr(written, "close"):  # the Ray writer cancels its tasks when closed early
+            written.close()
         bar.close()
     return split_manifest
 
@@ -102,6 +118,35 @@ def shuffled_members(members: list[int], seed: int, pos: int, name: str) -> list
     (field case 7)."""
     rng = np.random.default_rng([int(seed), pos, zlib.crc32(name.encode())])
     return [members[int(k)] for k in rng.permutation(len(members))]
+
+
+def shard_ranges(sizes, max_samples: int | None, max_bytes: int | None
+                 ) -> list[tuple[int, int]]:
+    """The shards :class:`shardkit.formats.ShardSink` cuts a split into, as ``[start, stop)``
+    ranges of the split order, from the stored sizes (bytes) alone: a shard is closed before a
+    sample when it already holds ``max_samples`` samples, or when the sample's bytes would take
+    it past ``max_bytes`` (a sample larger than ``max_bytes`` gets a shard of its own; ``None``:
+    no limit). Empty ``sizes`` gives ``[]`` (no empty shards). The Ray engine writes each range
+    in a task of its own, so its shards are the local engine's (tests/test_ray.py)."""
+    ranges: list[tuple[int, int]] = []
+    start = count = nbytes = 0
+    for i, size in enumerate(sizes):
+        if count and ((max_samples is not None and count >= max_samples)
+                      or (max_bytes is not None and nbytes + size > max_bytes)):
+            ranges.append((start, i))
+            start, count, nbytes = i, 0, 0
+        count += 1
+        nbytes += int(size)
+    if count:
+        ranges.append((start, start + count))
+    return ranges
+
+
+def stored_size(res: dict) -> int:
+    """Bytes :func:`_write_one` stores for a checked file: its normalised ``data``, else the
+    source file (``size``, re-checked by sha256 when it is written)."""
+    data = res.get("data")
+    return res["size"] if data is None else len(data)
 
 
 def _write_split(out: Path, name: str, members: list[int], items, label_idx, results, classes,

@@ -1,0 +1,15 @@
+"""shardkit on Ray (``pip install 'shardkit[ray]'``): pack on a cluster, feed trainers from it.
+
+- :func:`read_split`: one split of a packed dataset as a ``ray.data.Dataset`` of rows ``key``,
+  ``label``, ``index``, ``image`` (stored bytes, or uint8 ``(S, S, 3)`` after shardkit's train
+  or eval transform with :func:`shardkit.stream.make_loader`'s randomness), built from the
+  manifest and split index (:mod:`shardkit.ray.data`).
+- ``shardkit pack --engine ray``: the per-file check and the shard writes as Ray tasks, with the
+  local engine's output (:mod:`shardkit.ray.engine`).
+
+Importing this package does not import Ray; the functions do, and raise
+:class:`~shardkit.errors.ConfigError` naming the extra when it is missing.
+"""
+from .data import DECODE_MODES, read_split
+
+__all__ = ["read_split", "DECODE_MODES"]

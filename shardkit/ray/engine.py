@@ -1,0 +1,241 @@
+"""``shardkit pack --engine ray``: steps 3 (check) and 6 (write shards) as Ray tasks.
+
+Only the per-file and per-shard work moves: the scan, the label map, the split plan, the split
+files and the manifest stay on the driver (:func:`shardkit.pack.pack`), so ``--engine ray``
+gives the local engine's answer for the same source, options and seed:
+
+- **check**: :func:`check_all` runs :func:`shardkit.pack_plan._check_one` over batches of up to
+  :data:`CHECK_BATCH` files per task and returns the records in input order;
+- **write**: :func:`write_splits` cuts every split into the local sink's shards
+  (:func:`shardkit.pack_write.shard_ranges` over the stored sizes known after the check) and
+  writes each shard in one task through the same :class:`shardkit.formats.ShardSink` code (temp
+  name, fsync, atomic rename) and the same :func:`shardkit.pack_write._write_one`, so shards,
+  split records and hashes are the local engine's (wds and hdf5 byte for byte; LMDB files differ
+  between any two packs, their records and values do not).
+
+Fault tolerance is Ray's: a task whose worker process or node dies is retried
+(:data:`MAX_RETRIES` times; a retried write starts its shard again from its temp name). An error
+raised by the work itself (a file changed since the check, a full disk) is not retried: it is
+re-raised on the driver as the original exception, after the other tasks were cancelled and had
+ended, so nothing writes into ``OUT`` after the pack cleaned up. The manifest is written by the
+driver last (a driver that dies leaves ``OUT`` without one). Progress (files checked, files and
+shards written, with rates) is a tqdm bar on the driver.
+
+Requirements: every Ray node imports the same shardkit, reads the source paths and writes
+``OUT`` at the driver's paths (one machine, or a shared file system). fsspec URLs as SRC or OUT
+are not supported yet. Ray itself: ``pip install 'shardkit[ray]'``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from shardkit.errors import ConfigError, ShardkitError, SourceError
+
+if TYPE_CHECKING:
+    from shardkit.pack import PackOptions
+
+__all__ = ["check_all", "write_splits", "ensure_ray", "run_ordered", "CHECK_BATCH",
+           "MAX_RETRIES"]
+
+logger = logging.getLogger("shardkit.ray")
+
+CHECK_BATCH = 64
+"""Most files one check task takes (fewer for small sources, so every CPU gets work): a task
+costs Ray ~1-2 ms of scheduling, a file ~10-50 ms of decoding."""
+MAX_RETRIES = 3
+"""Retries of a task whose worker process (or node) died (Ray's ``max_retries``)."""
+
+
+def ensure_ray(address: str | None = None):
+    """The ``ray`` module, connected: the running Ray of this process if there is one, else
+    ``ray.init(address)`` (``None``: ``RAY_ADDRESS`` if set, else a new local Ray using every
+    CPU; it stays up for later packs and ends with the process, or ``ray.shutdown()``).
+
+    Raises:
+        ConfigError: Ray is not installed (names the extra to install).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("engine='ray' needs Ray: pip install 'shardkit[ray]' (or "
+                          "'ray[data]')") from None
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+        logger.info("connected to Ray at %s (%s CPUs)", address or "a new local runtime",
+                    ray.cluster_resources().get("CPU"))
+    elif address is not None:
+        logger.info("Ray is already initialised in this process; ray_address=%s is not used",
+                    address)
+    return ray
+
+
+def _cluster_cpus(ray) -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def run_ordered(remote_fn, args: Sequence[tuple], *, weights: Sequence[int] | None = None,
+                bar=None, max_in_flight: int | None = None,
+                describe: Callable[[int], str] = str) -> Iterator:
+    """Runs ``remote_fn.remote(*args[i])`` for every ``i`` and yields the results in input
+    order, each as soon as it and all before it are done; at most ``max_in_flight`` tasks are
+    submitted at once (default: twice the cluster's CPUs). ``bar.update(weights[i])`` (default
+    1) when task ``i`` finishes, in completion order.
+
+    Raises:
+        the task's own ShardkitError or OSError (unwrapped from Ray's RayTaskError);
+        SourceError: a task whose worker died on every retry (``describe(i)`` names its input).
+        On any error, and when the generator is closed early, the remaining tasks are
+        cancelled and waited for before this returns.
+    """
+    import ray
+
+    cap = max_in_flight or 2 * _cluster_cpus(ray)
+    done: dict[int, object] = {}
+    pending: dict = {}  # ObjectRef -> input position
+    submitted = emitted = 0
+    try:
+        while emitted < len(args):
+            while submitted < len(args) and len(pending) < cap:
+                pending[remote_fn.remote(*args[submitted])] = submitted
+                submitted += 1
+            if emitted not in done:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                i = pending.pop(ready[0])
+                done[i] = _get(ray, ready[0], describe(i))
+                if bar is not None:
+                    bar.update(1 if weights is None else weights[i])
+                continue
+            yield done.pop(emitted)
+            emitted += 1
+    finally:
+        if pending:  # an error, or closed early: no task may go on writing
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            ray.wait(list(pending), num_returns=len(pending), timeout=30)
+
+
+def _get(ray, ref, what: str):
+    """``ray.get(ref)`` with the task's own error re-raised as itself."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, (ShardkitError, OSError)):
+            raise cause from None
+        raise
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+            ray.exceptions.ObjectLostError) as e:
+        raise SourceError(f"a Ray task died {MAX_RETRIES + 1} times ({what}): "
+                          f"{type(e).__name__}; a file there may crash the decoder (rerun "
+                          "with --engine local --workers 1 to pinpoint it)") from None
+
+
+# ----------------------------------------------------------------------------- 3: check
+def _check_batch(jobs: list) -> list[dict]:
+    from shardkit.pack_plan import _check_one
+
+    return [_check_one(job) for job in jobs]
+
+
+def check_all(jobs: list, progress: bool, *, desc: str = "check",
+              address: str | None = None) -> list[dict]:
+    """:func:`shardkit.pack_plan._check_one` of every job (``(path, relpath, max_pixels,
+    strict, want_hash, max_side, jpeg_quality)``), as Ray tasks of up to :data:`CHECK_BATCH`
+    files; the records in input order (as the local engine's)."""
+    from tqdm import tqdm
+
+    ray = ensure_ray(address)
+    if not jobs:
+        return []
+    size = max(1, min(CHECK_BATCH, math.ceil(len(jobs) / (4 * _cluster_cpus(ray)))))
+    batches = [jobs[k:k + size] for k in range(0, len(jobs), size)]
+    task = ray.remote(max_retries=MAX_RETRIES)(_check_batch)
+    out: list[dict] = []
+    with tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress) as bar:
+        for res in run_ordered(task, [(b,) for b in batches], weights=[len(b) for b in batches],
+                               bar=bar, describe=lambda i: f"files {batches[i][0][0]} .. "
+                                                           f"{batches[i][-1][0]}"):
+            out.extend(res)
+    return out
+
+
+# ----------------------------------------------------------------------------- 6: write
+def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: int,
+                 rows: list, classes: list[str]) -> tuple[list[dict], dict]:
+    """Writes shard ``index`` of ``split`` from ``rows`` (``(key, item, result, label)`` in
+    split order); returns its split records and its manifest entry."""
+    from shardkit import formats
+    from shardkit.pack_write import _write_one
+
+    class _OneShard(formats.ShardSink):  # the sink's rules, at a fixed shard index
+        def _final_path(self, _):
+            return super()._final_path(index)
+
+        def add(self, *a, **k):
+            return index, super().add(*a, **k)[1]
+
+    sink = _OneShard(out, split, fmt, writer_options=writer_options)
+    try:
+        records = [_write_one(sink, key, it, res, label, classes, _NoBar)
+                   for key, it, res, label in rows]
+        shards = sink.close()
+    except BaseException as e:
+        sink.abort()
+        if isinstance(e, OSError) and (e.filename is None or Path(str(e.filename)).name
+                                       .startswith(".")):
+            e.filename = str(sink._final_path(index))
+        raise
+    if len(shards) != 1:
+        raise AssertionError(f"shard task {split}/{index} wrote {len(shards)} shards")
+    return records, shards[0]
+
+
+class _NoBar:
+    @staticmethod
+    def update(n: int = 1) -> None:
+        """Progress is counted on the driver."""
+
+
+def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_idx, results,
+                 classes: list[str], options: PackOptions, bar=None
+                 ) -> Iterator[tuple[list[dict], list[dict]]]:
+    """Writes the shards of every split (``(name, members in stored order)``) as Ray tasks, one
+    per shard, all splits at once; yields ``(split records, shard entries)`` per split, in the
+    order of ``splits``, as each split completes. ``bar`` counts files written (its postfix the
+    shards)."""
+    from shardkit.pack_write import shard_ranges, stored_size
+
+    ray = ensure_ray(options.ray_address)
+    (Path(out) / "shards").mkdir(parents=True, exist_ok=True)  # as ShardSink, for empty splits
+    classes_ref = ray.put(list(classes))
+    writer_options = dict(options.sink_writer_options)
+    args, owner, weights = [], [], []
+    for s, (name, members) in enumerate(splits):
+        ranges = shard_ranges([stored_size(results[i]) for i in members],
+                              options.shard_samples, options.shard_byte_limit)
+        for k, (a, b) in enumerate(ranges):
+            rows = [(f"{name}_{n:08d}", items[i], results[i], label_idx[i])
+                    for n, i in zip(range(a, b), members[a:b])]
+            args.append((str(out), name, options.format, writer_options, k, rows, classes_ref))
+            owner.append(s)
+            weights.append(b - a)
+    task = ray.remote(max_retries=MAX_RETRIES)(_write_shard)
+    per_split = [0] * len(splits)
+    for s in owner:
+        per_split[s] += 1
+    done_shards = 0
+    pending: list = []  # (records, shard) of the split being collected
+    stream = run_ordered(task, args, weights=weights, bar=bar,
+                         describe=lambda i: f"shard {args[i][4]} of split {args[i][1]!r}")
+    try:
+        for s in range(len(splits)):
+            pending = [next(stream) for _ in range(per_split[s])]
+            done_shards += len(pending)
+            if bar is not None:
+                bar.set_postfix(shards=done_shards, refresh=False)
+            yield [r for recs, _ in pending for r in recs], [shard for _, shard in pending]
+    finally:
+        stream.close()

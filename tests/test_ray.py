@@ -1,0 +1,311 @@
+"""The Ray engine (issue 12): ``pack --engine ray`` gives the local engine's bytes, its tasks
+are retried, a dead driver leaves no manifest, and ``shardkit.ray.read_split`` feeds the same
+images as ``make_loader``, exactly once across ``streaming_split`` consumers.
+
+One local Ray runtime (2 CPUs, no dashboard) serves the module; real data: the embedded
+flowers sample (200 photos) plus awkward files made from one of them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")  # only for users without the extra: CI installs it
+
+from click.testing import CliRunner  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from conftest import SAMPLE, make_awkward  # noqa: E402
+from shardkit import formats, pack_plan, pack_write  # noqa: E402
+from shardkit.errors import ConfigError, ManifestError, SourceError  # noqa: E402
+from shardkit.pack import pack, pack_command  # noqa: E402
+from shardkit.ray import engine, read_split  # noqa: E402
+from shardkit.stream import make_loader  # noqa: E402
+from shardkit.stream.source import ShardSource  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+#: Awkward files added to the sample: rejects (quarantined) and files stored transcoded.
+ADDED = {"daisy": ["truncated_half_photo.jpg", "cmyk_adobe.jpg"],
+         "roses": ["corrupt_header.png", "exif_orientation_6.jpg", "png_rgba.png"]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_runtime():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """The flowers sample plus 2 rejects, 3 files stored transcoded and 2 ignored entries."""
+    src = tmp_path_factory.mktemp("ray-src") / "flowers"
+    shutil.copytree(SAMPLE, src)
+    made = make_awkward()
+    for cls, names in ADDED.items():
+        for name in names:
+            (src / cls / name).write_bytes(made[name])
+    (src / "roses" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    return src
+
+
+def _files(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` by relative path."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _refuse(*_a, **_k):
+    raise AssertionError("the local engine ran although engine='ray'")
+
+
+# ----------------------------------------------------------------------------- shard ranges
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 3000), max_size=40),
+       max_samples=st.one_of(st.none(), st.integers(1, 8)),
+       max_bytes=st.one_of(st.none(), st.integers(1, 6000)))
+def test_shard_ranges_are_the_sinks_rollover(tmp_path_factory, sizes, max_samples, max_bytes):
+    out = tmp_path_factory.mktemp("ranges")
+    sink = formats.ShardSink(out, "train", "wds", max_samples=max_samples, max_bytes=max_bytes)
+    for n, size in enumerate(sizes):
+        sink.add(f"train_{n:08d}", bytes(size), "jpg", 0)
+    counts = [s["num_samples"] for s in sink.close()]
+    ranges = pack_write.shard_ranges(sizes, max_samples, max_bytes)
+    assert [b - a for a, b in ranges] == counts
+    assert [a for a, _ in ranges] == np.cumsum([0] + counts)[:-1].tolist()
+
+
+# ----------------------------------------------------------------------------- packing
+@pytest.mark.parametrize("fmt, limits", [("wds", {"shard_bytes": "1MB"}),
+                                         ("hdf5", {"shard_samples": 16})])
+def test_pack_ray_is_byte_identical_to_local(tmp_path, source, monkeypatch, fmt, limits):
+    local = pack(source, tmp_path / "local", format=fmt, progress=False, **limits)
+    # the ray pack must not touch the local engine's check or write paths
+    monkeypatch.setattr(pack_plan, "_check_one", _refuse)
+    monkeypatch.setattr(pack_write, "_write_split", _refuse)
+    remote = pack(source, tmp_path / "ray", format=fmt, progress=False, engine="ray", **limits)
+    a, b = _files(tmp_path / "local"), _files(tmp_path / "ray")
+    assert a == b  # manifest, splits/*.jsonl + .index.npz, quarantine, every shard
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert sum(len(s["shards"]) for s in manifest["splits"].values()) >= 10
+    assert manifest["source"]["num_quarantined"] == 2 == local.num_quarantined
+    assert manifest["normalization"]["transcoded"]  # stored bytes from the check task's data
+    quarantined = {json.loads(line)["path"]
+                   for line in (tmp_path / "ray" / "quarantine.jsonl").read_text().splitlines()}
+    assert quarantined == {"daisy/truncated_half_photo.jpg", "roses/corrupt_header.png"}
+    ignored = {e["path"] for e in manifest["source"]["ignored"]}
+    assert {"LICENSE.txt", "metadata.csv", "roses/.DS_Store"} <= ignored
+    assert remote.num_packed == local.num_packed == 203
+
+
+def test_pack_ray_lmdb_same_records(tmp_path, source):
+    """LMDB files differ between any two packs (free pages); records and values do not."""
+    import lmdb
+
+    pack(source, tmp_path / "local", format="lmdb", shard_samples=40, progress=False)
+    pack(source, tmp_path / "ray", format="lmdb", shard_samples=40, progress=False,
+         engine="ray")
+    a, b = _files(tmp_path / "local"), _files(tmp_path / "ray")
+    assert sorted(a) == sorted(b)
+    assert {k: v for k, v in a.items() if not k.endswith((".lmdb", "manifest.json"))} == \
+           {k: v for k, v in b.items() if not k.endswith((".lmdb", "manifest.json"))}
+    ma, mb = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("local", "ray"))
+    for m in (ma, mb):
+        for s in m["splits"].values():
+            for shard in s["shards"]:
+                shard.pop("sha256"), shard.pop("bytes")
+    assert ma == mb
+    for name in a:
+        if name.endswith(".lmdb"):
+            items = []
+            for d in ("local", "ray"):
+                with lmdb.open(str(tmp_path / d / name), subdir=False, readonly=True,
+                               lock=False) as env, env.begin() as txn:
+                    items.append(list(txn.cursor()))
+            assert items[0] == items[1] and len(items[0]) > 0
+
+
+def test_pack_ray_csv_list_and_cli(tmp_path):
+    """A CSV list (one row's file missing) through `shardkit pack --engine ray`."""
+    rows = sorted((SAMPLE / "roses").glob("*.jpg"))[:12] + \
+        sorted((SAMPLE / "tulips").glob("*.jpg"))[:12]
+    lines = ["path,label"] + [f"{p},{p.parent.name}" for p in rows] + [f"{SAMPLE}/gone.jpg,roses"]
+    (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    args = [str(tmp_path / "list.csv"), "--shard-samples", "5", "--no-progress", "--seed", "7"]
+    ok = CliRunner().invoke(pack_command, [args[0], str(tmp_path / "local"), *args[1:]])
+    assert ok.exit_code == 0, ok.output
+    res = CliRunner().invoke(pack_command, [args[0], str(tmp_path / "ray"), *args[1:],
+                                            "--engine", "ray"])
+    assert res.exit_code == 0, res.output
+    assert _files(tmp_path / "local") == _files(tmp_path / "ray")
+    q = (tmp_path / "ray" / "quarantine.jsonl").read_text()
+    assert "gone.jpg" in q and "file not found" in q
+
+
+def test_changed_source_file_raises_its_error_and_writes_nothing(tmp_path, source, monkeypatch):
+    """A SourceError raised in a write task reaches the caller as itself; OUT is cleaned."""
+    src = tmp_path / "src"
+    shutil.copytree(source / "daisy", src / "daisy")
+    shutil.copytree(source / "sunflowers", src / "sunflowers")
+    victim = sorted((src / "daisy").glob("1*.jpg"))[0]
+    plan_split = pack_plan.plan_split
+
+    def change_after_check(*a, **k):  # between step 3 (check) and step 6 (write)
+        victim.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
+        return plan_split(*a, **k)
+
+    monkeypatch.setattr(pack_plan, "plan_split", change_after_check)
+    with pytest.raises(SourceError, match="changed while packing") as info:
+        pack(src, tmp_path / "out", engine="ray", progress=False, shard_samples=8)
+    assert not isinstance(info.value, ray.exceptions.RayTaskError)
+    assert victim.name in str(info.value)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not list((tmp_path / "out").rglob("*.tar"))
+
+
+def test_task_whose_worker_dies_is_retried(tmp_path):
+    flag = str(tmp_path / "died")
+
+    def die_once(x: int) -> int:  # defined here: pickled by value, the workers need no tests/
+        if not os.path.exists(flag):
+            Path(flag).touch()
+            os._exit(1)  # the worker process dies mid-task
+        return x * x
+
+    def die_always(x: int) -> int:
+        os._exit(1)
+
+    task = ray.remote(max_retries=engine.MAX_RETRIES)(die_once)
+    out = list(engine.run_ordered(task, [(x,) for x in range(6)], max_in_flight=1))
+    assert out == [x * x for x in range(6)] and os.path.exists(flag)
+    with pytest.raises(SourceError, match="died"):
+        list(engine.run_ordered(ray.remote(max_retries=1)(die_always), [(1,)]))
+
+
+DRIVER = """
+import sys, time
+import shardkit.manifest as m
+write = m.write_split_files
+def slow(*a, **k):  # the first split's files are written, then the driver hangs
+    write(*a, **k)
+    open(sys.argv[3], "w").close()
+    time.sleep(600)
+m.write_split_files = slow
+from shardkit.pack import pack
+pack(sys.argv[1], sys.argv[2], engine="ray", ray_address=sys.argv[4], shard_samples=16,
+     progress=False)
+"""
+
+
+def test_killed_driver_leaves_no_manifest(tmp_path, source):
+    out, flag = tmp_path / "out", tmp_path / "split-written"
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(source), str(out), str(flag),
+                             address], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() else "timeout"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    assert list((out / "shards").glob("*.tar")) and (out / "splits").is_dir()
+    assert not (out / "manifest.json").exists()  # visibly unfinished: readers refuse it
+    with pytest.raises(ManifestError, match="not a finished"):
+        ShardSource(out, "train")
+    pack(source, out, engine="ray", shard_samples=16, progress=False)  # leftovers cleaned
+    pack(source, tmp_path / "local", shard_samples=16, progress=False)
+    assert _files(out) == _files(tmp_path / "local")
+
+
+# ----------------------------------------------------------------------------- feeding
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ray-packed") / "wds"
+    pack(SAMPLE, out, shard_samples=24, progress=False)
+    return out
+
+
+def test_read_split_train_images_are_make_loaders(packed):
+    rows = read_split(packed, "train", decode="train", seed=3, epoch=1, image_size=32).take_all()
+    by_index = {int(r["index"]): r for r in rows}
+    assert len(by_index) == len(rows) == 161
+    loader = make_loader(packed, "train", 16, image_size=32, seed=3, num_workers=0,
+                         return_meta=True)
+    loader.set_epoch(1)
+    seen = 0
+    for images, labels, meta in loader:
+        hwc = images.permute(0, 2, 3, 1).numpy()
+        for k, i in enumerate(meta["index"].tolist()):
+            row = by_index[i]
+            assert np.array_equal(row["image"], hwc[k]), f"sample {row['key']}"
+            assert row["label"] == int(labels[k])
+            seen += 1
+    assert seen == 161
+    other = read_split(packed, "train", decode="train", seed=3, epoch=2, image_size=32)
+    first = {int(r["index"]): r["image"] for r in other.take_all()}
+    differ = sum(not np.array_equal(first[i], by_index[i]["image"]) for i in by_index)
+    assert differ > 140  # a new epoch draws new crops and flips
+
+
+def test_read_split_eval_and_bytes(packed):
+    rows = read_split(packed, "val", decode="eval", image_size=48).take_all()
+    loader = make_loader(packed, "val", 8, train=False, image_size=48, num_workers=0)
+    expected = np.concatenate([im.permute(0, 2, 3, 1).numpy() for im, _ in loader])
+    got = np.stack([r["image"] for r in sorted(rows, key=lambda r: int(r["index"]))])
+    assert got.shape == (20, 48, 48, 3) and got.dtype == np.uint8
+    assert np.array_equal(got, expected)
+    src = ShardSource(packed, "test")
+    raw = read_split(packed, "test").take_all()
+    assert sorted(int(r["index"]) for r in raw) == list(range(len(src)))
+    for r in raw:
+        assert r["image"] == bytes(src.read(int(r["index"])))
+        assert r["key"] == src.key(int(r["index"])) and r["image"][:2] == b"\xff\xd8"
+
+
+def test_read_split_exactly_once_across_streaming_split(packed):
+    ds = read_split(packed, "train", decode="train", seed=5, image_size=16)
+    consumers = ds.streaming_split(2, equal=False)
+    keys: list[list[str]] = [[], []]
+
+    def consume(i: int) -> None:
+        for batch in consumers[i].iter_batches(batch_size=16, batch_format="numpy"):
+            assert batch["image"].shape[1:] == (16, 16, 3)
+            keys[i].extend(batch["key"].tolist())
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    everything = keys[0] + keys[1]
+    assert keys[0] and keys[1]  # both consumers got rows
+    assert len(everything) == len(set(everything)) == 161
+    assert set(everything) == {ShardSource(packed, "train").key(i) for i in range(161)}
+
+
+def test_read_split_errors(packed, tmp_path):
+    with pytest.raises(ConfigError, match="decode='jpeg'"):
+        read_split(packed, "train", decode="jpeg")
+    with pytest.raises(ConfigError, match="epoch"):
+        read_split(packed, "train", epoch=-1)
+    with pytest.raises(ManifestError, match="'nope'"):
+        read_split(packed, "nope")
+    with pytest.raises(ManifestError, match="not a finished"):
+        read_split(tmp_path, "train")
