@@ -50,7 +50,7 @@ setup(
         Extension(
             "shardkit.augment._kernels",
             sources=["shardkit/augment/_kernels.c"],
-            extra_compile_args=["-O3", "-ffp-contract=off"],
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"],
             optional=_optional,
         ),
     ]

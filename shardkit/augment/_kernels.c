@@ -36,6 +36,22 @@ static inline float fused(float a, float b, float k) {
     return (float)((double)a + (double)b * (double)k);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_FMA_CLONE 1
+#define FMA_TARGET __attribute__((target("avx2,fma")))
+static int cpu_has_fma(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+/* floor of a value >= 0 (every grey value): truncation, no libm call */
+static inline float floor_pos(float v) { return (float)(int32_t)v; }
+
+/* round half to even (torch.round / nearbyint in the default rounding mode), inlined as
+ * cvtss2si by -fno-math-errno instead of a libm call */
+static inline float round_even(float v) { return (float)lrintf(v); }
+
 static inline uint8_t to_u8(float v) {
     if (!(v > 0.0f)) return 0; /* also NaN */
     if (v >= 255.0f) return 255;
@@ -83,6 +99,28 @@ static PyObject *k_lut(PyObject *self, PyObject *args) {
 }
 
 /* gray(image, h, w, out): out[i] = floor(gray) as uint8 (H * W bytes); returns the sum */
+#define GRAY_BODY(FUSE)                                                                    \
+    long long total = 0;                                                                   \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                  \
+        const uint8_t *q = p + 3 * i;                                                      \
+        float v = FUSE(FUSE((float)q[0] * 0.2989f, (float)q[1], 0.587f), (float)q[2], 0.114f); \
+        uint8_t u = (uint8_t)(int32_t)(v > 255.0f ? 255.0f : v);                          \
+        g[i] = u;                                                                          \
+        total += u;                                                                        \
+    }                                                                                      \
+    return total;
+
+static long long gray_generic(const uint8_t *p, uint8_t *g, Py_ssize_t n) { GRAY_BODY(fused) }
+
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static inline float fused_fma(float a, float b, float k) {
+    return __builtin_fmaf(b, k, a);
+}
+FMA_TARGET static long long gray_fma(const uint8_t *p, uint8_t *g, Py_ssize_t n) {
+    GRAY_BODY(fused_fma)
+}
+#endif
+
 static PyObject *k_gray(PyObject *self, PyObject *args) {
     PyObject *img_obj, *out_obj;
     Py_ssize_t h, w;
@@ -101,14 +139,14 @@ static PyObject *k_gray(PyObject *self, PyObject *args) {
     }
     const uint8_t *p = (const uint8_t *)img.buf;
     uint8_t *g = (uint8_t *)out.buf;
-    long long total = 0;
+    long long total;
     Py_ssize_t n = h * w;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++, p += 3) {
-        uint8_t v = to_u8(floorf(gray_of(p)));
-        g[i] = v;
-        total += v;
-    }
+#ifdef HAVE_FMA_CLONE
+    if (cpu_has_fma()) total = gray_fma(p, g, n);
+    else
+#endif
+        total = gray_generic(p, g, n);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&img);
     PyBuffer_Release(&out);
@@ -117,6 +155,29 @@ static PyObject *k_gray(PyObject *self, PyObject *args) {
 
 /* saturation(image, h, w, factor): torchvision adjust_saturation on uint8:
  * _blend(image, floor(gray), factor) = image.mul(f).add_(gray, alpha=1 - f) */
+#define SATURATION_BODY(FUSE)                                                              \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                  \
+        uint8_t *q = p + 3 * i;                                                            \
+        float g = FUSE(FUSE((float)q[0] * 0.2989f, (float)q[1], 0.587f), (float)q[2], 0.114f); \
+        g = (float)(int32_t)g;                                                             \
+        for (int c = 0; c < 3; c++) {                                                      \
+            float v = FUSE((float)q[c] * f, g, k);                                         \
+            v = v < 0.0f ? 0.0f : v;                                                       \
+            v = v > 255.0f ? 255.0f : v;                                                   \
+            q[c] = (uint8_t)(int32_t)v;                                                    \
+        }                                                                                  \
+    }
+
+static void saturation_generic(uint8_t *p, Py_ssize_t n, float f, float k) {
+    SATURATION_BODY(fused)
+}
+
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static void saturation_fma(uint8_t *p, Py_ssize_t n, float f, float k) {
+    SATURATION_BODY(fused_fma)
+}
+#endif
+
 static PyObject *k_saturation(PyObject *self, PyObject *args) {
     PyObject *img_obj;
     Py_ssize_t h, w;
@@ -128,12 +189,11 @@ static PyObject *k_saturation(PyObject *self, PyObject *args) {
     Py_ssize_t n = h * w;
     const float f = (float)factor, k = (float)(1.0 - factor);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++, p += 3) {
-        float g = floorf(gray_of(p));
-        p[0] = to_u8(fused((float)p[0] * f, g, k));
-        p[1] = to_u8(fused((float)p[1] * f, g, k));
-        p[2] = to_u8(fused((float)p[2] * f, g, k));
-    }
+#ifdef HAVE_FMA_CLONE
+    if (cpu_has_fma()) saturation_fma(p, n, f, k);
+    else
+#endif
+        saturation_generic(p, n, f, k);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&img);
     Py_RETURN_NONE;
@@ -174,8 +234,42 @@ static PyObject *k_hist(PyObject *self, PyObject *args) {
 
 /* sharpness(image, h, w, factor): torchvision adjust_sharpness on uint8: the interior is
  * blended with round(conv3x3(image, [[1,1,1],[1,5,1],[1,1,1]] / 13)), the border is kept.
- * The convolution's summation order differs from torch's conv2d, so a blurred value that lies
- * within float rounding of .5 may round the other way (a difference of 1 grey level). */
+ * The convolution's summation order may differ from torch's conv2d, so a blurred value within
+ * float rounding of .5 could round the other way (a difference of 1 grey level). */
+#define SHARPNESS_BODY(FUSE)                                                               \
+    for (Py_ssize_t y = 1; y < h - 1; y++) {                                              \
+        const uint8_t *restrict r0 = src + (y - 1) * stride;                              \
+        const uint8_t *restrict r1 = r0 + stride, *restrict r2 = r1 + stride;             \
+        uint8_t *restrict o = p + y * stride;                                              \
+        for (Py_ssize_t x = 3; x < stride - 3; x++) {                                      \
+            float ring = (float)r0[x - 3] + (float)r0[x] + (float)r0[x + 3] +              \
+                         (float)r1[x - 3] + (float)r1[x + 3] + (float)r2[x - 3] +          \
+                         (float)r2[x] + (float)r2[x + 3];                                   \
+            float blurred = round_even(ring * a + (float)r1[x] * b);                       \
+            float v = FUSE((float)r1[x], blurred - (float)r1[x], k);                       \
+            v = v < 0.0f ? 0.0f : v;                                                       \
+            v = v > 255.0f ? 255.0f : v;                                                   \
+            o[x] = (uint8_t)(int32_t)v;                                                    \
+        }                                                                                  \
+    }
+
+static void sharpness_generic(uint8_t *p, const uint8_t *src, Py_ssize_t h, Py_ssize_t stride,
+                              float a, float b, float k) {
+    SHARPNESS_BODY(fused)
+}
+
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static inline float round_even_avx(float v) {
+    return __builtin_rintf(v); /* default rounding mode: half to even */
+}
+FMA_TARGET static void sharpness_fma(uint8_t *p, const uint8_t *src, Py_ssize_t h,
+                                     Py_ssize_t stride, float a, float b, float k) {
+#define round_even round_even_avx
+    SHARPNESS_BODY(fused_fma)
+#undef round_even
+}
+#endif
+
 static PyObject *k_sharpness(PyObject *self, PyObject *args) {
     PyObject *img_obj;
     Py_ssize_t h, w;
@@ -197,17 +291,11 @@ static PyObject *k_sharpness(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     memcpy(src, p, (size_t)(h * stride));
-    for (Py_ssize_t y = 1; y < h - 1; y++) {
-        const uint8_t *r0 = src + (y - 1) * stride, *r1 = r0 + stride, *r2 = r1 + stride;
-        uint8_t *o = p + y * stride;
-        for (Py_ssize_t x = 3; x < stride - 3; x++) {
-            float ring = (float)r0[x - 3] + (float)r0[x] + (float)r0[x + 3] + (float)r1[x - 3] +
-                         (float)r1[x + 3] + (float)r2[x - 3] + (float)r2[x] + (float)r2[x + 3];
-            float blurred = nearbyintf(ring * a + (float)r1[x] * b);
-            float v = (float)r1[x];
-            o[x] = to_u8(fused(v, blurred - v, k));
-        }
-    }
+#ifdef HAVE_FMA_CLONE
+    if (cpu_has_fma()) sharpness_fma(p, src, h, stride, a, b, k);
+    else
+#endif
+        sharpness_generic(p, src, h, stride, a, b, k);
     Py_END_ALLOW_THREADS
     free(src);
     PyBuffer_Release(&img);
@@ -250,8 +338,8 @@ static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
             const float bx = -(float)w * 0.5f + 0.5f + (float)x;
             const float gx = bx * r00 + by * r10 + r20;
             const float gy = bx * r01 + by * r11 + r21;
-            const float ix = nearbyintf(((gx + 1.0f) * (float)w - 1.0f) * 0.5f);
-            const float iy = nearbyintf(((gy + 1.0f) * (float)h - 1.0f) * 0.5f);
+            const float ix = round_even(((gx + 1.0f) * (float)w - 1.0f) * 0.5f);
+            const float iy = round_even(((gy + 1.0f) * (float)h - 1.0f) * 0.5f);
             if (ix >= 0.0f && iy >= 0.0f && ix < (float)w && iy < (float)h) {
                 const uint8_t *s = src + (Py_ssize_t)iy * stride + (Py_ssize_t)ix * 3;
                 o[0] = s[0];
