@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from ..augment.prims import apply_hwc
 from ..decode.base import DecodeWarningError
 from ..errors import ConfigError, ShardkitError
 from ..sharding import EpochPlan, num_batches, sample_rng
@@ -263,14 +264,22 @@ class BatchDataset(_Iterable):
 
     ``images``: uint8 ``(n, 3, S, S)`` RGB, ``channels_last`` memory layout, values 0..255;
     ``labels``: int64 ``(n,)``; ``meta``: ``{"index": int64 (n,) split positions, "valid": bool
-    (n,) (False for ``even="pad"`` repeats)}``; ``report``: a :class:`BatchReport` (skipped rows
-    are left out, so ``n`` can be smaller than the planned batch). Built by
-    :func:`~shardkit.stream.make_loader`; use that.
+    (n,) (False for ``even="pad"`` repeats)}``, plus ``"augment"`` (one program per row, see
+    :mod:`shardkit.augment.prims`) when the augmentation runs on a device; ``report``: a
+    :class:`BatchReport` (skipped rows are left out, so ``n`` can be smaller than the planned
+    batch). Built by :func:`~shardkit.stream.make_loader`; use that.
+
+    ``augment``: an :class:`~shardkit.augment.AugmentSpec` or None. Each sample's program is
+    drawn from its RNG right after the crop's draws (so it is a pure function of ``(seed,
+    epoch, rank, position)``) and applied in the decoding thread to the row the crop wrote
+    (``augment_on_device=False``), or carried in ``meta["augment"]`` for the device.
     """
 
     def __init__(self, source: ShardSource, sampling: Sampling, transform: Callable,
                  image_size: int, on_warning: str = "keep", device_decode: bool = False,
-                 cache=None):
+                 cache=None, augment=None, augment_on_device: bool = False):
+        self.augment = None if augment is None or augment.is_identity else augment
+        self.augment_on_device = bool(augment_on_device)
         self.device_decode = bool(device_decode)
         #: a :class:`~shardkit.stream.cache.DecodedCache` or None
         self.cache = cache
@@ -321,7 +330,8 @@ class BatchDataset(_Iterable):
         # nothing (the factory's); a custom transform gets ``bytes`` it may keep
         read = src.read_scratch if scratch and getattr(tf, "accepts_buffers", False) else src.read
         seed, epoch, rank, policy = self.sampling.seed, plan.epoch, plan.rank, self.on_warning
-        cache = self.cache
+        cache, augment = self.cache, self.augment
+        programs: list = []
         hits = misses = 0
         fill_s = 0.0
         for i in range(n):
@@ -340,6 +350,12 @@ class BatchDataset(_Iterable):
                     t0 = time.perf_counter()
                     cache.fill(pos, read(pos), tf, rng, row)
                     fill_s += time.perf_counter() - t0
+                if augment is not None:  # after the crop's draws: same program on any path
+                    program = augment.draw(rng, size, size, epoch)
+                    if self.augment_on_device:
+                        programs.append(program)
+                    else:
+                        apply_hwc(row, program)
                 nw = getattr(tf, "last_warnings", 0)
                 if nw:
                     if _warning_check(src, pos, nw, getattr(tf, "last_warning", None), policy):
@@ -352,13 +368,18 @@ class BatchDataset(_Iterable):
             except SAMPLE_ERRORS as e:
                 skipped.append(src.handle_error(e, pos))
                 keep[i] = False
+            if self.augment_on_device and augment is not None and len(programs) <= i:
+                programs.append([])  # keeps programs aligned with rows (skipped rows drop)
         if skipped:
             positions = positions[keep]
+            programs = [p for p, k in zip(programs, keep) if k]
             images = images[torch.from_numpy(np.flatnonzero(keep))].contiguous(
                 memory_format=torch.channels_last)
         labels = torch.from_numpy(src.index.label[positions])
         meta = {"index": torch.from_numpy(positions.copy()),
                 "valid": torch.from_numpy(plan.valid[sl][keep])}
+        if self.augment_on_device and augment is not None:
+            meta["augment"] = programs
         return images, labels, meta, BatchReport(tuple(skipped), tuple(warned), hits, misses,
                                                  fill_s)
 
@@ -368,12 +389,12 @@ class BatchDataset(_Iterable):
         src, sl = self.source, plan.batch_slice(b)
         positions = plan.positions[sl]
         keep = np.ones(len(positions), dtype=bool)
-        datas, boxes, flips, skipped = [], [], [], []
+        datas, boxes, flips, skipped, programs = [], [], [], [], []
         for i, pos in enumerate(positions.tolist()):
             try:
                 data = bytes(src.read(pos))
-                box, flip, _ = tf.crop_box(data, sample_rng(self.sampling.seed, plan.epoch,
-                                                            plan.rank, sl.start + i))
+                rng = sample_rng(self.sampling.seed, plan.epoch, plan.rank, sl.start + i)
+                box, flip, _ = tf.crop_box(data, rng)
             except SAMPLE_ERRORS as e:
                 skipped.append(src.handle_error(e, pos))
                 keep[i] = False
@@ -381,9 +402,14 @@ class BatchDataset(_Iterable):
             datas.append(data)
             boxes.append(box)
             flips.append(flip)
+            if self.augment is not None:
+                programs.append(self.augment.draw(rng, self.image_size, self.image_size,
+                                                  plan.epoch))
         positions = positions[keep]
         meta = {"index": torch.from_numpy(positions.copy()),
                 "valid": torch.from_numpy(plan.valid[sl][keep])}
+        if self.augment is not None:
+            meta["augment"] = programs
         return (EncodedBatch(datas, boxes, flips),
                 torch.from_numpy(src.index.label[positions]), meta, BatchReport(tuple(skipped)))
 

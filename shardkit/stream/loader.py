@@ -15,6 +15,8 @@ import logging
 from dataclasses import replace
 from typing import Iterator
 
+import torch
+
 from ..errors import ConfigError, LoaderError, ShardkitError
 from .backends import ProcessBackend, ThreadBackend
 from .cache import make_cache, parse_cache
@@ -42,14 +44,22 @@ class ShardLoader:
         warned: keys kept although their decode gave libjpeg warnings (``on_warning="keep"``).
         transform_config: the :class:`~shardkit.transforms.TransformConfig` of the batches (None
             for a custom transform callable); :class:`DeviceNormalizer` takes its mean/std.
+        augment: the :class:`~shardkit.augment.AugmentSpec` (``none`` when off);
+            :meth:`augment_values` gives its scheduled strengths at the current epoch.
+        augment_device: the device the per-sample ops run on, or None (CPU rows).
 
     Use as a context manager (or call :meth:`close`) to stop decoding threads or persistent
     worker processes deterministically.
     """
 
     def __init__(self, dataset: BatchDataset, backend: ThreadBackend | ProcessBackend,
-                 return_meta: bool = False, transform_config=None, device_decode=None):
+                 return_meta: bool = False, transform_config=None, device_decode=None,
+                 augment=None, augment_device=None):
+        from ..augment import AugmentSpec
+
         self.dataset = dataset
+        self.augment = augment if augment is not None else AugmentSpec.parse(None)
+        self.augment_device = augment_device
         self.device_decode = device_decode
         self.transform_config = transform_config
         self.backend = backend
@@ -120,8 +130,14 @@ class ShardLoader:
         """Exact number of batches this rank yields in a full epoch (any ``num_workers``)."""
         return len(self.dataset)
 
+    def augment_values(self) -> dict[str, float]:
+        """The scheduled augmentation strengths at the current epoch,
+        ``{"<index>.<op>.<param>": value}`` (empty without schedules)."""
+        return self.augment.scheduled_values(self._epoch)
+
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch (order and augmentation). A different epoch drops a pending resume."""
+        """Sets the epoch (order, augmentation randomness and the augmentation strength
+        schedules). A different epoch drops a pending resume."""
         epoch = check_epoch(epoch)
         if epoch != self._epoch:
             self._epoch, self._position, self._resume = epoch, 0, False
@@ -170,6 +186,9 @@ class ShardLoader:
                 counts["fill_seconds"] += report.cache_fill_s
             if self.device_decode is not None:
                 images = self._decode_on_device(images, meta)
+            programs = meta.pop("augment", None)
+            if programs is not None:
+                images = _augment_on_device(images, programs, self.augment_device)
             self._position += 1
             if report.skipped:
                 self.skipped.extend(report.skipped)
@@ -202,6 +221,18 @@ class ShardLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _augment_on_device(images: torch.Tensor, programs: list, device) -> torch.Tensor:
+    """Moves a uint8 ``(N, 3, S, S)`` batch to ``device`` and runs each row's program there
+    with torchvision's tensor ops (:func:`shardkit.augment.apply_torch`)."""
+    from ..augment import apply_torch
+
+    images = images.to(device, non_blocking=True)
+    for i, program in enumerate(programs):
+        if program:
+            images[i] = apply_torch(images[i], program)
+    return images
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -241,7 +272,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
                 workers: WorkerOptions | None = None, on_error: str = "raise",
                 on_warning: str = "keep", verify_reads: bool = True, return_meta: bool = False,
                 device_decode=None, cache="none", cache_max_side: int | None = None,
-                cache_eval: str = "pixels") -> ShardLoader:
+                cache_eval: str = "pixels", augment=None, augment_device=None) -> ShardLoader:
     """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
 
     The simple call is ``make_loader(root, "train", 64)``; everything else has a default.
@@ -291,9 +322,22 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
             pixels (FFCV's ``max_resolution``); crops are scaled to the cached size.
         cache_eval: ``"pixels"`` (default) or ``"final"``: an eval loader (``train=False``)
             caches its final deterministic crops, so later passes are a memory copy.
+        augment: augmentation after the crop and flip (:mod:`shardkit.augment`): a preset
+            (``"none"`` (default), ``"light"``, ``"standard"``, ``"randaugment"``,
+            ``"trivialaugment"``), a list of op dicts, YAML text or file, or an
+            :class:`~shardkit.augment.AugmentSpec`; torchvision v2 semantics, drawn from each
+            sample's RNG (same augmentation for any ``num_workers``, backend, device or resume
+            point); strength schedules follow :meth:`ShardLoader.set_epoch`. Batch ops (mixup,
+            cutmix) are left to the trainer (:class:`shardkit.augment.BatchMix`). Training only.
+        augment_device: where the per-sample ops run: None (default: the decoding threads or
+            workers, on the uint8 rows, C kernels with the GIL released; with
+            ``device_decode``, that device), ``"cpu"``, or a torch device (``"cuda"``): the
+            programs travel with the batch, which is moved there and augmented with
+            torchvision's tensor ops, so images come out uint8 ``(N, 3, S, S)`` on that device.
 
     Raises:
-        ConfigError, LoaderError: invalid options (the message names the value);
+        ConfigError, LoaderError: invalid options (the message names the value), an
+            augmentation on an eval loader (``train=False``: eval never augments);
         ManifestError: no finished dataset at ``root`` or unknown ``split``.
         ShardCorruptError: a shard of the split is missing or its size differs from the
             manifest (checked up front, whatever ``on_error``: a damaged dataset, not a bad
@@ -332,8 +376,10 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
                           "holds CPU pixels; use one or the other")
     dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
                     train=train, verify=verify_reads)
+    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split)
     dataset = BatchDataset(source, plan, tf, size, on_warning,
-                           device_decode=device_decode is not None, cache=dc)
+                           device_decode=device_decode is not None, cache=dc, augment=spec,
+                           augment_on_device=aug_device is not None)
     if plan.block and plan.mode == "exact" and num_workers > 1:
         plan.set_streams(num_workers)
     if source.max_open is not None and workers.backend == "thread":
@@ -345,4 +391,26 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
         backend = ProcessBackend(dataset, num_workers, prefetch_factor, pin_memory, workers,
                                  plan.world_size)
     return ShardLoader(dataset, backend, return_meta=return_meta,
-                       transform_config=getattr(tf, "cfg", None), device_decode=device_decode)
+                       transform_config=getattr(tf, "cfg", None), device_decode=device_decode,
+                       augment=spec, augment_device=aug_device)
+
+
+def _resolve_augment(augment, augment_device, device_decode, train: bool, split: str):
+    """``(AugmentSpec, device or None)``: None means the ops run on the CPU rows."""
+    from ..augment import AugmentSpec
+
+    spec = AugmentSpec.parse(augment)
+    if not train and not spec.is_identity:
+        raise ConfigError(f"augment={spec.describe()} on an eval loader (train=False, split "
+                          f"{split!r}): evaluation never augments")
+    if augment_device is None:
+        device = device_decode
+    elif str(augment_device) == "cpu":
+        if device_decode is not None and not spec.is_identity:
+            raise ConfigError(f"augment_device='cpu' with device_decode={device_decode!r}: the "
+                              "pixels are decoded on the device; augment there (leave "
+                              "augment_device unset)")
+        device = None
+    else:
+        device = torch.device(augment_device)
+    return spec, (None if spec.is_identity or device is None else torch.device(device))
