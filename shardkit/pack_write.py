@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from shardkit.pack import PackOptions
 
 __all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
-           "shuffled_members", "shard_ranges", "stored_size", "class_warnings", "transcoded_counts", "build_manifest",
-           "naming_file"]
+           "shuffled_members", "shard_ranges", "stored_size", "class_warnings",
+           "transcoded_counts", "build_manifest", "naming_file"]
 
 logger = logging.getLogger("shardkit.pack")
 

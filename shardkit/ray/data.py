@@ -4,7 +4,8 @@ The dataset is built from the manifest and ``splits/<split>.index.npz`` only (no
 listed or opened on the driver): a ``ray.data.range`` over the epoch's positions, mapped in Ray
 tasks that read each sample through :class:`shardkit.stream.source.ShardSource` (``pread`` at
 the indexed offset, xxh3-checked) and, for ``decode="train"``/``"eval"``, run shardkit's fused
-transform. So CPU-only Ray nodes decode and GPU trainers consume with ``iter_torch_batches`` or
+transform. So CPU-only Ray nodes decode and GPU trainers consume with ``iter_torch_batches`` (of
+``ds.select_columns(["image", "label"])``: torch takes no text ``key``) or
 ``streaming_split(n, equal=False)`` (each row goes to exactly one of the ``n`` consumers; with
 ``equal=True`` Ray may drop rows to even them out).
 
@@ -152,5 +153,5 @@ def read_split(root, split: str, *, decode: str = "bytes", seed: int = 0, epoch:
     spec = _Spec(root, split, decode, int(seed), epoch, int(image_size),
                  decode == "train" if shuffle is None else bool(shuffle), bool(verify_reads))
     blocks = max(1, -(-n // ROWS_PER_BATCH))  # one block per batch: no re-bundling
-    return ray.data.range(n, override_num_blocks=blocks).map_batches(_rows, fn_kwargs={"spec": spec},
-                                         batch_size=ROWS_PER_BATCH, batch_format="numpy")
+    return ray.data.range(n, override_num_blocks=blocks).map_batches(
+        _rows, fn_kwargs={"spec": spec}, batch_size=ROWS_PER_BATCH, batch_format="numpy")
