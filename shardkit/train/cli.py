@@ -75,6 +75,12 @@ def _show_notes_on_stderr() -> None:
               help="Cache images resized so the longer side is at most N px.")
 @click.option("--cache-eval", type=click.Choice(["pixels", "final"]),
               help="final: eval splits cache their final center crops.")
+@click.option("--augment", metavar="SPEC",
+              help="Augmentation after crop + flip: none | light | standard | randaugment | "
+                   "trivialaugment, a YAML list of ops, or a .yaml file (README: "
+                   "'Augmentation').")
+@click.option("--augment-device", help="Where the per-sample ops run: cpu (decoding threads, "
+              "default) or cuda[:N] (batched on the GPU after the transfer).")
 @click.option("--overfit-batches", type=int, help="Train on N fixed un-augmented batches.")
 @click.option("--eval-every", type=int, help="Evaluate val every N epochs (and at the end).")
 @click.option("--checkpoint-every", type=int, help="Write last.pt every N epochs (and at the end).")

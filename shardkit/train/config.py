@@ -89,6 +89,8 @@ class TrainConfig:
     cache: str = "none"                   # decoded cache: none | ram | auto | disk:DIR (issue 11)
     cache_max_side: int | None = None     # cache images with the longer side at most this
     cache_eval: str = "pixels"            # pixels | final (eval loaders cache their final crops)
+    augment: Any = "none"                 # augmentation spec: preset or list of op dicts (issue 10)
+    augment_device: str | None = None     # None: decoding threads (CPU); cuda | cuda:N: on the GPU
     overfit_batches: int = 0              # >0: train on N fixed eval-transform batches, repeatedly
     eval_every: int = 1                   # evaluate val every N epochs (and always at the end)
     checkpoint_every: int = 1             # write last.pt every N epochs (and at the end)
@@ -139,6 +141,17 @@ class TrainConfig:
                                                 or self.cache_max_side < 1):
             raise ConfigError(f"cache_max_side={self.cache_max_side!r}: expected an integer "
                               ">= 1 or null")
+        from ..augment import AugmentSpec
+
+        spec = AugmentSpec.parse(self.augment)  # ConfigError naming the op or parameter
+        if spec.batch_ops and self.loss != "ce":
+            raise ConfigError(f"augment mixup/cutmix train on soft targets (timm's "
+                              f"SoftTargetCrossEntropy); loss={self.loss!r} cannot take them "
+                              "(use loss: ce)")
+        if self.augment_device is not None and not (
+                self.augment_device in ("cpu", "cuda") or self.augment_device.startswith("cuda:")):
+            raise ConfigError(f"augment_device={self.augment_device!r}: expected cpu, cuda, "
+                              "cuda:N or null")
         for name in ("train_split", "val_split", "test_split"):
             value = getattr(self, name)
             if not (value is None and name != "train_split") and not (

@@ -47,7 +47,8 @@ def transform_config(config: TrainConfig, mean, std):
 
 def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool, even,
             balance=None, mode: str = "exact", samples_per_epoch: int | None = None,
-            num_workers: int | None = None, drop_last: bool = False, cached: bool = True):
+            num_workers: int | None = None, drop_last: bool = False, cached: bool = True,
+            augment=None):
     from ..stream import SamplingOptions, WorkerOptions, make_loader
 
     workers = config.num_workers if num_workers is None else num_workers
@@ -64,7 +65,8 @@ def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool,
         transform=tc, sampling=sampling,
         workers=WorkerOptions(persistent_workers=workers > 0), cache=cache,
         cache_max_side=config.cache_max_side if cache != "none" and not final else None,
-        cache_eval="final" if final else "pixels")
+        cache_eval="final" if final else "pixels", augment=augment,
+        augment_device=config.augment_device if augment is not None else None)
 
 
 def train_loader(config: TrainConfig, info: DistInfo, tc):
@@ -76,8 +78,10 @@ def train_loader(config: TrainConfig, info: DistInfo, tc):
     if config.balance == "class" or config.samples_per_epoch:  # draws with replacement
         return _loader(config, info, tc, config.train_split, train=True, even="pad",
                        balance="class" if config.balance == "class" else None, mode="stream",
-                       samples_per_epoch=config.samples_per_epoch, drop_last=True)
-    return _loader(config, info, tc, config.train_split, train=True, even="pad", drop_last=True)
+                       samples_per_epoch=config.samples_per_epoch, drop_last=True,
+                       augment=config.augment)
+    return _loader(config, info, tc, config.train_split, train=True, even="pad", drop_last=True,
+                   augment=config.augment)
 
 
 def eval_loader(config: TrainConfig, info: DistInfo, tc, split: str):

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..augment import AugmentSpec, BatchMix, mix_rng
 from ..errors import ConfigError, LoaderError, ShardkitError
 from ..fsio import atomic_write_bytes
 from .checkpoint import (check_resume_config, check_run_folder, load_checkpoint, resolve_resume,
@@ -129,6 +130,12 @@ class Trainer:
         self._build_model()
         self.criterion = build_loss(config, splits[config.train_split]["class_counts"],
                                     self.classes).to(device)
+        self.augment = AugmentSpec.parse(config.augment)
+        self.soft_criterion = None
+        if self.augment.batch_ops:  # mixup / cutmix: soft targets (label smoothing inside)
+            from timm.loss import SoftTargetCrossEntropy
+
+            self.soft_criterion = SoftTargetCrossEntropy()
         self.optimizer = build_optimizer(unwrap(self.model), config)
         self.scheduler = build_scheduler(self.optimizer, config, self.steps_per_epoch)
         _, warmup_note = resolve_warmup(config, self.steps_per_epoch)
@@ -271,6 +278,7 @@ class Trainer:
         autocast = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
                     else nullcontext())
         loss_sum, images, wait, compute, done = 0.0, 0, 0.0, 0.0, 0
+        mix = self._batch_mix(epoch)
         start = time.perf_counter()
         sync = config.sync_timing  # see TrainConfig.sync_timing: exact GPU split vs host wait
         while not self.max_steps_reached():
@@ -283,9 +291,13 @@ class Trainer:
                 break
             t1 = time.perf_counter()
             check_labels(y, self.num_classes, f"split {config.train_split!r}, step {self.step}")
+            if mix is not None:  # a pure function of (seed, epoch, rank, batch of the epoch)
+                x, soft = mix(x, y, mix_rng(config.seed, epoch, self.info.rank,
+                                            self.epoch_batches))
             with autocast:
                 logits = self.model(x)
-            loss = self.criterion(logits.float(), y)
+            loss = (self.criterion(logits.float(), y) if mix is None
+                    else self.soft_criterion(logits.float(), soft))
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
             if config.clip_grad:
@@ -325,11 +337,24 @@ class Trainer:
                  "data_wait_fraction": wait / (wait + compute) if wait + compute > 0 else None}
         if not images:
             stats["reason"] = "no train batch in this epoch"
+        strengths = self.augment.scheduled_values(epoch)
+        if strengths:
+            stats["augment"] = strengths
         if self.writer is not None:
             for key in ("loss", "images_per_s", "data_wait_fraction"):
                 if stats[key] is not None:
                     self.writer.add_scalar(f"epoch/train_{key}", stats[key], epoch)
+            for key, value in strengths.items():
+                self.writer.add_scalar(f"augment/{key}", value, epoch)
         return stats
+
+    def _batch_mix(self, epoch: int):
+        """The epoch's :class:`~shardkit.augment.BatchMix` (mixup / cutmix), or None. Not on
+        ``overfit_batches`` runs (fixed, un-augmented batches)."""
+        if self.soft_criterion is None or self.fixed is not None:
+            return None
+        return BatchMix.from_spec(self.augment.resolved(epoch, batch=True), self.num_classes,
+                                  label_smoothing=self.config.label_smoothing)
 
     def _reduce(self, sums: list[float], maxes: list[float]) -> list[float]:
         """Sums ``sums`` and takes the max of ``maxes`` over ranks (identity on one process)."""
@@ -424,7 +449,10 @@ class Trainer:
                     "seed": self.config.seed, "steps_per_epoch": self.steps_per_epoch,
                     "sync_timing": self.config.sync_timing,
                     "mean_std": self.mean_std, "torch": torch.__version__,
-                    "timm": timm.__version__, "pretrained": self.pretrained_report},
+                    "timm": timm.__version__, "pretrained": self.pretrained_report,
+                    "augment": self.augment.to_config(),
+                    "augment_device": (str(self.train_loader.augment_device or "cpu")
+                                       if self.train_loader is not None else None)},
             "step": self.step, "stopped": stopped, "best": self.best, "history": self.history,
             "cache": {"train": (self.train_loader.cache_stats() if self.train_loader is not None
                                 else None),
