@@ -32,7 +32,7 @@ store (``pwrite`` into fresh tmpfs pages + xxh3).
 Usage::
 
     .venv/bin/python benchmarks/bench_cache.py --data OUT [--split train] [--repeats 3] \\
-        [--backend thread] [--out FILE]
+        [--backend thread] [--augment standard] [--out FILE]
     .venv/bin/python benchmarks/bench_cache.py --data OUT --memory [--workers 2] [--out FILE]
     .venv/bin/python benchmarks/bench_cache.py --data OUT --fill-breakdown [--out FILE]
 """
@@ -57,12 +57,12 @@ def _epoch(loader, epoch: int, keep: bool = False):
     return n / (time.perf_counter() - t0), kept
 
 
-def _one_repeat(root, split, batch, workers, backend, epoch):
+def _one_repeat(root, split, batch, workers, backend, epoch, augment="none"):
     import torch
 
     from shardkit.stream import WorkerOptions, make_loader
 
-    opts = dict(num_workers=workers, workers=WorkerOptions(backend=backend))
+    opts = dict(num_workers=workers, workers=WorkerOptions(backend=backend), augment=augment)
     rates, stats = {}, {}
     with make_loader(root, split, batch, **opts) as loader:
         rates["uncached"], plain = _epoch(loader, epoch + 1, keep=True)
@@ -180,7 +180,11 @@ def _memory(root, split, batch, workers, epochs):
 @click.option("--out", default=None, type=click.Path(dir_okay=False))
 @click.option("--memory", is_flag=True, help="PSS per process instead of speed (module doc).")
 @click.option("--fill-breakdown", is_flag=True, help="Per-image cost of the fill's parts.")
-def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_breakdown):
+@click.option("--augment", default="none", show_default=True,
+              help="Augmentation preset of every loader (issue 10), e.g. standard: the ops run "
+                   "after the cache on the cached pixels' crops, every epoch.")
+def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_breakdown,
+         augment):
     if fill_breakdown:
         return _emit({"data": str(data), "split": split, "repeats": repeats,
                       **_fill_breakdown(data, split, repeats)}, out)
@@ -189,14 +193,14 @@ def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_b
                   "workers": workers, "epochs_after_fill": repeats,
                   **_memory(data, split, batch_size, workers, repeats)}
         return _emit(result, out)
-    runs = [_one_repeat(data, split, batch_size, workers, backend, 2 * r)
+    runs = [_one_repeat(data, split, batch_size, workers, backend, 2 * r, augment)
             for r in range(repeats)]
     med = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
     full, small = runs[0][1]["full"], runs[0][1]["max256"]
     n = full["num_samples"]
     result = {
         "data": str(data), "split": split, "batch_size": batch_size, "workers": workers,
-        "backend": backend, "repeats": repeats, "cores": os.cpu_count(),
+        "backend": backend, "repeats": repeats, "cores": os.cpu_count(), "augment": augment,
         "images_per_s": med,
         "ratio_cached_to_uncached": med["cached"] / med["uncached"],
         "ratio_cached_noverify_to_uncached": med["cached_noverify"] / med["uncached"],
