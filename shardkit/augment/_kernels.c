@@ -336,8 +336,8 @@ static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
         uint8_t *o = p + y * stride;
         for (Py_ssize_t x = 0; x < w; x++, o += 3) {
             const float bx = -(float)w * 0.5f + 0.5f + (float)x;
-            const float gx = bx * r00 + by * r10 + r20;
-            const float gy = bx * r01 + by * r11 + r21;
+            const float gx = fused(bx * r00, by, r10) + r20; /* torch's bmm: fma, then + */
+            const float gy = fused(bx * r01, by, r11) + r21;
             const float ix = round_even(((gx + 1.0f) * (float)w - 1.0f) * 0.5f);
             const float iy = round_even(((gy + 1.0f) * (float)h - 1.0f) * 0.5f);
             if (ix >= 0.0f && iy >= 0.0f && ix < (float)w && iy < (float)h) {
