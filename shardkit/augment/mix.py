@@ -85,8 +85,8 @@ class BatchMix:
         ratio = np.sqrt(1 - lam)
         ch, cw = int(height * ratio), int(width * ratio)
         cy, cx = int(rng.integers(0, height)), int(rng.integers(0, width))
-        y0, y1 = np.clip(cy - ch // 2, 0, height), np.clip(cy + ch // 2, 0, height)
-        x0, x1 = np.clip(cx - cw // 2, 0, width), np.clip(cx + cw // 2, 0, width)
+        y0, y1 = np.clip(cy - ch // 2, 0, height), np.clip(cy + (ch + 1) // 2, 0, height)
+        x0, x1 = np.clip(cx - cw // 2, 0, width), np.clip(cx + (cw + 1) // 2, 0, width)
         lam = 1.0 - (y1 - y0) * (x1 - x0) / float(height * width)
         return (int(y0), int(y1), int(x0), int(x1)), float(lam)
 
