@@ -8,7 +8,8 @@ Findings are *errors* (the command exits 1) or *warnings* (exit 0 unless ``stric
   :mod:`shardkit.doctor.leaks`), degenerate images (a side under 32 px, or near-constant pixels:
   blank frames, "image not found" placeholders; :func:`shardkit.neardup.degenerate_reason`),
   a class missing from a split, a split whose max/min class-count ratio exceeds the imbalance
-  threshold. ``strict=True`` turns every warning into an error.
+  threshold; with ``augment=SPEC``: hue jitter on while the classes differ in hue
+  (:func:`augment_hue_report`). ``strict=True`` turns every warning into an error.
 
 Cost: the group and sha256 checks are dictionary passes, O(N) in the N samples of all splits. The
 near-duplicate search uses the pHashes and degenerate list that ``shardkit pack`` recorded
@@ -35,7 +36,12 @@ from shardkit.errors import ConfigError, ManifestError
 from shardkit.manifest import is_url
 from shardkit.stream.source import check_shard_files
 
-__all__ = ["check_dataset", "format_check_report", "check_headline", "write_json_report"]
+__all__ = ["check_dataset", "format_check_report", "check_headline", "write_json_report",
+           "augment_hue_report", "HUE_SAMPLES"]
+
+HUE_SAMPLES = 2000
+"""Samples of the train split decoded for the per-class hue when the manifest holds no
+``shardkit stats`` result with ``hue`` for it (the first ones: a seeded random subset)."""
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
                   phash_threshold: int | None = None, imbalance_threshold: float | None = None,
                   transforms: bool = True, transform_config: Any = None, transform_samples: int = 4,
                   decoder: str = "auto", seed: int = 0, progress: bool = False,
-                  recompute_hashes: bool = False) -> dict[str, Any]:
+                  recompute_hashes: bool = False, augment: Any = None) -> dict[str, Any]:
     """Run every leak and drift check on the dataset at ``root``.
 
     Args:
@@ -70,18 +76,23 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
             nothing; the report's ``hashes`` says ``"stored"`` or ``"decoded"`` per split).
         seed: seed of the train-transform randomness in the drift check.
         progress: tqdm bars on stderr (pHash search and drift check).
+        augment: an augmentation spec (anything :meth:`shardkit.augment.AugmentSpec.parse`
+            takes): adds ``"augment"`` (:func:`augment_hue_report`) and an ``augment_hue``
+            warning when its hue jitter meets classes told apart by hue; None: ``"augment"`` is
+            None and nothing is decoded for it.
 
     Returns:
         A JSON-serialisable report: ``{"root", "ok", "strict", "thresholds", "errors": [{"check",
         "message"}], "warnings": [...], "group_overlap", "sha_overlap", "near_duplicates",
-        "degenerate", "missing_classes", "imbalance", "transform", "stored_resolution"}`` (see
+        "degenerate", "missing_classes", "imbalance", "transform", "stored_resolution",
+        "augment"}`` (see
         :func:`shardkit.doctor.reading.stored_resolution` for the last, and the functions of
         :mod:`shardkit.doctor.leaks` and :mod:`shardkit.doctor.drift` for each part), where
         ``degenerate`` is ``[{"split", "key", "path", "reason"}]``, the samples left out of the
         near-duplicate search. ``ok`` is True when ``errors`` is empty.
 
     Raises:
-        ConfigError: a threshold is out of range.
+        ConfigError: a threshold is out of range, or a bad ``augment`` spec.
         ShardCorruptError: a shard listed in the manifest is missing or has another size
             (all of them named; checked before the near-duplicate search, which may read no
             shard when the pack recorded the hashes).
@@ -95,6 +106,11 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     if not imbalance_threshold >= 1.0:
         raise ConfigError(f"imbalance threshold is a max/min count ratio and must be >= 1; "
                           f"got {imbalance_threshold!r}")
+    spec = None
+    if augment is not None:
+        from shardkit.augment import AugmentSpec
+
+        spec = AugmentSpec.parse(augment)  # a bad spec fails before any reading
     manifest = load_manifest_dict(root)
     classes = list(manifest["classes"])
     rows = {split: read_rows(root, split) for split in manifest["splits"]}
@@ -190,9 +206,86 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
         warnings.append({"check": "transform_drift", "message": "transform drift check not run "
                          "(disabled by the caller)"})
 
+    report["augment"] = None
+    if spec is not None:
+        report["augment"] = aug = augment_hue_report(root, manifest, spec, decoder=decoder,
+                                                     progress=progress)
+        if aug["warning"]:
+            near_level.append({"check": "augment_hue", "message": aug["warning"]})
+
     report["errors"], report["warnings"] = errors, warnings
     report["ok"] = not errors
     return report
+
+
+def augment_hue_report(root: str | Path, manifest: dict[str, Any], spec: Any, *,
+                       split: str | None = None, max_samples: int | None = HUE_SAMPLES,
+                       decoder: str = "auto", progress: bool = False) -> dict[str, Any]:
+    """Whether ``spec``'s hue jitter meets classes that differ in hue (issue 10's guard rail).
+
+    Hue jitter is on when ``spec.uses_hue(e)`` at epoch 0 or at ``spec.last_scheduled_epoch()``
+    (a schedule moves monotonically between the two). Only then is the per-class hue read: the
+    ``hue`` of ``manifest["stats"][split]`` when ``shardkit stats`` saved one, else
+    :func:`shardkit.doctor.stats.class_hues` of the first ``max_samples`` samples. The warning
+    is raised by :func:`shardkit.doctor.stats.hue_separates_classes` (``eta2 >= 0.06``, the class
+    explains at least a medium share of the hue dispersion, and permutation ``p <= 0.01``).
+
+    Args:
+        split: the split whose classes are compared (default ``train``, else the first split).
+
+    Returns:
+        ``{"spec": str, "uses_hue": bool, "max_hue": float (the largest ``|hue|`` factor, in
+        turns: the jitter shifts hue by up to ``max_hue * 360`` degrees), "split", "hue": the
+        class hue stats or None (jitter off), "hue_source": "manifest" | "decoded" | None,
+        "separates": bool, "warning": str or None}``.
+
+    Raises:
+        ConfigError: a bad spec; ManifestError, ShardCorruptError, DecodeError: from reading.
+    """
+    from shardkit.augment import AugmentSpec
+    from shardkit.doctor import stats as st
+
+    spec = AugmentSpec.parse(spec)
+    epochs = sorted({0, spec.last_scheduled_epoch()})
+    uses = [e for e in epochs if spec.uses_hue(e)]
+    max_hue = max([_max_hue(spec, e) for e in uses], default=0.0)
+    if split is None:
+        split = "train" if "train" in manifest["splits"] else next(iter(manifest["splits"]))
+    out = {"spec": spec.describe(), "uses_hue": bool(uses), "max_hue": max_hue, "split": split,
+           "hue": None, "hue_source": None, "separates": False, "warning": None}
+    if not uses:
+        return out
+    saved = ((manifest.get("stats") or {}).get(split) or {}).get("hue")
+    if isinstance(saved, dict) and "eta2" in saved and "classes" in saved:
+        out["hue"], out["hue_source"] = saved, "manifest"
+    else:
+        out["hue"] = st.class_hues(root, split, max_samples=max_samples, decoder=decoder,
+                                   progress=progress, manifest=manifest)
+        out["hue_source"] = "decoded"
+    out["separates"] = st.hue_separates_classes(out["hue"])
+    if out["separates"]:
+        hue = out["hue"]
+        named = sorted(((c["mean_hue_deg"], name) for name, c in hue["classes"].items()
+                        if c["mean_hue_deg"] is not None))
+        when = " and ".join(str(e) for e in uses)
+        out["warning"] = (
+            f"hue jitter is on (up to +/-{max_hue * 360:.0f} degrees at epoch {when}) and the "
+            f"classes of split {split!r} differ in hue: mean hue "
+            + ", ".join(f"{name} {deg:.0f}" for deg, name in named)
+            + f" degrees (eta2 {hue['eta2']:.3f} >= {st.HUE_ETA2_THRESHOLD}, permutation p "
+            f"{hue['eta2_p']:.3f}); the jitter can make one class look like another: set "
+            "`hue: 0` in the color_jitter op")
+    return out
+
+
+def _max_hue(spec: Any, epoch: int) -> float:
+    """The largest ``|hue|`` of ``spec``'s color_jitter ops at ``epoch`` (a float or a range)."""
+    out = 0.0
+    for name, params in spec.resolved(epoch):
+        hue = params.get("hue", 0.0) if name == "color_jitter" else 0.0
+        values = [hue] if isinstance(hue, (int, float)) else list(hue)
+        out = max([out, *(abs(float(v)) for v in values)])
+    return out
 
 
 def _degenerate_message(degenerate: list[dict[str, Any]], shown: int = 10) -> str:
@@ -242,6 +335,17 @@ def format_check_report(report: dict[str, Any]) -> str:
                         else f"{ratio:.2f}"))
     if report["transform"] is not None:
         lines.append(f"  transforms: {report['transform']['summary']}")
+    aug = report.get("augment")
+    if aug is not None:
+        if not aug["uses_hue"]:
+            lines.append(f"  augment {aug['spec']}: hue jitter off")
+        else:
+            from shardkit.doctor.stats import format_class_hues
+
+            lines.append(f"  augment {aug['spec']}: hue jitter up to +/-"
+                         f"{aug['max_hue'] * 360:.0f} degrees; {aug['split']} "
+                         f"({aug['hue_source']}, {aug['hue']['num_samples']} samples) "
+                         f"{format_class_hues(aug['hue'])}")
     for level in ("errors", "warnings"):
         for f in report[level]:
             lines.append(f"{level[:-1].upper()} [{f['check']}] {f['message']}")

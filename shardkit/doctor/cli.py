@@ -26,7 +26,7 @@ import click
 from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
 from shardkit.doctor.inspection import format_summary, inspect_dataset
 from shardkit.doctor.reading import load_manifest_dict
-from shardkit.doctor.stats import compute_stats
+from shardkit.doctor.stats import compute_stats, format_class_hues
 from shardkit.errors import ShardkitError
 
 __all__ = ["CommandError", "run_command", "progress_default", "inspect_command", "check_command",
@@ -125,11 +125,16 @@ def inspect_command(out, split, out_dir, n, seed, json_path, progress, decoder, 
 @click.option("--no-transforms", is_flag=True,
               help="Skip the transform drift check; reported as not run.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--augment", "augment", default=None, metavar="SPEC",
+              help="The augmentation spec training will use (preset, YAML list of ops or a "
+              ".yaml file): warn when its hue jitter is on and the train classes differ in hue "
+              "(per-class mean hue from `shardkit stats`, else from up to 2000 decoded samples).")
 @_PROGRESS
 @_DECODER
 @_TCFG
 def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, no_near_duplicates,
-                  recompute_hashes, no_transforms, seed, progress, decoder, transform_config):
+                  recompute_hashes, no_transforms, seed, augment, progress, decoder,
+                  transform_config):
     """Check OUT's splits for leakage and its transforms for drift; exit 1 on a leak.
 
     The last line is the verdict: FAILED (exit 1) on shared groups, identical bytes or transform
@@ -143,7 +148,7 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
                          imbalance_threshold=imbalance_threshold, transforms=not no_transforms,
                          transform_config=_load_transform_config(transform_config, out),
                          decoder=decoder, seed=seed, progress=progress_default(progress),
-                         recompute_hashes=recompute_hashes)
+                         recompute_hashes=recompute_hashes, augment=augment)
     click.echo(format_check_report(report))
     if json_path is not None:
         write_json_report(report, json_path)
@@ -162,7 +167,8 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 @_PROGRESS
 @_DECODER
 def stats_command(out, split, max_samples, save, progress, decoder):
-    """Per-channel mean/std (0-1, RGB) of a split's decoded pixels, saved in the manifest."""
+    """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
+    saved in the manifest."""
     result = run_command(compute_stats, out, split, max_samples=max_samples, decoder=decoder,
                          save=save, progress=progress_default(progress))
     click.echo(f"{split}: {result['num_samples']} samples")
@@ -171,6 +177,7 @@ def stats_command(out, split, max_samples, save, progress, decoder):
                    f"(--max-side {result['max_side']}): statistics of the stored pixels")
     click.echo("mean (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["mean"]))
     click.echo("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))
+    click.echo(format_class_hues(result["hue"]))
     if save:
         click.echo(f"saved to {Path(out) / 'manifest.json'} under stats/{split}")
     click.echo(json.dumps(result))
