@@ -312,11 +312,13 @@ def test_parse_int_list_names_bad_item():
 
 # --- recommendation -------------------------------------------------------------------------
 
-def _ok_row(idx, nw, pf, res, pin=False, batch=4, backend="process", cache=None):
+def _ok_row(idx, nw, pf, res, pin=False, batch=4, backend="process", cache=None,
+            augment="none", kind="shardkit"):
     s = {"data": "d", "format": "wds", "decoder": "auto", "num_workers": nw,
          "prefetch_factor": pf, "pin_memory": pin, "persistent_workers": False,
-         "backend": backend, "cache": "none" if cache is None else cache["requested"]}
-    row = {"id": idx, "kind": "shardkit", "status": "ok", "setting": s, "requested": s,
+         "backend": backend, "cache": "none" if cache is None else cache["requested"],
+         "augment": augment}
+    row = {"id": idx, "kind": kind, "status": "ok", "setting": s, "requested": s,
            "note": "", "same_as": None, "batch_size": batch, **res}
     if cache is not None:
         row["cache"] = cache
@@ -416,7 +418,7 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
     assert "loader ms" in result.output and "Recommended:" in result.output
     assert "pillow-simd was requested but stock Pillow" in result.output
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["schema_version"] == 3
+    assert doc["schema_version"] == 4
     assert doc["config"]["backends"] == ["process"]
     assert set(doc) >= {"created_by", "created_at", "config", "step", "environment", "rows",
                         "recommendation", "plots"}
@@ -433,7 +435,7 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
         assert r["kind"] in {"shardkit", "baseline"} and r["status"] in {"ok", "n/a"}
         assert set(r["setting"]) == {"data", "format", "decoder", "num_workers",
                                      "prefetch_factor", "pin_memory", "persistent_workers",
-                                     "backend", "cache"}
+                                     "backend", "cache", "augment"}
         assert r["setting"]["backend"] == r["requested"]["backend"] == "process"
         if r["status"] == "n/a":
             assert r["note"] and "metrics" not in r
@@ -519,7 +521,7 @@ def test_baseline_is_na_with_a_note_when_source_root_is_unreachable(tmp_path):
 
 
 def test_plot_series_put_the_num_workers_0_point_on_every_prefetch_line():
-    from shardkit.bench.report import _lines
+    from shardkit.bench.plots import _lines
 
     rows = expand_grid([("d", "wds")], ["auto"], [0, 2], [2, 4], (False, True), (False,),
                        pin_available=False)
@@ -541,7 +543,7 @@ def test_plot_series_put_the_num_workers_0_point_on_every_prefetch_line():
 
 
 def test_plot_series_one_per_backend_with_shared_num_workers_0_point():
-    from shardkit.bench.report import _lines
+    from shardkit.bench.plots import _lines
 
     rows = expand_grid([("d", "wds")], ["auto"], [0, 2], [2], (False,), (False, True),
                        pin_available=False, backends=("thread", "process"))
@@ -588,7 +590,7 @@ def test_cli_backend_thread_and_process_gives_rows_for_both(packed_sample, tmp_p
     assert "backend" in header
     assert re.search(r"\bthread\b", result.output) and re.search(r"\bproc\b", result.output)
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["schema_version"] == 3 and doc["config"]["backends"] == ["thread", "process"]
+    assert doc["schema_version"] == 4 and doc["config"]["backends"] == ["thread", "process"]
     rows = doc["rows"]
     assert [(r["requested"]["backend"], r["requested"]["num_workers"], r["status"])
             for r in rows] == [("thread", 0, "ok"), ("thread", 1, "ok"), ("process", 0, "n/a"),
@@ -622,7 +624,7 @@ def _step_artist(ax):
 
 
 def test_throughput_axis_starts_at_zero_on_a_real_bench(small_bench):
-    from shardkit.bench.report import plot_series
+    from shardkit.bench.plots import plot_series
 
     doc, out = small_bench
     assert sorted(doc["plots"]) == ["data_wait_vs_workers.png", "loader_vs_step.png",
@@ -640,7 +642,7 @@ def test_throughput_axis_starts_at_zero_on_a_real_bench(small_bench):
 def test_loader_vs_step_bars_name_their_setting_and_show_the_step_on_a_real_bench(small_bench):
     from matplotlib.colors import to_hex
 
-    from shardkit.bench.report import plot_loader_vs_step
+    from shardkit.bench.plots import plot_loader_vs_step
 
     doc, _ = small_bench
     ok = [r for r in doc["rows"] if r["status"] == "ok"]
@@ -688,7 +690,7 @@ def _timed_row(idx, nw, wait_ms, step_ms, decoder="auto", kind="shardkit", pin=F
 def test_loader_vs_step_marks_each_bar_when_step_times_differ():
     from matplotlib.colors import to_hex
 
-    from shardkit.bench.report import plot_loader_vs_step
+    from shardkit.bench.plots import plot_loader_vs_step
 
     rows = [_timed_row(0, 0, 30.0, 10.0), _timed_row(1, 2, 1.0, 10.0, pin=True),
             _timed_row(2, 2, 0.5, 40.0, decoder="pil"),
@@ -709,7 +711,7 @@ def test_loader_vs_step_marks_each_bar_when_step_times_differ():
 def test_loader_vs_step_without_a_step_draws_no_line_and_no_verdict():
     from matplotlib.colors import to_hex
 
-    from shardkit.bench.report import plot_loader_vs_step
+    from shardkit.bench.plots import plot_loader_vs_step
 
     rows = [_timed_row(0, 0, 30.0, 0.001), _timed_row(1, 2, 3.0, 0.002)]
     ax = plot_loader_vs_step(rows).axes[0]
@@ -775,7 +777,7 @@ def test_cli_cache_none_and_ram_rows_carry_size_hit_rate_and_fill(packed_sample,
                                       "--batch-size", "8", "--repeats", "2")
     assert "cache" in header and "      cache: " in result.output
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["schema_version"] == 3 and doc["config"]["caches"] == ["none", "ram"]
+    assert doc["schema_version"] == 4 and doc["config"]["caches"] == ["none", "ram"]
     plain, cached = doc["rows"]
     assert plain["setting"]["cache"] == "none" and plain["cache"] == {"requested": "none",
                                                                        "mode": "none"}
@@ -811,3 +813,193 @@ def test_bench_disk_cache_is_reused_by_the_next_row(packed_sample, tmp_path):
     arenas = list(cache_dir.glob("*.arena"))
     assert len(arenas) == 1 and arenas[0].stat().st_size >= nbytes
     assert "ratio_to_uncached" not in second  # no uncached twin in this grid
+
+
+# --- issue 10: augmentation as a grid dimension ----------------------------------------------
+
+_JITTER_OPS = '[{op: color_jitter, brightness: 0.4}, {op: mixup, alpha: 0.8}]'
+
+
+def test_parse_augments_puts_none_first_and_allows_an_inline_list_only_alone(tmp_path):
+    from shardkit.bench.augment import augment_label, batch_ops_note, parse_augments
+
+    assert parse_augments("standard,none,standard") == ["none", "standard"]
+    assert parse_augments(" randaugment , light") == ["randaugment", "light"]
+    with pytest.raises(ConfigError, match="--augment: 'jitter' is not an augment preset or "
+                                          "spec file; expected .*none, light, standard"):
+        parse_augments("none,jitter")
+    # an inline op list has commas of its own: the whole value, or a file
+    (inline,) = parse_augments(_JITTER_OPS)
+    assert json.loads(inline) == [{"op": "color_jitter", "brightness": 0.4},
+                                  {"op": "mixup", "alpha": 0.8}]
+    assert augment_label(inline) == "ops:color_jitter+mixup"
+    assert batch_ops_note(inline).startswith("batch ops (mixup) run in the trainer")
+    assert batch_ops_note("standard") == ""
+    for mixed in (f"none,{_JITTER_OPS}", f"{_JITTER_OPS},none"):
+        with pytest.raises(ConfigError, match="only value.*save it to a .yaml file"):
+            parse_augments(mixed)
+    with pytest.raises(ConfigError, match="--augment: augment op 'blur' is unknown"):
+        parse_augments("[{op: blur}]")
+    spec_file = tmp_path / "ops.yaml"
+    spec_file.write_text("augment:\n  - {op: color_jitter, brightness: 0.4}\n")
+    assert parse_augments(f"none,{spec_file}") == ["none",
+                                                   '[{"brightness": 0.4, "op": "color_jitter"}]']
+    with pytest.raises(ConfigError, match="missing.yaml does not exist"):
+        parse_augments(f"none,{tmp_path / 'missing.yaml'}")
+
+
+def test_bench_refuses_augmentation_with_eval(packed_sample, tmp_path):
+    from shardkit.bench.cli import run_bench
+
+    with pytest.raises(ConfigError, match="--augment none,light with --eval: evaluation never"):
+        run_bench([str(packed_sample("wds"))], tmp_path, augments="none,light", echo=None,
+                  cfg=RunConfig(train=False))
+
+
+def test_grid_expands_augment_inside_cache_and_outside_num_workers():
+    rows = expand_grid([("d", "wds")], ["auto"], [0, 2], [2, 4], (False,), (False,),
+                       pin_available=False, caches=["ram", "none"],
+                       augments=["standard", "none"])
+    asked = [(r.requested.cache, r.requested.augment, r.requested.num_workers,
+              r.requested.prefetch_factor) for r in rows]
+    assert asked[:6] == [("none", "none", 0, 2), ("none", "none", 0, 4), ("none", "none", 2, 2),
+                         ("none", "none", 2, 4), ("none", "standard", 0, 2),
+                         ("none", "standard", 0, 4)]
+    assert [a[:2] for a in asked[::4]] == [("none", "none"), ("none", "standard"),
+                                           ("ram", "none"), ("ram", "standard")]
+    # num_workers=0 with prefetch 4 is measured as the row of the SAME augment spec
+    na = [r for r in rows if r.status == "n/a"]
+    assert len(na) == 4
+    for r in na:
+        twin = rows[r.same_as]
+        assert (twin.setting.augment, twin.setting.cache) == (r.requested.augment,
+                                                              r.requested.cache)
+        assert twin.setting.num_workers == 0 and twin.status == "run"
+
+
+def test_augment_ratios_and_one_recommendation_per_spec():
+    from shardkit.bench.augment import add_augment_ratios
+
+    rows = [_ok_row(0, 2, 2, _res(400.0, wait=0.02)),
+            _ok_row(1, 2, 2, _res(300.0, wait=0.30), augment="standard"),
+            _ok_row(2, 1, 2, _res(150.0, wait=0.60), augment="standard"),
+            _ok_row(3, 2, 2, _res(200.0, wait=0.40), kind="baseline"),
+            _ok_row(4, 2, 2, _res(150.0, wait=0.50), kind="baseline", augment="standard")]
+    add_augment_ratios(rows)
+    assert (rows[1]["none_row"], rows[1]["ratio_to_none"]) == (0, pytest.approx(0.75))
+    assert "ratio_to_none" not in rows[2]  # no 1-worker row without augmentation
+    assert (rows[4]["none_row"], rows[4]["ratio_to_none"]) == (3, pytest.approx(0.75))
+    assert all("ratio_to_none" not in rows[i] for i in (0, 3))
+    rec = recommend(rows, {"kind": "sleep"}, threshold=0.10)
+    # the faster augment=none row 0 is not "cheaper": each spec is recommended on its own
+    assert rec["augment"] == "standard" and rec["recommended_row"] == 1
+    assert [(p["augment"], p["recommended_row"], p["data_bound"]) for p in rec["per_augment"]] \
+        == [("none", 0, False), ("standard", 1, True)]
+    assert rec["per_augment"][1]["ratio_to_none"] == pytest.approx(0.75)
+    assert {(g["augment"], g["recommended_row"]) for g in rec["per_group"]} == \
+        {("none", 0), ("standard", 1)}
+    text = rec["text"]
+    assert "each --augment spec gets its own recommendation" in text
+    assert "augment=standard runs at 0.75x the rate of augment=none at this setting (row 0" \
+        in text
+    assert "The augmentation makes it data-bound (the device waits 30% with it, 2% without)" \
+        in text
+    assert "augment=none: row 0 (wds/auto backend=process workers=2" in text
+    # the twin is data-bound too: the text says so instead of blaming the augmentation
+    rows[0]["metrics"] = _res(400.0, wait=0.20)["metrics"]
+    text = recommend(rows, {"kind": "sleep"})["text"]
+    assert "data-bound without augmentation too (waits 20%)" in text
+    # no step simulated: the cost ratio is still given, no verdict
+    text = recommend(rows, {"kind": "none"})["text"]
+    assert "0.75x the rate of augment=none" in text and "makes it data-bound" not in text
+    # a single spec: no per-spec preamble
+    rec = recommend(rows[:1], {"kind": "none"})
+    assert rec["augment"] == "none" and len(rec["per_augment"]) == 1
+    assert "own recommendation" not in rec["text"]
+
+
+def test_baseline_transform_matches_the_augment_presets(sample_photo):
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    from shardkit.augment import PRESETS
+    from shardkit.bench.baseline import BASELINE_AUGMENT, baseline_transform, describe_baseline
+
+    assert set(BASELINE_AUGMENT) == set(PRESETS)
+    names = {p: [type(t).__name__ for t in baseline_transform(32, p).transforms]
+             for p in PRESETS}
+    assert names["none"] == ["RandomResizedCrop", "RandomHorizontalFlip", "PILToTensor"]
+    assert names["randaugment"] == ["RandomResizedCrop", "RandomHorizontalFlip", "RandAugment",
+                                    "PILToTensor"]
+    assert names["trivialaugment"][2] == "TrivialAugmentWide"
+    for preset in ("light", "standard"):
+        jitter = baseline_transform(32, preset).transforms[2]
+        (op,) = PRESETS[preset]
+        assert isinstance(jitter, v2.ColorJitter) and jitter.hue is None
+        for key in ("brightness", "contrast", "saturation"):
+            assert getattr(jitter, key) == (1 - op[key], 1 + op[key])
+    ra = baseline_transform(32, "randaugment").transforms[2]
+    assert (ra.num_ops, ra.magnitude) == (PRESETS["randaugment"][0]["num_ops"],
+                                          PRESETS["randaugment"][0]["magnitude"]) == (2, 9)
+    assert describe_baseline(224, "randaugment") == \
+        "RandomResizedCrop(224), RandomHorizontalFlip(), RandAugment(2, 9), PILToTensor()"
+    with pytest.raises(ConfigError, match="only the presets"):
+        baseline_transform(32, '[{"op": "color_jitter", "brightness": 0.4}]')
+    # same crop and flip draws, then the jitter changes the pixels of a real photo
+    img = Image.open(sample_photo).convert("RGB")
+    out = {}
+    for preset in ("none", "standard"):
+        torch.manual_seed(3)
+        out[preset] = baseline_transform(32, preset)(img)
+    assert out["none"].dtype == torch.uint8 and tuple(out["none"].shape) == (3, 32, 32)
+    assert not torch.equal(out["none"], out["standard"])
+
+
+def test_baseline_row_of_an_op_list_is_na_and_says_why(packed_sample):
+    from shardkit.bench.runner import add_baseline_rows, dataset_info
+
+    spec = '[{"brightness": 0.4, "op": "color_jitter"}]'
+    rows = [_ok_row(0, 0, None, _res(100.0), augment=spec)]
+    (base,) = add_baseline_rows(rows, dataset_info(packed_sample("wds")), RunConfig(),
+                                SleepStep(0))
+    assert base["status"] == "n/a" and base["setting"]["augment"] == spec
+    assert "no ImageFolder baseline for augment=ops:color_jitter" in base["note"]
+    assert "baseline_transform" not in base and "ratio_to_baseline" not in rows[0]
+
+
+def test_cli_augment_none_and_standard_rows_ratios_and_matching_baseline(packed_sample,
+                                                                          tmp_path):
+    data = packed_sample("wds")
+    out = tmp_path / "bench"
+    result, header = _small_bench_cli(data, out, "--augment", "standard,none", "--num-workers",
+                                      "1", "--batch-size", "8", "--repeats", "2",
+                                      "--step-ms", "5", "--baseline", "imagefolder")
+    assert "augment" in header and "x none" in header
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["schema_version"] == 4 and doc["config"]["augments"] == ["none", "standard"]
+    rows = doc["rows"]
+    assert [(r["kind"], r["setting"]["augment"], r["status"]) for r in rows] == [
+        ("shardkit", "none", "ok"), ("shardkit", "standard", "ok"),
+        ("baseline", "none", "ok"), ("baseline", "standard", "ok")]
+    plain, jit, base_plain, base_jit = rows
+
+    def thr(r):
+        return r["metrics"]["throughput_img_s"]["median"]
+
+    assert jit["none_row"] == plain["id"]
+    assert jit["ratio_to_none"] == pytest.approx(thr(jit) / thr(plain))
+    assert base_jit["none_row"] == base_plain["id"]
+    assert base_jit["ratio_to_none"] == pytest.approx(thr(base_jit) / thr(base_plain))
+    assert "ratio_to_none" not in plain and "ratio_to_none" not in base_plain
+    # like-for-like: each shardkit row against the baseline with the same augmentation
+    assert (plain["baseline_row"], jit["baseline_row"]) == (base_plain["id"], base_jit["id"])
+    assert jit["ratio_to_baseline"] == pytest.approx(thr(jit) / thr(base_jit))
+    assert base_jit["baseline_transform"] == ("RandomResizedCrop(32), RandomHorizontalFlip(), "
+                                              "ColorJitter(0.4, 0.4, 0.4), PILToTensor()")
+    assert base_plain["baseline_transform"].count("(") == 3  # crop, flip, to-tensor only
+    rec = doc["recommendation"]
+    assert rec["augment"] == "standard" and rec["recommended_row"] == jit["id"]
+    assert [p["augment"] for p in rec["per_augment"]] == ["none", "standard"]
+    assert f"augment=standard runs at {jit['ratio_to_none']:.2f}x the rate" in rec["text"]
+    assert re.search(rf"^\s+{jit['id']} shardkit .* standard .* {jit['ratio_to_none']:.2f}$",
+                     result.output, re.M)

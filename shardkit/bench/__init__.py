@@ -11,7 +11,8 @@ from shardkit.bench.env import collect_environment, describe_pil, pil_mismatches
 from shardkit.bench.grid import GridRow, Setting, expand_grid
 from shardkit.bench.harness import BenchError, RunResult, measure, summarize, time_batches
 from shardkit.bench.monitor import ProcessMonitor
-from shardkit.bench.report import format_table, recommend, write_plots
+from shardkit.bench.plots import write_plots
+from shardkit.bench.report import format_table, recommend
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step
 
 __all__ = ["collect_environment", "describe_pil", "pil_mismatches", "GridRow", "Setting",

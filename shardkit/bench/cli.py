@@ -12,12 +12,14 @@ from pathlib import Path
 
 import click
 
+from shardkit.bench.augment import parse_augments
 from shardkit.bench.env import EXPECT_PIL_CHOICES, collect_environment
 from shardkit.bench.grid import (expand_grid, parse_backends, parse_caches, parse_int_list,
                                  parse_mode)
-from shardkit.bench.report import format_table, recommend, write_json, write_plots
-from shardkit.bench.runner import (RunConfig, add_baseline_rows, add_cache_ratios, dataset_info,
-                                   run_rows)
+from shardkit.bench.plots import write_plots
+from shardkit.bench.report import format_table, recommend, write_json
+from shardkit.bench.runner import (RunConfig, add_augment_ratios, add_baseline_rows,
+                                   add_cache_ratios, dataset_info, run_rows)
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
 from shardkit.errors import ConfigError, ShardkitError
 
@@ -63,10 +65,12 @@ def _make_step(step_ms: float | None, model: str | None, device: str, num_classe
     return NoStep()
 
 
-def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = (), decoders: tuple[str, ...] = ("auto",),
+def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = (),
+              decoders: tuple[str, ...] = ("auto",),
               num_workers: str = "0,1,2,4", prefetch_factor: str = "2,4,8",
               pin_memory: str = "both", persistent_workers: str = "off",
-              backends: str = "thread", caches: str = "none", cfg: RunConfig = RunConfig(),
+              backends: str = "thread", caches: str = "none", augments: str = "none",
+              cfg: RunConfig = RunConfig(),
               step_ms: float | None = None,
               model: str | None = None, device: str = "auto", baseline: str = "none",
               expect_pil: str = "any", tolerance: float = 0.05, threshold: float = 0.10,
@@ -78,6 +82,9 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     ``caches``: comma list of decoded-cache modes (``none``, ``ram``, ``auto``, ``disk:DIR``),
     each run over the same grid; a cached row is timed after one untimed fill epoch
     (:mod:`shardkit.bench.runner`).
+    ``augments``: the ``--augment`` value (:func:`shardkit.bench.augment.parse_augments`: presets
+    and spec files comma-separated, or one inline YAML op list alone), each run over the same
+    grid; augmented rows get ``ratio_to_none``, the baseline the matching torchvision pipeline.
 
     Raises:
         ConfigError: bad option values (named in the message).
@@ -106,6 +113,10 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     pers = parse_mode(persistent_workers, "--persistent-workers")
     backend_list = parse_backends(backends, "--backend")
     cache_list = parse_caches(caches, "--cache")
+    augment_list = parse_augments(augments, "--augment")
+    if not cfg.train and augment_list != ["none"]:
+        raise ConfigError(f"--augment {augments} with --eval: evaluation never augments; drop "
+                          f"--eval or use --augment none")
     decoders = tuple(dict.fromkeys(decoders))
     unavailable = decoder_availability(list(decoders))
     step = _make_step(step_ms, model, device, len(infos[0]["classes"]))
@@ -115,7 +126,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     rows = expand_grid([(i["root"], i["format"]) for i in infos], list(decoders), workers,
                        prefetch, pins, pers, pin_available=torch.cuda.is_available(),
                        unavailable_decoders=unavailable, backends=backend_list,
-                       caches=cache_list)
+                       caches=cache_list, augments=augment_list)
     ran = {d: env["shardkit_decode"].get("decoders", {}).get(d, {}).get("name") for d in decoders}
     for d, name in ran.items():
         if d != "auto" and name is not None and name != d:
@@ -126,6 +137,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     add_cache_ratios(results)
     if baseline == "imagefolder":
         results += add_baseline_rows(results, infos[0], cfg, step, progress=progress)
+    add_augment_ratios(results)
     for r in results:
         if r["kind"] == "shardkit":
             r["decoder_ran"] = ran.get(r["setting"]["decoder"])
@@ -141,7 +153,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
                    "split": cfg.split, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
                    "warmup": cfg.warmup, "batches": cfg.batches, "repeats": cfg.repeats,
                    "train": cfg.train, "decoders": list(decoders), "backends": backend_list,
-                   "caches": cache_list,
+                   "caches": cache_list, "augments": augment_list,
                    "num_workers": workers,
                    "prefetch_factor": prefetch, "pin_memory": pin_memory,
                    "persistent_workers": persistent_workers, "baseline": baseline,
@@ -165,7 +177,8 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
              f"{tj.get('library_path')}; {env['cpu']['usable_cores']} cores "
              f"({env['cpu']['model']})")
         echo(rec["text"])
-        echo(f"wrote {out / 'bench.json'}" + (f" and {', '.join(plot_files)}" if plot_files else ""))
+        echo(f"wrote {out / 'bench.json'}"
+             + (f" and {', '.join(plot_files)}" if plot_files else ""))
     return payload
 
 
@@ -187,6 +200,12 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               help="Comma list of decoded-cache modes: none, ram, auto, disk:DIR (e.g. none,ram "
                    "compares them). A cached row is timed after one untimed epoch that fills "
                    "it; its size, hit rate and fill time are in the table and bench.json.")
+@click.option("--augment", "augments", default="none", show_default=True,
+              help="Comma list of augment presets or spec files: none, light, standard, "
+                   "randaugment, trivialaugment, FILE.yaml (e.g. none,randaugment compares "
+                   "them); or one inline YAML op list, alone. Each augmented row gets its ratio "
+                   "to augment=none and its own recommendation; the ImageFolder baseline runs "
+                   "the matching torchvision transforms (none for an op list).")
 @click.option("--num-workers", default="0,1,2,4", show_default=True,
               help="Comma list: decoding threads or worker processes (see --backend).")
 @click.option("--prefetch-factor", default="2,4,8", show_default=True,
@@ -216,7 +235,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               help="Recommend the cheapest setting within this fraction of the best throughput.")
 @click.option("--data-bound-threshold", default=0.10, show_default=True, type=float)
 @click.option("--eval", "eval_mode", is_flag=True, help="Time the eval transform (train=False).")
-def bench_command(data, split, out, formats, decoders, backends, caches, num_workers,
+def bench_command(data, split, out, formats, decoders, backends, caches, augments, num_workers,
                   prefetch_factor, pin_memory, persistent_workers, batch_size, image_size, warmup,
                   batches, repeats, step_ms, model, device, baseline, expect_pil, tolerance,
                   data_bound_threshold, eval_mode):
@@ -227,7 +246,7 @@ def bench_command(data, split, out, formats, decoders, backends, caches, num_wor
         payload = run_bench(list(data), out, formats=formats, decoders=decoders,
                             num_workers=num_workers, prefetch_factor=prefetch_factor,
                             pin_memory=pin_memory, persistent_workers=persistent_workers,
-                            backends=backends, caches=caches, cfg=cfg,
+                            backends=backends, caches=caches, augments=augments, cfg=cfg,
                             step_ms=step_ms, model=model, device=device, baseline=baseline,
                             expect_pil=expect_pil, tolerance=tolerance,
                             threshold=data_bound_threshold)

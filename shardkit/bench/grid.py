@@ -16,11 +16,17 @@ The ``backend`` dimension (``make_loader(backend="thread" | "process")``) adds t
 The ``cache`` dimension (``make_loader(cache="none" | "ram" | "disk:DIR" | "auto")``, issue 11)
 applies to every other setting; the runner fills a cached row's arena in one untimed epoch before
 timing it (see :mod:`shardkit.bench.runner`).
+
+The ``augment`` dimension (``make_loader(augment=SPEC)``, issue 10; parsed by
+:func:`shardkit.bench.augment.parse_augments`) applies to every other setting too, ``"none"``
+first so the unaugmented twin of each augmented row is measured before it.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from itertools import product
 
+from shardkit.bench.augment import none_first
 from shardkit.errors import ConfigError
 
 __all__ = ["Setting", "GridRow", "expand_grid", "parse_int_list", "parse_mode",
@@ -41,7 +47,9 @@ class Setting:
 
     ``num_workers``: decoding threads (``backend="thread"``) or DataLoader worker processes
     (``backend="process"``); ``prefetch_factor``: batches in flight per thread / worker;
-    ``cache``: the decoded cache (``"none"``, ``"ram"``, ``"disk:DIR"``, ``"auto"``).
+    ``cache``: the decoded cache (``"none"``, ``"ram"``, ``"disk:DIR"``, ``"auto"``);
+    ``augment``: the augment spec's canonical text (a preset name, or an op list as JSON;
+    :mod:`shardkit.bench.augment`).
     """
 
     data: str
@@ -53,6 +61,7 @@ class Setting:
     persistent_workers: bool
     backend: str = "thread"
     cache: str = "none"
+    augment: str = "none"
 
     def as_dict(self) -> dict:
         """JSON-ready fields."""
@@ -154,9 +163,10 @@ def expand_grid(datasets: list[tuple[str, str | None]], decoders: list[str],
                 pin_memory: tuple[bool, ...], persistent_workers: tuple[bool, ...], *,
                 pin_available: bool, unavailable_decoders: dict[str, str] | None = None,
                 backends: tuple[str, ...] | list[str] = ("thread",),
-                caches: tuple[str, ...] | list[str] = ("none",)) -> list[GridRow]:
-    """Every combination, in order data > decoder > backend > cache > num_workers > prefetch >
-    pin > persistent.
+                caches: tuple[str, ...] | list[str] = ("none",),
+                augments: tuple[str, ...] | list[str] = ("none",)) -> list[GridRow]:
+    """Every combination, in order data > decoder > backend > cache > augment > num_workers >
+    prefetch > pin > persistent.
 
     Args:
         datasets: ``(path, format)`` pairs.
@@ -169,6 +179,8 @@ def expand_grid(datasets: list[tuple[str, str | None]], decoders: list[str],
         backends: ``make_loader`` backends to try, from :data:`BACKENDS`; always expanded thread
             first whatever the order given.
         caches: decoded-cache modes to try (:func:`parse_caches` forms), ``"none"`` first.
+        augments: canonical augment specs
+            (:func:`shardkit.bench.augment.parse_augments`), expanded ``"none"`` first.
 
     Returns:
         One :class:`GridRow` per requested combination; rows that do not apply are ``"n/a"``
@@ -183,20 +195,18 @@ def expand_grid(datasets: list[tuple[str, str | None]], decoders: list[str],
     unavailable_decoders = unavailable_decoders or {}
     backends = parse_backends(",".join(backends), "backends")
     caches = parse_caches(",".join(caches), "caches")
+    augments = none_first(augments)
     rows: list[GridRow] = []
     measured: dict[Setting, int] = {}
     for data, fmt in datasets:
         for dec in decoders:
             for be in backends:
-                for cache in caches:
-                    for nw in num_workers:
-                        for pf in prefetch_factors:
-                            for pin in pin_memory:
-                                for pers in persistent_workers:
-                                    asked = Setting(data, fmt, dec, nw, pf, pin, pers, be,
-                                                    cache)
-                                    rows.append(_row(len(rows), asked, measured, pin_available,
-                                                     unavailable_decoders, "thread" in backends))
+                for cache, aug in product(caches, augments):
+                    for nw, pf, pin, pers in product(num_workers, prefetch_factors, pin_memory,
+                                                     persistent_workers):
+                        asked = Setting(data, fmt, dec, nw, pf, pin, pers, be, cache, aug)
+                        rows.append(_row(len(rows), asked, measured, pin_available,
+                                         unavailable_decoders, "thread" in backends))
     return rows
 
 

@@ -77,7 +77,7 @@ class ProcessMonitor:
                 self._cpu_last[p.pid] = t.user + t.system
                 if memory:
                     total += self._memory(p)
-            except psutil.Error:  # a worker exited between listing and reading: its last sample stays
+            except psutil.Error:  # a worker exited between listing and reading: last sample stays
                 continue
         if memory:
             self._mem_samples.append(total)
@@ -99,7 +99,8 @@ class ProcessMonitor:
         self._sys0 = psutil.cpu_times()
         self._t0 = time.perf_counter()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="shardkit-bench-monitor", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="shardkit-bench-monitor",
+                                        daemon=True)
         self._thread.start()
 
     def stop(self) -> dict:

@@ -11,6 +11,10 @@ any row: the timed repeats read from the cache, as every epoch after the first o
 The row's ``cache`` dict (:func:`cache_record`) holds its size, hit rate and fill time, and the
 runner adds ``ratio_to_uncached`` / ``fill_ratio_to_uncached`` against the row with the same
 setting and ``cache="none"`` when the grid has it.
+
+A row's ``setting.augment`` (issue 10) is passed to ``make_loader(augment=...)``; the ImageFolder
+baseline gets the matching torchvision pipeline per augment spec
+(:func:`shardkit.bench.baseline.baseline_transform`), and none for an op list.
 """
 from __future__ import annotations
 
@@ -20,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardkit.bench.augment import add_augment_ratios, augment_label, batch_ops_note
 from shardkit.bench.grid import GridRow, Setting
 from shardkit.bench.harness import measure
 from shardkit.bench.steps import Step
 
 __all__ = ["RunConfig", "dataset_info", "shardkit_factory", "run_rows", "add_baseline_rows",
-           "fill_cache", "cache_record", "add_cache_ratios"]
+           "fill_cache", "cache_record", "add_cache_ratios", "add_augment_ratios"]
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,9 @@ def dataset_info(root: str | Path) -> dict:
 
 
 def shardkit_factory(setting: Setting, cfg: RunConfig):
-    """Builds ``shardkit.make_loader(...)`` with ``WorkerOptions(backend=setting.backend)`` and
-    ``cache=setting.cache`` for ``setting`` (construction errors propagate).
+    """Builds ``shardkit.make_loader(...)`` with ``WorkerOptions(backend=setting.backend)``,
+    ``cache=setting.cache`` and ``augment=setting.augment`` for ``setting`` (construction errors
+    propagate).
 
     ``prefetch_factor=None`` is not passed, so both backends get ``make_loader``'s default
     (2 batches in flight per worker, the DataLoader default too).
@@ -75,7 +81,8 @@ def shardkit_factory(setting: Setting, cfg: RunConfig):
                                                  decoder=setting.decoder),
                        workers=WorkerOptions(backend=setting.backend,
                                              persistent_workers=setting.persistent_workers),
-                       cache=getattr(setting, "cache", "none"), **extra)
+                       cache=getattr(setting, "cache", "none"),
+                       augment=getattr(setting, "augment", "none"), **extra)
 
 
 def fill_cache(loader, epoch: int) -> dict | None:
@@ -168,7 +175,9 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
     and, when measured, ``batch_size, batches_timed, images_timed, metrics, memory_kind,
     num_batches`` (``len()`` of the loader when it has one) and, for shardkit rows, ``cache``
     (:func:`cache_record`). Call :func:`add_cache_ratios` on the result for the cached rows'
-    ratios to their uncached twins.
+    ratios to their uncached twins, and :func:`add_augment_ratios` for the augmented rows' to
+    their unaugmented ones. A shardkit row whose augment spec has batch ops (mixup, cutmix) says
+    in its note that they are not timed (the trainer applies them).
     """
     out = []
     for row in rows:
@@ -182,7 +191,8 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
                      f"backend={s.backend} workers={s.num_workers} "
                      f"prefetch={s.prefetch_factor} pin={s.pin_memory} "
                      f"persistent={s.persistent_workers}"
-                     + (f" cache={s.cache}" if getattr(s, "cache", "none") != "none" else ""))
+                     + (f" cache={s.cache}" if getattr(s, "cache", "none") != "none" else "")
+                     + (f" augment={augment_label(s.augment)}" if s.augment != "none" else ""))
         try:
             loader = factory(row.setting, cfg)
         except ValueError as exc:  # LoaderError/ConfigError or DataLoader's own validation
@@ -205,6 +215,8 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
             _shutdown(loader)
             loader = None  # a baseline DataLoader's persistent workers stop with it
         rec.update(status="ok", batch_size=cfg.batch_size, num_batches=n, **res)
+        if kind == "shardkit":
+            rec["note"] = _join(rec["note"], batch_ops_note(row.setting.augment))
         if n is not None and n - cfg.warmup < cfg.batches:
             rec["note"] = _join(rec["note"], f"loader has {n} batches: {n - cfg.warmup} timed "
                                              f"after {cfg.warmup} warm-up (asked {cfg.batches})")
@@ -248,30 +260,44 @@ def split_source_paths(root: str | Path, split: str) -> list[str]:
 
 def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Step,
                       progress: Callable[[str], None] | None = None) -> list[dict]:
-    """ImageFolder+PIL rows for every distinct worker setting measured for ``info``'s dataset.
+    """ImageFolder+PIL rows for every distinct worker setting and augment spec measured for
+    ``info``'s dataset.
 
     The baseline is a ``DataLoader`` (its setting says ``backend="process"``); shardkit rows of
-    both backends with the same num_workers / prefetch / pin / persistent share one baseline row.
-    Sets ``baseline_row`` and ``ratio_to_baseline`` (median throughput ratio, shardkit / baseline)
-    on the shardkit rows of every dataset that shares the setting. Returns the baseline rows
-    (status "n/a" with a note when the manifest's ``source.root`` is not reachable).
+    both backends (and every cache mode) with the same num_workers / prefetch / pin / persistent
+    / augment share one baseline row, whose transform is the torchvision pipeline matching the
+    augment preset (recorded as the row's ``baseline_transform``). Sets ``baseline_row`` and
+    ``ratio_to_baseline`` (median throughput ratio, shardkit / baseline) on the shardkit rows of
+    every dataset that shares the setting. Returns the baseline rows (status "n/a" with a note
+    when the manifest's ``source.root`` is not reachable, or for an augment op list, which has
+    no torchvision counterpart).
     """
-    from shardkit.bench.baseline import imagefolder_loader
+    from shardkit.bench.baseline import (BASELINE_AUGMENT, describe_baseline,
+                                         imagefolder_loader)
+
+    def key(s: dict) -> tuple:
+        return (s["num_workers"], s["prefetch_factor"], s["pin_memory"], s["persistent_workers"],
+                s.get("augment", "none"))
 
     keys: dict[tuple, Setting] = {}
     for rec in results:
         if rec["kind"] == "shardkit" and rec["status"] == "ok":
-            s = rec["setting"]
-            k = (s["num_workers"], s["prefetch_factor"], s["pin_memory"], s["persistent_workers"])
-            keys.setdefault(k, Setting(str(info["source_root"]), "imagefolder", "pil", *k,
-                                         backend="process"))
+            k = key(rec["setting"])
+            keys.setdefault(k, Setting(str(info["source_root"]), "imagefolder", "pil", *k[:4],
+                                       backend="process", augment=k[4]))
     src = info.get("source_root")
     start = max((r["id"] for r in results), default=-1) + 1
     rows = [GridRow(start + i, s, s, "run") for i, s in enumerate(keys.values())]
+    for r in rows:
+        if r.setting.augment not in BASELINE_AUGMENT:
+            r.status, r.note = "n/a", (f"no ImageFolder baseline for augment="
+                                       f"{augment_label(r.setting.augment)}: an op list has no "
+                                       f"torchvision counterpart here (only the presets do)")
     if not src or not Path(src).is_dir():
         for r in rows:
-            r.status, r.note = "n/a", (f"baseline needs the original files: source.root "
-                                       f"{src!r} of {info['root']} is not reachable here")
+            r.status, r.note = "n/a", _join(r.note, f"baseline needs the original files: "
+                                                    f"source.root {src!r} of {info['root']} is "
+                                                    f"not reachable here")
         return [_row_dict(r, "baseline") for r in rows]
     paths = split_source_paths(info["root"], cfg.split)
 
@@ -280,17 +306,17 @@ def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Ste
                                   prefetch_factor=setting.prefetch_factor,
                                   pin_memory=setting.pin_memory,
                                   persistent_workers=setting.persistent_workers,
-                                  image_size=c.image_size)
+                                  image_size=c.image_size, augment=setting.augment)
 
     base = run_rows(rows, cfg, step, factory=factory, kind="baseline", progress=progress)
-    by_key = {(b["setting"]["num_workers"], b["setting"]["prefetch_factor"],
-               b["setting"]["pin_memory"], b["setting"]["persistent_workers"]): b for b in base}
+    for b in base:
+        if b["setting"]["augment"] in BASELINE_AUGMENT:
+            b["baseline_transform"] = describe_baseline(cfg.image_size, b["setting"]["augment"])
+    by_key = {key(b["setting"]): b for b in base}
     for rec in results:
         if rec["kind"] != "shardkit" or rec["status"] != "ok":
             continue
-        s = rec["setting"]
-        b = by_key.get((s["num_workers"], s["prefetch_factor"], s["pin_memory"],
-                        s["persistent_workers"]))
+        b = by_key.get(key(rec["setting"]))
         if b is not None and b["status"] == "ok":
             rec["baseline_row"] = b["id"]
             rec["ratio_to_baseline"] = (rec["metrics"]["throughput_img_s"]["median"]
