@@ -201,6 +201,9 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     """
     items = source.items
     want_hash = options.near_duplicates != "off"
+    if options.engine == "ray" and options.workers > 1:
+        logger.info("workers=%d does not apply to engine='ray': the cluster's CPUs run the "
+                    "checks", options.workers)
     jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash,
              options.max_side, options.jpeg_quality) for it in items]
     results: list = [None] * len(items)
