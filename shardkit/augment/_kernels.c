@@ -305,7 +305,34 @@ static PyObject *k_sharpness(PyObject *self, PyObject *args) {
 /* affine_nearest(image, h, w, theta, fill): torchvision's tensor affine/rotate with
  * nearest interpolation (torchvision _geometry._affine_grid + grid_sample(align_corners=False)
  * + a fill for pixels mapped outside). theta: the 6 floats of the inverse affine matrix
- * (_get_inverse_affine_matrix), fill: 3 ints. Output size = input size. */
+ * (_get_inverse_affine_matrix), fill: 3 ints. Output size = input size. Per output row, the
+ * source coordinates are computed first (a loop the compiler vectorises), then gathered. */
+#define AFFINE_COORDS_BODY                                                                 \
+    for (int32_t x = 0; x < (int32_t)w; x++) { /* int32: converts to float in SIMD */     \
+        const float bx = -(float)w * 0.5f + 0.5f + (float)x;                              \
+        const float gx = bx * r00 + by * r10 + r20;                                       \
+        const float gy = bx * r01 + by * r11 + r21;                                       \
+        const float fx = ((gx + 1.0f) * (float)w - 1.0f) * 0.5f;                          \
+        const float fy = ((gy + 1.0f) * (float)h - 1.0f) * 0.5f;                          \
+        /* clamp before the int conversion (far-out values); round half to even */        \
+        ix[x] = (int32_t)__builtin_rintf(fx < -2.0f ? -2.0f : fx > 65536.0f ? 65536.0f : fx); \
+        iy[x] = (int32_t)__builtin_rintf(fy < -2.0f ? -2.0f : fy > 65536.0f ? 65536.0f : fy); \
+    }
+
+static void affine_coords_generic(int32_t *restrict ix, int32_t *restrict iy, Py_ssize_t w,
+                                  Py_ssize_t h, float by, float r00, float r10, float r20,
+                                  float r01, float r11, float r21) {
+    AFFINE_COORDS_BODY
+}
+
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static void affine_coords_avx2(int32_t *restrict ix, int32_t *restrict iy,
+                                          Py_ssize_t w, Py_ssize_t h, float by, float r00,
+                                          float r10, float r20, float r01, float r11, float r21) {
+    AFFINE_COORDS_BODY /* -ffp-contract=off: no FMA contraction here, same results */
+}
+#endif
+
 static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
     PyObject *img_obj;
     Py_ssize_t h, w;
@@ -318,11 +345,12 @@ static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
     if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
     uint8_t *p = (uint8_t *)img.buf;
     const Py_ssize_t stride = w * 3;
-    uint8_t *src = (uint8_t *)malloc((size_t)(h * stride));
+    uint8_t *src = (uint8_t *)malloc((size_t)(h * stride) + (size_t)(2 * w) * sizeof(int32_t));
     if (src == NULL) {
         PyBuffer_Release(&img);
         return PyErr_NoMemory();
     }
+    int32_t *ix = (int32_t *)(src + h * stride), *iy = ix + w;
     uint8_t f8[3];
     for (int c = 0; c < 3; c++) f8[c] = (uint8_t)(fill[c] < 0 ? 0 : fill[c] > 255 ? 255 : fill[c]);
     Py_BEGIN_ALLOW_THREADS
@@ -331,25 +359,25 @@ static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
     const float hw = 0.5f * (float)w, hh = 0.5f * (float)h;
     const float r00 = t[0] / hw, r10 = t[1] / hw, r20 = t[2] / hw;
     const float r01 = t[3] / hh, r11 = t[4] / hh, r21 = t[5] / hh;
+#ifdef HAVE_FMA_CLONE
+    const int avx2 = cpu_has_fma();
+#endif
     for (Py_ssize_t y = 0; y < h; y++) {
         const float by = -(float)h * 0.5f + 0.5f + (float)y;
+#ifdef HAVE_FMA_CLONE
+        if (avx2) affine_coords_avx2(ix, iy, w, h, by, r00, r10, r20, r01, r11, r21);
+        else
+#endif
+            affine_coords_generic(ix, iy, w, h, by, r00, r10, r20, r01, r11, r21);
         uint8_t *o = p + y * stride;
         for (Py_ssize_t x = 0; x < w; x++, o += 3) {
-            const float bx = -(float)w * 0.5f + 0.5f + (float)x;
-            const float gx = fused(bx * r00, by, r10) + r20; /* torch's bmm: fma, then + */
-            const float gy = fused(bx * r01, by, r11) + r21;
-            const float ix = round_even(((gx + 1.0f) * (float)w - 1.0f) * 0.5f);
-            const float iy = round_even(((gy + 1.0f) * (float)h - 1.0f) * 0.5f);
-            if (ix >= 0.0f && iy >= 0.0f && ix < (float)w && iy < (float)h) {
-                const uint8_t *s = src + (Py_ssize_t)iy * stride + (Py_ssize_t)ix * 3;
-                o[0] = s[0];
-                o[1] = s[1];
-                o[2] = s[2];
-            } else {
-                o[0] = f8[0];
-                o[1] = f8[1];
-                o[2] = f8[2];
-            }
+            const int32_t sx = ix[x], sy = iy[x];
+            const uint8_t *s = (sx >= 0 && sy >= 0 && sx < w && sy < h)
+                                   ? src + (Py_ssize_t)sy * stride + (Py_ssize_t)sx * 3
+                                   : f8;
+            o[0] = s[0];
+            o[1] = s[1];
+            o[2] = s[2];
         }
     }
     Py_END_ALLOW_THREADS

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as F
 from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2.functional._color import _blend
 from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
 
 logger = logging.getLogger("shardkit.augment")
@@ -32,7 +31,6 @@ try:
 except ImportError:  # no C compiler at install: every primitive takes the torch path
     _kernels = None
 
-_RAMP = torch.arange(256, dtype=torch.uint8).expand(3, 1, 256)  # (3, 1, 256): every value
 _NEAREST = InterpolationMode.NEAREST
 
 
@@ -147,27 +145,44 @@ def apply_torch(img: torch.Tensor, program) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ CPU fast paths (in place)
-def _lut_from(fn, *args) -> np.ndarray:
-    """The (3, 256) uint8 table of an elementwise torchvision op, computed by torchvision on
-    every possible value (so applying it equals the op exactly)."""
-    return np.ascontiguousarray(fn(_RAMP, *args).reshape(3, 256).numpy())
+# Lookup tables are computed in numpy with torchvision's float32 operations, one by one (no torch
+# call on the hot path: a torch op in a decoding thread wakes torch's intra-op pool, which costs
+# milliseconds on a busy 2-core host). torch's ``a.add_(b, alpha=k)`` is a fused multiply-add on
+# the CPU; ``_fused`` computes it exactly (a float32 product is exact in float64).
+_RAMP = np.arange(256, dtype=np.float32)
+
+
+def _u8(values: np.ndarray) -> np.ndarray:
+    """torch's ``.clamp_(0, 255).to(torch.uint8)``: clamp, then truncate toward zero."""
+    return np.clip(values, 0.0, 255.0).astype(np.uint8)
+
+
+def _fused(a: np.ndarray, b, k: float) -> np.ndarray:
+    """float32 ``a + b * k`` rounded once (torch's ``add_(b, alpha=k)``)."""
+    return (a.astype(np.float64) + np.float64(np.float32(b)) * np.float64(np.float32(k))
+            ).astype(np.float32)
 
 
 def _apply_lut(row: np.ndarray, lut: np.ndarray) -> None:
-    _kernels.lut(row, row.shape[0], row.shape[1], lut)
+    """``lut``: (256,) for all channels or (3, 256) per channel, uint8."""
+    if lut.ndim == 1:
+        lut = np.broadcast_to(lut, (3, 256))
+    _kernels.lut(row, row.shape[0], row.shape[1], np.ascontiguousarray(lut))
 
 
 def h_brightness(row, factor):
-    _apply_lut(row, _lut_from(F.adjust_brightness, factor))
+    # adjust_brightness_image: image.mul(factor).clamp_(0, 255).to(uint8)
+    _apply_lut(row, _u8(_RAMP * np.float32(factor)))
 
 
 def h_contrast(row, factor):
+    # adjust_contrast_image: mean of the floored float grayscale, then _blend(image, mean, f);
+    # torch's float32 mean of integers equals float32(sum) / float32(count) (tested)
     h, w = row.shape[:2]
     gray = np.empty((h, w), np.uint8)
-    _kernels.gray(row, h, w, gray)
-    # torchvision: mean of the floored float grayscale, then _blend(image, mean, factor)
-    mean = torch.from_numpy(gray).to(torch.float32).mean().reshape(1, 1, 1)
-    _apply_lut(row, _lut_from(_blend, mean, factor))
+    total = _kernels.gray(row, h, w, gray)
+    mean = np.float32(total) / np.float32(h * w)
+    _apply_lut(row, _u8(_fused(_RAMP * np.float32(factor), mean, 1.0 - float(factor))))
 
 
 def h_saturation(row, factor):
@@ -179,11 +194,17 @@ def h_sharpness(row, factor):
 
 
 def h_posterize(row, bits):
-    _apply_lut(row, _lut_from(F.posterize, int(bits)))
+    # posterize_image: image & mask (8 bits or more: unchanged)
+    bits = int(bits)
+    if bits < 8:
+        mask = ((1 << bits) - 1) << (8 - bits)
+        _apply_lut(row, np.arange(256, dtype=np.uint8) & np.uint8(mask))
 
 
 def h_solarize(row, threshold):
-    _apply_lut(row, _lut_from(F.solarize, float(threshold)))
+    # solarize_image: torch.where(image >= threshold, 255 - image, image) (float32 compare)
+    ramp = np.arange(256, dtype=np.uint8)
+    _apply_lut(row, np.where(_RAMP >= np.float32(threshold), 255 - ramp, ramp).astype(np.uint8))
 
 
 def _hist(row) -> np.ndarray:
@@ -192,36 +213,38 @@ def _hist(row) -> np.ndarray:
     return hist
 
 
-def h_autocontrast(row):
-    hist = _hist(row)
+def autocontrast_lut(hist: np.ndarray) -> np.ndarray:
+    """(3, 256) uint8 tables of torchvision's ``autocontrast_image`` from (3, 256) histograms:
+    ``(v - min) / ((max - min) * (1 / 255))`` in float32 per channel (a flat channel stays)."""
     lut = np.empty((3, 256), np.uint8)
-    ramp = torch.arange(256, dtype=torch.float32)
-    for c in range(3):  # torchvision autocontrast_image with this channel's min and max
+    for c in range(3):
         nz = np.flatnonzero(hist[c])
-        lo, hi = float(nz[0]), float(nz[-1])
+        lo, hi = np.float32(nz[0]), np.float32(nz[-1])
         if lo == hi:
-            lo, inv_scale = 0.0, torch.tensor(1.0)
+            lo, inv_scale = np.float32(0.0), np.float32(1.0)
         else:
-            inv_scale = torch.tensor(hi, dtype=torch.float32).sub_(lo).mul_(1.0 / 255)
-        lut[c] = ramp.sub(lo).div_(inv_scale).clamp_(0, 255).to(torch.uint8).numpy()
-    _apply_lut(row, lut)
+            inv_scale = (hi - lo) * np.float32(1.0 / 255)
+        lut[c] = _u8((_RAMP - lo) / inv_scale)
+    return lut
+
+
+def h_autocontrast(row):
+    _apply_lut(row, autocontrast_lut(_hist(row)))
 
 
 def equalize_lut(hist: np.ndarray) -> np.ndarray:
     """(3, 256) uint8 equalization tables from (3, 256) histograms, as torchvision v2's
-    ``equalize_image`` computes them (a channel whose non-mode pixels number < 255 keeps its
-    values)."""
-    hist_t = torch.from_numpy(hist)
+    ``equalize_image`` computes them (integer arithmetic; a channel whose non-mode pixels
+    number < 255 keeps its values)."""
+    hist = hist.astype(np.int64)
     n = int(hist[0].sum())
-    cum = hist_t.cumsum(dim=-1)
-    index = cum.argmax(dim=-1)
-    step = (n - hist_t.gather(-1, index.unsqueeze(-1))).div_(255, rounding_mode="floor")
-    valid = step.ne(0)
-    cum = cum[:, :-1]
-    cum.add_(step // 2).div_(step.clamp(min=1), rounding_mode="floor").clamp_(0, 255)
-    lut = torch.cat([torch.zeros(3, 1, dtype=torch.uint8), cum.to(torch.uint8)], dim=-1)
-    ident = torch.arange(256, dtype=torch.uint8).expand(3, 256)
-    return np.ascontiguousarray(torch.where(valid, lut, ident).numpy())
+    cum = hist.cumsum(axis=1)
+    index = cum.argmax(axis=1)
+    step = (n - hist[np.arange(3), index]) // 255
+    lut = np.clip((cum[:, :-1] + step[:, None] // 2) // np.maximum(step, 1)[:, None], 0, 255)
+    lut = np.concatenate([np.zeros((3, 1), np.int64), lut], axis=1).astype(np.uint8)
+    ident = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 256))
+    return np.where((step != 0)[:, None], lut, ident)
 
 
 def h_equalize(row):
