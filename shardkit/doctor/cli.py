@@ -24,7 +24,8 @@ from pathlib import Path
 import click
 
 from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
-from shardkit.doctor.inspection import format_summary, inspect_dataset
+from shardkit.doctor.inspection import (augment_grid, format_augment_grid, format_summary,
+                                        inspect_dataset)
 from shardkit.doctor.reading import load_manifest_dict
 from shardkit.doctor.stats import compute_stats, format_class_hues
 from shardkit.errors import ShardkitError
@@ -82,20 +83,43 @@ _PROGRESS = click.option("--progress/--no-progress", default=None,
 
 @click.command("inspect")
 @_OUT
-@click.option("--split", default=None, help="Only this split (default: all).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for the PNG grids (default: ./inspect-<OUT folder name> in the "
-              "current directory; never inside OUT, which stays immutable).")
+@click.option("--split", default=None, help="Only this split (default: all; with --augment: "
+              "train).")
+@click.option("--out", "--out-dir", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Folder for the PNG grids (default: ./inspect-<OUT folder "
+              "name> in the current directory; never inside OUT, which stays immutable).")
 @click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True,
               help="Samples per grid (every class shown in turn).")
+@click.option("--augment", "augment", default=None, metavar="SPEC",
+              help="Draw only the augmentation grid of SPEC (preset, YAML list of ops or a "
+              ".yaml file): a row per class, each sample as the train loader makes it at the "
+              "schedules' first and last epoch, next to its plain crop.")
+@click.option("--per-class", "per_class", type=click.IntRange(min=1), default=4,
+              show_default=True, help="Samples per class in the --augment grid.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the summary as JSON.")
 @_PROGRESS
 @_DECODER
 @_TCFG
-def inspect_command(out, split, out_dir, n, seed, json_path, progress, decoder, transform_config):
-    """Counts per class and split, imbalance, groups, shard sizes and sample grids of OUT."""
+def inspect_command(out, split, out_dir, n, augment, per_class, seed, json_path, progress, decoder,
+                    transform_config):
+    """Counts per class and split, imbalance, groups, shard sizes and sample grids of OUT.
+
+    With --augment SPEC: only the augmentation grid of one split (default train), its PNG path
+    printed (--decoder and --n do not apply: the grid decodes as the loader does, with the
+    --transform-config decoder).
+    """
+    if augment is not None:
+        grid = run_command(augment_grid, out, augment, split or "train", per_class=per_class,
+                           out_dir=out_dir, seed=seed,
+                           transform_config=_load_transform_config(transform_config, out),
+                           progress=progress_default(progress))
+        click.echo(format_augment_grid(grid))
+        if json_path is not None:
+            write_json_report(grid, json_path)
+            click.echo(f"wrote {json_path}")
+        return
     report = run_command(inspect_dataset, out, split, out_dir=out_dir, n=n, seed=seed,
                          decoder=decoder,
                          transform_config=_load_transform_config(transform_config, out),

@@ -294,9 +294,10 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
     Returns:
         ``{"mean": [r, g, b], "std": [r, g, b], "num_samples": k, "hue": {...}}``: floats on the
         0-1 scale, RGB order, population std over all pixels; ``k`` samples were read; ``hue``
-        is :meth:`ClassHue.result` of the same ``k`` images (per-class mean hue, ``eta2``). A dataset packed with
-        ``--max-side`` (:func:`shardkit.doctor.reading.packed_downscaled`) adds ``"max_side"``
-        (pixels) and ``"num_downscaled"``: how many of the ``k`` were stored downscaled.
+        is :meth:`ClassHue.result` of the same ``k`` images (per-class mean hue, ``eta2``). A
+        dataset packed with ``--max-side`` (:func:`shardkit.doctor.reading.packed_downscaled`)
+        adds ``"max_side"`` (pixels) and ``"num_downscaled"``: how many of the ``k`` were stored
+        downscaled.
 
     Raises:
         ConfigError: unknown split, ``max_samples < 1``, or the split is empty.
