@@ -307,11 +307,11 @@ static PyObject *k_sharpness(PyObject *self, PyObject *args) {
  * + a fill for pixels mapped outside). theta: the 6 floats of the inverse affine matrix
  * (_get_inverse_affine_matrix), fill: 3 ints. Output size = input size. Per output row, the
  * source coordinates are computed first (a loop the compiler vectorises), then gathered. */
-#define AFFINE_COORDS_BODY                                                                 \
+#define AFFINE_COORDS_BODY(FUSE) /* grid as torch's bmm: fma(by, r1, bx * r0), then + r2 */ \
     for (int32_t x = 0; x < (int32_t)w; x++) { /* int32: converts to float in SIMD */     \
         const float bx = -(float)w * 0.5f + 0.5f + (float)x;                              \
-        const float gx = bx * r00 + by * r10 + r20;                                       \
-        const float gy = bx * r01 + by * r11 + r21;                                       \
+        const float gx = FUSE(bx * r00, by, r10) + r20;                                   \
+        const float gy = FUSE(bx * r01, by, r11) + r21;                                   \
         const float fx = ((gx + 1.0f) * (float)w - 1.0f) * 0.5f;                          \
         const float fy = ((gy + 1.0f) * (float)h - 1.0f) * 0.5f;                          \
         /* clamp before the int conversion (far-out values); round half to even */        \
@@ -322,14 +322,14 @@ static PyObject *k_sharpness(PyObject *self, PyObject *args) {
 static void affine_coords_generic(int32_t *restrict ix, int32_t *restrict iy, Py_ssize_t w,
                                   Py_ssize_t h, float by, float r00, float r10, float r20,
                                   float r01, float r11, float r21) {
-    AFFINE_COORDS_BODY
+    AFFINE_COORDS_BODY(fused)
 }
 
 #ifdef HAVE_FMA_CLONE
 FMA_TARGET static void affine_coords_avx2(int32_t *restrict ix, int32_t *restrict iy,
                                           Py_ssize_t w, Py_ssize_t h, float by, float r00,
                                           float r10, float r20, float r01, float r11, float r21) {
-    AFFINE_COORDS_BODY /* -ffp-contract=off: no FMA contraction here, same results */
+    AFFINE_COORDS_BODY(fused_fma)
 }
 #endif
 
