@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -249,12 +250,20 @@ def pick_per_class(labels: np.ndarray, num_classes: int, k: int, seed: int = 0) 
     return out
 
 
-def _value_lines(values: dict[str, float], width: int) -> list[str]:
-    """``{"0.rand_augment.magnitude": 5.0}`` as ``["rand_augment.magnitude=5"]`` (the op index
-    kept only when two entries would read alike), each cut to ``width`` characters."""
-    short = {key: key.split(".", 1)[1] for key in values}
-    clash = len(set(short.values())) < len(short)
-    return [f"{key if clash else short[key]}={v:.3g}"[:width] for key, v in values.items()]
+def _tile_title(name: str, epoch: int, augmented: bool, values: dict[str, float],
+                chars: int) -> list[str]:
+    """A tile's title lines, wrapped at ``chars`` characters: the class, the epoch and, on an
+    augmented tile, the scheduled values (``{"1.rand_augment.magnitude": 5.0}`` reads
+    ``magnitude=5``; the op, then its index, are kept only where two entries would read alike)."""
+    keys = {key: key.rsplit(".", 1)[1] for key in values}
+    if len(set(keys.values())) < len(keys):
+        keys = {key: key.split(".", 1)[1] for key in values}
+    if len(set(keys.values())) < len(keys):
+        keys = {key: key for key in values}
+    parts = [name, f"epoch {epoch}, {'augmented' if augmented else 'plain crop'}"]
+    parts += [f"{keys[key]}={v:.3g}" for key, v in values.items()] if augmented else []
+    return [line for part in parts
+            for line in textwrap.wrap(part, chars, break_long_words=True) or [""]]
 
 
 def augment_grid(root: str | Path, augment: Any, split: str = "train", *, per_class: int = 4,
@@ -311,14 +320,21 @@ def augment_grid(root: str | Path, augment: Any, split: str = "train", *, per_cl
     epochs = [0] if last == 0 else [0, last]
     scheduled = {e: spec.scheduled_values(e) for e in epochs}
     data = dict(iter_sample_bytes(root, manifest, split, [p for ps in picked for p in ps]))
-    chars = max(8, size // 6)
-    lines = 2 + max(len(v) for v in scheduled.values())
+    chars = max(8, size // 6)  # 7 pt text at 100 dpi: ~6 pixels per character
+    titles = {(c, e, aug): _tile_title(name, e, aug, scheduled[e], chars)
+              for c, name in enumerate(classes) for e in epochs for aug in (False, True)}
+    lines = max(map(len, titles.values()))
     per_sample = 2 * len(epochs)
     cols = int(per_class) * per_sample
     tile_h = lines * _LINE + size
     width = 2 * _SAMPLE_GAP + cols * size + (cols - int(per_class)) * _GAP \
         + (int(per_class) - 1) * _SAMPLE_GAP
-    top = 2 * _LINE + _SAMPLE_GAP
+    header = textwrap.wrap(
+        f"shardkit inspect --augment: split {split}, seed {seed}, S={size} px; per sample: "
+        + ", ".join(f"plain crop and augmented at epoch {e}" for e in epochs), width // 6)
+    header += textwrap.wrap(f"augment: {spec.describe()}", width // 6,
+                            max_lines=3, placeholder=" ...")
+    top = len(header) * _LINE + _SAMPLE_GAP
     height = top + len(classes) * (tile_h + _SAMPLE_GAP) + _SAMPLE_GAP // 2
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -330,11 +346,7 @@ def augment_grid(root: str | Path, augment: Any, split: str = "train", *, per_cl
     def text(x: int, y: int, s: str, **kw) -> None:  # (x, y): pixels from the top left
         fig.text(x / width, 1 - y / height, s, fontsize=7, va="top", ha="left", **kw)
 
-    text(_SAMPLE_GAP, _SAMPLE_GAP // 2, f"shardkit inspect --augment: split {split}, seed {seed}, "
-         f"S={size}; per sample: crop, augmented at epoch "
-         + (" | crop, augmented at epoch ".join(str(e) for e in epochs)), weight="bold")
-    text(_SAMPLE_GAP, _SAMPLE_GAP // 2 + _LINE,
-         f"augment: {spec.describe()}"[: max(20, width // 5)])
+    text(_SAMPLE_GAP, _SAMPLE_GAP // 2, "\n".join(header), linespacing=1.2)
     tiles: list[list[dict[str, Any]]] = []
     bar = tqdm(total=sum(map(len, picked)), desc=f"inspect --augment {split}",
                disable=not progress)
@@ -351,9 +363,7 @@ def augment_grid(root: str | Path, augment: Any, split: str = "train", *, per_cl
                 augmented = crop.copy()
                 apply_hwc(augmented, spec.draw(rng, size, size, e))
                 for img, aug in ((crop, False), (augmented, True)):
-                    title = [classes[c][:chars], f"epoch {e}: {'augmented' if aug else 'crop'}"]
-                    title += _value_lines(scheduled[e], chars) if aug else []
-                    text(x, y0, "\n".join(title), linespacing=1.2)
+                    text(x, y0, "\n".join(titles[c, e, aug]), linespacing=1.2)
                     y_img = y0 + lines * _LINE
                     fig.figimage(img, xo=x, yo=height - y_img - size, origin="upper")
                     row_tiles.append({"box": [x, y_img, x + size, y_img + size],
