@@ -272,7 +272,8 @@ def augment_grid(root: str | Path, augment: Any, split: str = "train", *, per_cl
     """A PNG grid of augmented samples: one row per class, ``per_class`` samples in each.
 
     Every sample (split position ``p``) is made as the train loader makes it
-    (:meth:`shardkit.stream.datasets.BatchDataset.build`): ``rng = sample_rng(seed, epoch, 0, p)``
+    (:meth:`shardkit.stream.datasets.BatchDataset.build`; its RNG depends on ``(seed, epoch,
+    rank, position)`` only, field case 17): ``rng = sample_rng(seed, epoch, 0, p)``
     draws the crop of the train transform (``make_transform(transform_config, train=True)``),
     then ``spec.draw(rng, S, S, epoch)`` the augmentation program, applied by
     :func:`shardkit.augment.apply_hwc`; this is the loader's row ``p`` of an unshuffled epoch.
