@@ -271,7 +271,7 @@ def aug_mix(rng, h, w, severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, a
             keys = tuple(space)
             op = keys[int(rng.integers(len(keys)))]
             table_fn, signed = space[op]
-            table = table_fn(T.AugMix._PARAMETER_MAX, h, w)
+            table = table_fn(10, h, w)  # AugMix()._PARAMETER_MAX (set in its __init__)
             if table is None:
                 mag = 0.0
             else:
