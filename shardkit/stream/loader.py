@@ -224,15 +224,11 @@ class ShardLoader:
 
 
 def _augment_on_device(images: torch.Tensor, programs: list, device) -> torch.Tensor:
-    """Moves a uint8 ``(N, 3, S, S)`` batch to ``device`` and runs each row's program there
-    with torchvision's tensor ops (:func:`shardkit.augment.apply_torch`)."""
-    from ..augment import apply_torch
+    """Moves a uint8 ``(N, 3, S, S)`` batch to ``device`` and runs the rows' programs there as
+    batched torchvision-equivalent tensor ops (:func:`shardkit.augment.batched.apply_batch`)."""
+    from ..augment.batched import apply_batch
 
-    images = images.to(device, non_blocking=True)
-    for i, program in enumerate(programs):
-        if program:
-            images[i] = apply_torch(images[i], program)
-    return images
+    return apply_batch(images.to(device, non_blocking=True), programs)
 
 
 def _check_int(name: str, value, minimum: int) -> int:
