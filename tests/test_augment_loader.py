@@ -1,0 +1,141 @@
+"""make_loader(augment=...) on the packed embedded sample: the same augmented batches for any
+num_workers, backend or resume point; the device path (run on the CPU: the exact code a GPU
+runs) gives the same pixels as the decoding threads; eval refuses augmentation; strength
+schedules follow set_epoch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardkit.errors import ConfigError
+from shardkit.stream import WorkerOptions, make_loader
+
+S = 64  # output side: small enough for 2 shared cores, large enough for every op
+SPEC = [{"op": "color_jitter", "brightness": 0.4, "contrast": 0.4, "saturation": 0.4,
+         "hue": 0.05},
+        {"op": "rand_augment", "num_ops": 2, "magnitude": 9},
+        {"op": "perspective", "distortion_scale": 0.3, "p": 0.3},
+        {"op": "gaussian_blur", "kernel_size": 3, "p": 0.3},
+        {"op": "random_erasing", "p": 0.5, "value": [0, 128, 255]}]
+MAGNITUDE = {"start": 1, "end": 20, "schedule": "linear", "epochs": 5}
+
+
+@pytest.fixture(scope="module")
+def root(packed_sample):
+    return packed_sample("wds")
+
+
+def _loader(root, augment=SPEC, workers=0, backend="thread", **kw):
+    return make_loader(root, "train", 16, image_size=S, num_workers=workers, seed=3,
+                       augment=augment, workers=WorkerOptions(backend=backend), **kw)
+
+
+def _batches(loader, epoch=1, skip=0):
+    loader.set_epoch(epoch)
+    with loader:
+        return [(x.clone(), y.clone()) for k, (x, y) in enumerate(loader) if k >= skip]
+
+
+def _equal(got, want):
+    assert len(got) == len(want)
+    for k, ((x, y), (wx, wy)) in enumerate(zip(got, want)):
+        assert torch.equal(y, wy), f"batch {k}: labels differ"
+        assert torch.equal(x.cpu(), wx), f"batch {k}: {(x.cpu() != wx).sum().item()} values differ"
+
+
+@pytest.fixture(scope="module")
+def reference(root):
+    """Epoch 1 on the calling thread (num_workers=0), and the same without augmentation."""
+    return _batches(_loader(root)), _batches(_loader(root, augment="none"))
+
+
+def test_augmentation_changes_the_pixels(reference):
+    augmented, plain = reference
+    assert len(augmented) == len(plain) >= 8
+    for (x, y), (px, py) in zip(augmented, plain):
+        assert torch.equal(y, py)  # same order, same crops: only the augmentation differs
+        assert x.shape == px.shape == (len(y), 3, S, S) and x.dtype == torch.uint8
+        changed = (x != px).flatten(1).any(1)
+        assert changed.float().mean() > 0.9, "colour jitter alone changes almost every image"
+
+
+@pytest.mark.parametrize("backend,workers", [("thread", 1), ("thread", 2), ("process", 1),
+                                             ("process", 2)])
+def test_same_batches_for_any_num_workers_and_backend(root, reference, backend, workers):
+    _equal(_batches(_loader(root, workers=workers, backend=backend)), reference[0])
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_resume_mid_epoch_gives_the_remaining_batches(root, reference, backend):
+    first = _loader(root, workers=2, backend=backend)
+    first.set_epoch(1)
+    with first:
+        for k, _ in enumerate(first):
+            if k == 2:
+                break
+        state = first.state_dict()
+    assert state["epoch"] == 1 and state["batches_consumed"] == 3
+    resumed = _loader(root, workers=1, backend=backend)
+    resumed.load_state_dict(state)
+    with resumed:
+        _equal([(x.clone(), y.clone()) for x, y in resumed], reference[0][3:])
+
+
+def test_device_path_on_cpu_gives_the_same_pixels(root, reference):
+    """Programs carried in the batch and applied with torchvision's tensor ops after the
+    transfer (``_augment_on_device``, the GPU code) equal the C fast paths in the threads."""
+    loader = _loader(root, workers=2)
+    loader.dataset.augment_on_device = True
+    loader.augment_device = torch.device("cpu")
+    _equal(_batches(loader), reference[0])
+
+
+def test_eval_loaders_refuse_augmentation(root):
+    with pytest.raises(ConfigError, match=r"augment=randaugment on an eval loader \(train=False, "
+                                          r"split 'val'\): evaluation never augments"):
+        make_loader(root, "val", 8, train=False, image_size=S, augment="randaugment")
+    with make_loader(root, "val", 8, train=False, image_size=S, augment="none") as loader:
+        assert loader.augment.is_identity and loader.augment_values() == {}
+
+
+def test_set_epoch_moves_the_schedule(root):
+    loader = _loader(root, augment=[{"op": "rand_augment", "magnitude": MAGNITUDE}])
+    got = []
+    for epoch in (0, 2, 4, 9):
+        loader.set_epoch(epoch)
+        got.append(loader.augment_values())
+    loader.close()
+    assert got == [{"0.rand_augment.magnitude": v} for v in (1.0, 10.5, 20.0, 20.0)]
+
+
+def test_scheduled_magnitude_changes_the_pixels(root):
+    """At epoch 0 a scheduled magnitude gives the pixels of its start value, at its last epoch
+    those of its end value; both differ from each other on the same samples and draws."""
+    def at(magnitude, epoch):
+        spec = [{"op": "rand_augment", "num_ops": 2, "magnitude": magnitude}]
+        return _batches(_loader(root, augment=spec), epoch=epoch)
+
+    scheduled_first, scheduled_last = at(MAGNITUDE, 0), at(MAGNITUDE, 4)
+    _equal(scheduled_first, at(1, 0))
+    _equal(scheduled_last, at(20, 4))
+    weak_last = at(1, 4)
+    differ = sum(int((x != w).flatten(1).any(1).sum()) for (x, _), (w, _) in
+                 zip(scheduled_last, weak_last))
+    total = sum(len(y) for _, y in weak_last)
+    # magnitude-free ops (Identity, AutoContrast, Equalize) leave some samples alike
+    assert differ > total // 2, f"{differ} of {total} samples differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_augmentation_matches_the_cpu_path(root, reference):
+    """augment_device="cuda": torchvision's CUDA kernels; float rounding may move a value by a
+    grey level, and a histogram op after it may move more, so the bound is on the whole."""
+    got = _batches(_loader(root, workers=2, augment_device="cuda"))
+    assert len(got) == len(reference[0])
+    same = total = 0
+    for (x, y), (wx, wy) in zip(got, reference[0]):
+        assert x.is_cuda and x.dtype == torch.uint8 and torch.equal(y, wy)
+        same += int((x.cpu() == wx).sum())
+        total += wx.numel()
+    assert same / total > 0.99, f"{same / total:.4f} of the values agree"
