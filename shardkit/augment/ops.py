@@ -160,6 +160,9 @@ def perspective(rng, h, w, distortion_scale=0.5, p=0.5, fill=0,
 def random_erasing(rng, h, w, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0) -> Program:
     """``RandomErasing(p, scale, ratio, value)`` (Zhong et al. 2017) on uint8 pixels with a
     constant ``value`` (0-255, or 3 values)."""
+    if value is None or isinstance(value, str):
+        raise ConfigError(f"random_erasing value={value!r}; expected a uint8 value 0-255 or 3 "
+                          "of them (the erase runs on uint8 pixels before normalisation)")
     if not _fires(rng, p):
         return []
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -233,7 +236,7 @@ def _policy_op(rng, space: dict, bins: int, h: int, w: int, magnitude: float | N
     return _named(op, m, fill, interpolation)
 
 
-def rand_augment(rng, h, w, num_ops=2, magnitude=9, num_magnitude_bins=31, fill=0,
+def rand_augment(rng, h, w, num_ops=2, magnitude=9, num_magnitude_bins=31, fill=None,
                  interpolation="nearest") -> Program:
     """``RandAugment(num_ops, magnitude, num_magnitude_bins)`` (Cubuk et al. 2020), torchvision's
     op space and magnitude tables."""
@@ -248,7 +251,7 @@ def rand_augment(rng, h, w, num_ops=2, magnitude=9, num_magnitude_bins=31, fill=
     return out
 
 
-def trivial_augment(rng, h, w, num_magnitude_bins=31, fill=0,
+def trivial_augment(rng, h, w, num_magnitude_bins=31, fill=None,
                     interpolation="nearest") -> Program:
     """``TrivialAugmentWide`` (Mueller & Hutter 2021): one op at a uniformly drawn magnitude."""
     return _policy_op(rng, T.TrivialAugmentWide._AUGMENTATION_SPACE, int(num_magnitude_bins),
@@ -256,7 +259,7 @@ def trivial_augment(rng, h, w, num_magnitude_bins=31, fill=0,
 
 
 def aug_mix(rng, h, w, severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, all_ops=True,
-            fill=0, interpolation="bilinear") -> Program:
+            fill=None, interpolation="bilinear") -> Program:
     """``AugMix`` (Hendrycks et al. 2020) as torchvision v2 computes it for one image."""
     if not 1 <= int(severity) <= 10:
         raise ConfigError(f"aug_mix severity={severity}; expected 1-10")

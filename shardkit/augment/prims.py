@@ -34,8 +34,11 @@ except ImportError:  # no C compiler at install: every primitive takes the torch
 _NEAREST = InterpolationMode.NEAREST
 
 
-def _fill3(fill) -> list[float]:
-    """A fill value (int or 3 ints, 0-255) as the 3-float list torchvision takes."""
+def _fill3(fill) -> list[float] | None:
+    """A fill value (int or 3 ints, 0-255) as the 3-float list torchvision takes; None stays
+    None (torchvision: no fill mask, pixels from outside are the zero padding)."""
+    if fill is None:
+        return None
     if isinstance(fill, (int, float)):
         return [float(fill)] * 3
     return [float(v) for v in fill]
@@ -263,7 +266,8 @@ def _theta(matrix) -> tuple[float, ...]:
 
 
 def _fill_ints(fill) -> tuple[int, int, int]:
-    return tuple(int(v) for v in _fill3(fill))
+    """The fill of the nearest-neighbour kernel: None (the zero padding) is black."""
+    return (0, 0, 0) if fill is None else tuple(int(v) for v in _fill3(fill))
 
 
 def h_affine(row, angle, translate, scale, shear, fill, interpolation="nearest"):
