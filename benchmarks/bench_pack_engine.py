@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
 
     cores = os.cpu_count() or 1
     t0 = time.perf_counter()
-    ray.init(num_cpus=cores, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level="WARNING")
     t_start = time.perf_counter() - t0
     try:
         times = engine_rows(args.data, cores, args.repeat)

@@ -77,7 +77,9 @@ def train(root: Path, num_classes: int, args) -> int:
         ds = read_split(root, "train", decode="train", seed=0, epoch=epoch,
                         image_size=args.image_size)
         t = time.perf_counter()
-        rows = ds.select_columns(["image", "label"])  # "key" is text: torch takes numbers only
+        # "key" is text (torch takes numbers only); the limit ends the stream where training
+        # stops, so no Ray Data executor is left running when Ray shuts down
+        rows = ds.select_columns(["image", "label"]).limit((args.steps - step) * args.batch_size)
         for batch in rows.iter_torch_batches(batch_size=args.batch_size, drop_last=True):
             images = batch["image"].permute(0, 3, 1, 2)  # (N, S, S, 3) -> (N, 3, S, S) uint8
             x = normalize_on_device(images, channels_last=True)
@@ -90,8 +92,6 @@ def train(root: Path, num_classes: int, args) -> int:
             print(f"epoch {epoch} step {step}: loss {losses[-1]:.3f}, "
                   f"{len(images) / (now - t):.0f} images/s")
             t, step = now, step + 1
-            if step == args.steps:
-                break
         epoch += 1
     ok = len(losses) == args.steps and all(math.isfinite(v) for v in losses)
     mean = sum(losses) / max(1, len(losses))

@@ -43,7 +43,8 @@ ADDED = {"daisy": ["truncated_half_photo.jpg", "cmyk_adobe.jpg"],
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_runtime():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    # "local": our own runtime, not a cluster another test process left on this machine
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
 

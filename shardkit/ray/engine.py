@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -52,7 +53,8 @@ MAX_RETRIES = 3
 def ensure_ray(address: str | None = None):
     """The ``ray`` module, connected: the running Ray of this process if there is one, else
     ``ray.init(address)`` (``None``: ``RAY_ADDRESS`` if set, else a new local Ray using every
-    CPU; it stays up for later packs and ends with the process, or ``ray.shutdown()``).
+    CPU, never a cluster another process started here; it stays up for later packs and ends
+    with the process, or ``ray.shutdown()``).
 
     Raises:
         ConfigError: Ray is not installed (names the extra to install).
@@ -63,8 +65,11 @@ def ensure_ray(address: str | None = None):
         raise ConfigError("engine='ray' needs Ray: pip install 'shardkit[ray]' (or "
                           "'ray[data]')") from None
     if not ray.is_initialized():
+        # "local": a new runtime, never one that another process left running on this machine
+        # (plain ray.init() would join the last cluster started here)
+        address = address or os.environ.get("RAY_ADDRESS") or "local"
         ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
-        logger.info("connected to Ray at %s (%s CPUs)", address or "a new local runtime",
+        logger.info("connected to Ray at %s (%s CPUs)", address,
                     ray.cluster_resources().get("CPU"))
     elif address is not None:
         logger.info("Ray is already initialised in this process; ray_address=%s is not used",
