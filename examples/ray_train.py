@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     ray.data.DataContext.get_current().enable_progress_bars = False  # this script's own lines
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
-        print(f"cluster up in {time.perf_counter() - t_start:.1f} s: {len(ray.nodes())} nodes, {ray.cluster_resources()['CPU']:.0f} CPUs")
+        print(f"cluster up in {time.perf_counter() - t_start:.1f} s: {len(ray.nodes())} nodes, "
+              f"{ray.cluster_resources()['CPU']:.0f} CPUs")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "flowers"
             t0 = time.perf_counter()
