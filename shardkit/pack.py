@@ -209,6 +209,12 @@ class PackOptions:
                               "1-100")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine={self.engine!r}; expected one of {ENGINES}")
+        if self.engine == "ray":
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:
+                raise ConfigError("engine='ray' needs Ray: pip install 'shardkit[ray]' (or use "
+                                  "--engine local)")
         if self.ray_address is not None and self.engine != "ray":
             raise ConfigError(f"ray_address={self.ray_address!r} needs engine='ray'")
         if self.on_label_conflict not in LABEL_CONFLICT_POLICIES:
