@@ -7,11 +7,11 @@ Rows (each repeat runs every row in turn, so drift of the machine hits all alike
 
 - ``shardkit/<preset>``: ``make_loader(root, split, B, num_workers=W, augment=preset)`` (thread
   backend: decoding threads; the augmentation runs in them on the uint8 rows);
-- ``imagefolder/<preset>``: ``DataLoader(ImageFolder(source, v2.Compose([RandomResizedCrop(224),
-  RandomHorizontalFlip(), <aug>, PILToTensor()])), B, num_workers=W)`` over the split's files,
-  with ``<aug>`` = nothing (none), ``ColorJitter(0.4, 0.4, 0.4)`` (standard),
-  ``RandAugment(2, 9)`` (randaugment) or ``TrivialAugmentWide()`` (trivialaugment) on the PIL
-  image, as a torchvision user writes it.
+- ``imagefolder/<preset>``: ``DataLoader(ImageFolder(source, baseline_transform(224, preset)),
+  B, num_workers=W)`` over the split's files: ``RandomResizedCrop(224), RandomHorizontalFlip(),
+  <aug>, PILToTensor()`` with ``<aug>`` the preset's torchvision transform on the PIL image
+  (:data:`shardkit.bench.baseline.BASELINE_AUGMENT`: ``ColorJitter(0.4, 0.4, 0.4)`` for
+  standard, ``RandAugment(2, 9)`` for randaugment, ...), as a torchvision user writes it.
 
 Ratios printed: ``shardkit/X / imagefolder/X`` (issue target for randaugment: >= 2.0) and
 ``shardkit/X / shardkit/none`` (target for standard: >= 0.8, i.e. within 25% in time).
@@ -29,15 +29,6 @@ import time
 
 import click
 
-BASELINE_AUG = {
-    "none": lambda v2: [],
-    "light": lambda v2: [v2.ColorJitter(0.2, 0.2, 0.2)],
-    "standard": lambda v2: [v2.ColorJitter(0.4, 0.4, 0.4)],
-    "randaugment": lambda v2: [v2.RandAugment(2, 9)],
-    "trivialaugment": lambda v2: [v2.TrivialAugmentWide()],
-}
-
-
 def _rate(loader) -> float:
     n, t0 = 0, time.perf_counter()
     for images, _ in loader:
@@ -48,13 +39,11 @@ def _rate(loader) -> float:
 def _imagefolder(root, paths, batch, workers, preset, size):
     import torch
     from torchvision.datasets import ImageFolder
-    from torchvision.transforms import v2
 
-    from shardkit.bench.baseline import InSplit
+    from shardkit.bench.baseline import InSplit, baseline_transform
 
-    tf = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(),
-                     *BASELINE_AUG[preset](v2), v2.PILToTensor()])
-    ds = ImageFolder(str(root), transform=tf, is_valid_file=InSplit(root, paths))
+    ds = ImageFolder(str(root), transform=baseline_transform(size, preset),
+                     is_valid_file=InSplit(root, paths))
     return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
                                        prefetch_factor=2 if workers else None)
 
