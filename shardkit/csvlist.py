@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 
 from shardkit import layout as layout_mod
 from shardkit.errors import ConfigError, SourceError
+from shardkit.manifest import is_url
 from shardkit.scan import ScanResult, SourceItem, _check_unique, _kind, _listing, _nfc
 
 __all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
@@ -62,7 +63,10 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
     """Read a CSV list with a header and columns ``path,label[,group]`` (extra columns ignored).
 
     Relative paths resolve against ``root``, or the CSV's folder when ``root`` is None; absolute
-    paths are used as they are. A path absent as written is also tried with Windows "\\"
+    paths are used as they are; a remote fsspec URL (``https://``, ``s3://``, ``gs://``) is kept
+    as the item's path and relpath, and not looked up here (one request per file would double
+    the cost of a large remote list): a missing object is quarantined by the check with its
+    read error. A path absent as written is also tried with Windows "\\"
     separators read as "/" and in its NFC and NFD spellings. A row whose file does not exist is
     not dropped: it goes to ``ScanResult.missing`` (the packer quarantines it with "file not
     found"). An empty ``group`` cell gives ``group=None``. With ``split_column``, each row's
@@ -100,8 +104,11 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
         if not raw or not label or (split_column and not split):
             empty.append(f"line {n}")
             continue
-        path = _disk_path(base, raw)
         group = _nfc(row.get("group", "")).strip() or None
+        if is_url(raw):  # an object in remote storage: read (and found missing) at the check
+            out.items.append(SourceItem(raw, raw, label, group, split))
+            continue
+        path = _disk_path(base, raw)
         item = SourceItem(path, _rel(base, path), label, group, split)
         kind = _kind(path)
         if kind == "dir":

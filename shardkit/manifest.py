@@ -101,6 +101,13 @@ def join(root: str | os.PathLike, rel: str) -> str:
     return str(Path(local_path(root)) / rel)
 
 
+def read_location(location: str) -> bytes:
+    """The bytes of a local path or of a remote fsspec URL (``https://``, ``s3://``, ...; the
+    filesystem's own package must be installed, e.g. s3fs). Raises OSError (FileNotFoundError
+    for a missing object) or the filesystem's own error."""
+    return _read_bytes(location)
+
+
 def _read_bytes(location: str) -> bytes:
     if is_url(location):
         import fsspec

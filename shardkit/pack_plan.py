@@ -30,6 +30,7 @@ from tqdm import tqdm
 from shardkit import layout, neardup, pack_given, scan
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.labels import LabelMap
+from shardkit.manifest import read_location
 
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
@@ -246,10 +247,11 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int]) -> dict:
 
     path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_location(path)  # a local file, or an fsspec URL of a CSV list's row
     except OSError as e:
         return {"ok": False, "reason": f"unreadable: {e.strerror or e}"}
+    except Exception as e:  # noqa: BLE001 - a remote filesystem's own error (HTTP 403, ...)
+        return {"ok": False, "reason": f"unreadable: {type(e).__name__}: {e}"}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     try:
         res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True,

@@ -174,7 +174,7 @@ def _write_one(sink, key: str, it, res: dict, label: int, classes, bar) -> dict:
     """Stores one checked sample through ``sink``; returns its split record (docs/DESIGN.md)."""
     data = res.get("data")
     if data is None:  # stored as the original bytes: re-read, and make sure they did not change
-        data = Path(it.path).read_bytes()
+        data = manifest_mod.read_location(it.path)
         if hashlib.sha256(data).hexdigest() != res["sha256"]:
             raise SourceError(f"{it.path} changed while packing (its sha256 differs from the "
                               "checked file); rerun the pack")

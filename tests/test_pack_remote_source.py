@@ -1,0 +1,89 @@
+"""A CSV list whose rows are fsspec URLs (issue 12: SRC in object storage): files are read
+over HTTP from a server on localhost, for the local engine and for Ray, with the same result as
+the files on disk; a missing object is quarantined with its read error."""
+import csv
+import functools
+import hashlib
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from shardkit.manifest import load_manifest, read_split_records
+from shardkit.pack import pack
+
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    handler = functools.partial(_Quiet, directory=str(SAMPLE))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _files() -> list[Path]:
+    files = sorted(p for p in SAMPLE.rglob("*.jpg"))[:40]
+    assert len(files) == 40
+    return files
+
+
+def _write_csv(path: Path, location, rel: list[str]) -> Path:
+    """``path,label,group`` rows: ``location(r)`` for each sample path ``r`` below the sample,
+    its class folder, and ``r`` as the group (the same for a URL and a local path, so both
+    packs split alike)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "group"])
+        w.writerows((location(r), r.split("/")[0], r) for r in rel)
+    return path
+
+
+def _by_sha(out) -> dict[str, tuple[str, str]]:
+    manifest = load_manifest(out)
+    return {r["sha256"]: (split, manifest["classes"][r["label"]])
+            for split in manifest["splits"] for r in read_split_records(out, split)}
+
+
+def test_http_rows_pack_like_local_files(tmp_path, server):
+    files = _files()
+    rel = [f.relative_to(SAMPLE).as_posix() for f in files]
+    remote = _write_csv(tmp_path / "remote.csv", lambda r: f"{server}/{r}",
+                        rel + ["daisy/not-there.jpg"])
+    local = _write_csv(tmp_path / "local.csv", lambda r: str(SAMPLE / r), rel)
+    opts = dict(progress=False, split_method="hash", near_duplicates="off")
+    pack(remote, tmp_path / "out-remote", **opts)
+    pack(local, tmp_path / "out-local", **opts)
+    got, want = _by_sha(tmp_path / "out-remote"), _by_sha(tmp_path / "out-local")
+    assert len(want) == 40 and got == want  # same bytes, labels and splits
+    assert set(got) == {hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    records = [r for s in ("train", "val", "test")
+               for r in read_split_records(tmp_path / "out-remote", s)]
+    assert all(r["path"].startswith(server + "/") for r in records)
+    quarantine = (tmp_path / "out-remote" / "quarantine.jsonl").read_text()
+    assert "not-there.jpg" in quarantine and "unreadable" in quarantine
+
+
+@pytest.mark.ray
+def test_http_rows_on_ray_equal_local_engine(tmp_path, server):
+    pytest.importorskip("ray")
+    rel = [f.relative_to(SAMPLE).as_posix() for f in _files()[:16]]
+    remote = _write_csv(tmp_path / "remote.csv", lambda r: f"{server}/{r}", rel)
+    opts = dict(progress=False, split_method="hash", near_duplicates="off")
+    pack(remote, tmp_path / "local", **opts)
+    pack(remote, tmp_path / "ray", engine="ray", **opts)
+    assert load_manifest(tmp_path / "local")["splits"] == load_manifest(tmp_path / "ray")["splits"]
+    for name in ("splits/train.jsonl", "quarantine.jsonl"):
+        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
+    shards = sorted(p.name for p in (tmp_path / "local" / "shards").iterdir())
+    assert shards and all((tmp_path / "local" / "shards" / n).read_bytes()
+                          == (tmp_path / "ray" / "shards" / n).read_bytes() for n in shards)
