@@ -262,6 +262,8 @@ def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOut
                    "num_degenerate": len(outcome.degenerate), "degenerate": outcome.degenerate,
                    "ignored": [{"path": path, "reason": why} for path, why in source.ignored]},
         "normalization": {"rules": dict(images.RULES), "max_pixels": options.max_pixels,
-                          "strict": options.strict, "transcoded": dict(transcoded or {})},
+                          "strict": options.strict, "transcoded": dict(transcoded or {}),
+                          "max_side": options.max_side,
+                          "jpeg_quality": options.jpeg_quality if options.max_side else None},
         "splits": split_manifest,
     }
