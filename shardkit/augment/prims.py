@@ -1,13 +1,14 @@
 """Augmentation primitives: one pixel operation with concrete arguments, on a uint8 image.
 
 Every primitive has a torch implementation that calls :mod:`torchvision.transforms.v2.functional`
-on a ``(3, H, W)`` uint8 tensor of any device (the reference and the GPU path), and most have a
-CPU fast path that works in place on a C-contiguous ``(H, W, 3)`` uint8 numpy row (a row of the
-loader's batch buffer) with the GIL released (:mod:`shardkit.augment._kernels`, or a lookup table
-built by torchvision itself on the 256 possible values). The fast paths equal torchvision's result
-exactly, except ``sharpness`` and the nearest-neighbour ``affine``/``rotate``, where float
-summation order can move a value that lies within rounding of .5 (a grey level for sharpness, one
-pixel position for affine); tests/test_augment_ops.py states the bounds.
+on a ``(3, H, W)`` uint8 tensor of any device (the reference, and the per-sample device path),
+and most have a CPU fast path that works in place on a C-contiguous ``(H, W, 3)`` uint8 numpy row
+(a row of the loader's batch buffer) with the GIL released: the C kernels of
+:mod:`shardkit.augment._kernels`, or a 256-entry lookup table computed in numpy with
+torchvision's float32 steps. The fast paths equal torchvision's result exactly
+(tests/test_augment_ops.py: real photos, random parameters, every primitive) on CPUs with FMA,
+as torch's own CPU kernels use it; without FMA a value within float rounding of an integer may
+truncate one level apart.
 
 A *program* is a list of ``(name, args)`` pairs drawn by :mod:`shardkit.augment.ops`; it is the
 whole randomness of one sample, so the CPU and device paths apply the same one.
@@ -200,8 +201,7 @@ def h_posterize(row, bits):
     # posterize_image: image & mask (8 bits or more: unchanged)
     bits = int(bits)
     if bits < 8:
-        mask = ((1 << bits) - 1) << (8 - bits)
-        _apply_lut(row, np.arange(256, dtype=np.uint8) & np.uint8(mask))
+        np.bitwise_and(row, np.uint8(((1 << bits) - 1) << (8 - bits)), out=row)
 
 
 def h_solarize(row, threshold):
@@ -255,10 +255,9 @@ def h_equalize(row):
 
 
 def h_grayscale(row):
-    h, w = row.shape[:2]
-    gray = np.empty((h, w), np.uint8)
-    _kernels.gray(row, h, w, gray)  # floor(float gray) == torchvision's .to(uint8) of it
-    row[...] = gray[:, :, None]
+    # rgb_to_grayscale(image, 3): the gray value truncated to uint8 in every channel, which is
+    # the saturation kernel at factor 0 (image * 0 + gray * 1 is exactly gray)
+    _kernels.saturation(row, row.shape[0], row.shape[1], 0.0)
 
 
 def _theta(matrix) -> tuple[float, ...]:

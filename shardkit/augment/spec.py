@@ -14,7 +14,7 @@ Any numeric parameter may be a schedule ``{start, end, schedule, epochs}``: its 
 ``e`` (0-based) is ``start + (end - start) * f(t)`` with ``t = min(e / (epochs - 1), 1)`` and
 ``f(t) = t`` (linear), ``(1 - cos(pi t)) / 2`` (cosine); ``step`` holds ``start`` for epochs
 ``< epochs`` and ``end`` from then on. Integer parameters (``num_ops``, ``bits``,
-``kernel_size``) are rounded.
+``kernel_size``, ...) are rounded to the nearest integer, halves to even (Python's ``round``).
 """
 from __future__ import annotations
 
