@@ -3,11 +3,14 @@
 Python API (each reads a packed dataset ``OUT`` through the contracts of docs/DESIGN.md):
 
 - :func:`inspect_dataset` - per-split class counts, class-imbalance ratio, groups, shard sizes, and
-  PNG grids of decoded samples and of the same samples after the train transform;
+  PNG grids of decoded samples and of the same samples after the train transform
+  (``inspect --augment SPEC``: a per-class grid of the augmentation at the schedule's first and
+  last strength);
 - :func:`check_dataset` - leakage between splits (shared groups, identical bytes, pHash
-  near-duplicates), missing classes, extreme imbalance, and train/eval transform drift;
-- :func:`compute_stats` - exact per-channel mean/std of a split's decoded pixels (0-1, RGB),
-  saved under ``manifest["stats"][split]``.
+  near-duplicates), missing classes, extreme imbalance, train/eval transform drift, and
+  (``augment=``) hue jitter on classes told apart by hue;
+- :func:`compute_stats` - exact per-channel mean/std of a split's decoded pixels (0-1, RGB) and
+  the per-class mean hue, saved under ``manifest["stats"][split]``.
 
 One module per concern: :mod:`~shardkit.doctor.reading` (manifest, split rows, sample bytes),
 :mod:`~shardkit.doctor.leaks` and :mod:`~shardkit.doctor.check` (``check``),
