@@ -139,3 +139,22 @@ def test_cuda_augmentation_matches_the_cpu_path(root, reference):
         same += int((x.cpu() == wx).sum())
         total += wx.numel()
     assert same / total > 0.99, f"{same / total:.4f} of the values agree"
+
+
+@pytest.mark.parametrize("backend, augment, warns", [
+    ("thread", SPEC, True),                # hue, perspective, blur: torch ops in threads
+    ("thread", "randaugment", False),      # every primitive has a C kernel
+    ("process", SPEC, False),              # DataLoader workers run torch single-threaded
+])
+def test_torch_ops_in_threads_warn_once(root, caplog, backend, augment, warns):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with caplog.at_level("WARNING", logger="shardkit.stream"):
+            _loader(root, augment=augment, workers=2, backend=backend).close()
+    finally:
+        torch.set_num_threads(threads)
+    hits = [r.getMessage() for r in caplog.records if "intra-op threads" in r.getMessage()]
+    assert len(hits) == (1 if warns else 0)
+    if warns:
+        assert "['color_jitter', 'perspective', 'gaussian_blur']" in hits[0]

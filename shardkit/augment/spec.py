@@ -210,6 +210,20 @@ class AugmentSpec:
     def describe(self) -> str:
         return self.preset or json.dumps(self.to_config(), sort_keys=True)
 
+    def torch_path_ops(self) -> list[str]:
+        """Ops that run torchvision's tensor functions on the CPU path (no C kernel): hue
+        jitter, perspective, gaussian_blur, aug_mix, and rotation/affine with an
+        interpolation other than nearest."""
+        out = []
+        for epoch in sorted({0, self.last_scheduled_epoch()}):
+            for name, params in self.resolved(epoch):
+                slow = (name in ("perspective", "gaussian_blur", "aug_mix")
+                        or (name == "color_jitter" and self.uses_hue(epoch))
+                        or params.get("interpolation", "nearest") != "nearest")
+                if slow and name not in out:
+                    out.append(name)
+        return out
+
     def uses_hue(self, epoch: int = 0) -> bool:
         """Whether hue jitter is on at ``epoch`` (a colour_jitter with a non-zero hue)."""
         for name, params in self.resolved(epoch):

@@ -223,6 +223,20 @@ class ShardLoader:
         self.close()
 
 
+def _warn_torch_threads(spec, aug_device, backend: str, num_workers: int) -> None:
+    """One warning when ops without a C kernel would run torch's tensor functions inside
+    decoding threads while torch's intra-op pool has several threads: the two compete for the
+    cores (measured: adjust_hue at 2 torch threads on a busy 2-core host, 70x its one-thread
+    time). DataLoader worker processes run torch with one thread each."""
+    slow = [] if aug_device is not None or backend != "thread" else spec.torch_path_ops()
+    if slow and num_workers > 0 and torch.get_num_threads() > 1:
+        log.warning("augment ops %s run torchvision tensor functions in %d decoding threads "
+                    "while torch uses %d intra-op threads; they compete for the cores: use "
+                    "WorkerOptions(backend='process'), augment_device='cuda', or "
+                    "torch.set_num_threads(1) if the process does nothing else on the CPU",
+                    slow, num_workers, torch.get_num_threads())
+
+
 def _augment_on_device(images: torch.Tensor, programs: list, device) -> torch.Tensor:
     """Moves a uint8 ``(N, 3, S, S)`` batch to ``device`` and runs the rows' programs there as
     batched torchvision-equivalent tensor ops (:func:`shardkit.augment.batched.apply_batch`)."""
@@ -373,6 +387,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
     dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
                     train=train, verify=verify_reads)
     spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split)
+    _warn_torch_threads(spec, aug_device, workers.backend, num_workers)
     dataset = BatchDataset(source, plan, tf, size, on_warning,
                            device_decode=device_decode is not None, cache=dc, augment=spec,
                            augment_on_device=aug_device is not None)
