@@ -66,6 +66,14 @@ static inline float gray_of(const uint8_t *p) {
     return fused(s, (float)p[2], 0.114f);
 }
 
+static void do_lut(uint8_t *p, Py_ssize_t n, const uint8_t *l) {
+    for (Py_ssize_t i = 0; i < n; i++, p += 3) {
+        p[0] = l[p[0]];
+        p[1] = l[256 + p[1]];
+        p[2] = l[512 + p[2]];
+    }
+}
+
 /* lut(image, h, w, luts): image[..., c] = luts[c * 256 + image[..., c]] */
 static PyObject *k_lut(PyObject *self, PyObject *args) {
     PyObject *img_obj, *lut_obj;
@@ -85,13 +93,8 @@ static PyObject *k_lut(PyObject *self, PyObject *args) {
     }
     uint8_t *p = (uint8_t *)img.buf;
     const uint8_t *l = (const uint8_t *)lut.buf;
-    Py_ssize_t n = h * w;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++, p += 3) {
-        p[0] = l[p[0]];
-        p[1] = l[256 + p[1]];
-        p[2] = l[512 + p[2]];
-    }
+    do_lut(p, h * w, l);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&img);
     PyBuffer_Release(&lut);
@@ -121,6 +124,13 @@ FMA_TARGET static long long gray_fma(const uint8_t *p, uint8_t *g, Py_ssize_t n)
 }
 #endif
 
+static long long do_gray(const uint8_t *p, uint8_t *g, Py_ssize_t n) {
+#ifdef HAVE_FMA_CLONE
+    if (cpu_has_fma()) return gray_fma(p, g, n);
+#endif
+    return gray_generic(p, g, n);
+}
+
 static PyObject *k_gray(PyObject *self, PyObject *args) {
     PyObject *img_obj, *out_obj;
     Py_ssize_t h, w;
@@ -140,13 +150,8 @@ static PyObject *k_gray(PyObject *self, PyObject *args) {
     const uint8_t *p = (const uint8_t *)img.buf;
     uint8_t *g = (uint8_t *)out.buf;
     long long total;
-    Py_ssize_t n = h * w;
     Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_FMA_CLONE
-    if (cpu_has_fma()) total = gray_fma(p, g, n);
-    else
-#endif
-        total = gray_generic(p, g, n);
+    total = do_gray(p, g, h * w);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&img);
     PyBuffer_Release(&out);
@@ -178,6 +183,16 @@ FMA_TARGET static void saturation_fma(uint8_t *p, Py_ssize_t n, float f, float k
 }
 #endif
 
+static void do_saturation(uint8_t *p, Py_ssize_t n, float f, float k) {
+#ifdef HAVE_FMA_CLONE
+    if (cpu_has_fma()) {
+        saturation_fma(p, n, f, k);
+        return;
+    }
+#endif
+    saturation_generic(p, n, f, k);
+}
+
 static PyObject *k_saturation(PyObject *self, PyObject *args) {
     PyObject *img_obj;
     Py_ssize_t h, w;
@@ -189,14 +204,19 @@ static PyObject *k_saturation(PyObject *self, PyObject *args) {
     Py_ssize_t n = h * w;
     const float f = (float)factor, k = (float)(1.0 - factor);
     Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_FMA_CLONE
-    if (cpu_has_fma()) saturation_fma(p, n, f, k);
-    else
-#endif
-        saturation_generic(p, n, f, k);
+    do_saturation(p, n, f, k);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&img);
     Py_RETURN_NONE;
+}
+
+static void do_hist(const uint8_t *p, Py_ssize_t n, int32_t *hst) {
+    memset(hst, 0, 3 * 256 * 4);
+    for (Py_ssize_t i = 0; i < n; i++, p += 3) {
+        hst[p[0]]++;
+        hst[256 + p[1]]++;
+        hst[512 + p[2]]++;
+    }
 }
 
 /* hist(image, h, w, out): out (3 x 256 int32) = per-channel histograms */
@@ -218,14 +238,8 @@ static PyObject *k_hist(PyObject *self, PyObject *args) {
     }
     const uint8_t *p = (const uint8_t *)img.buf;
     int32_t *hst = (int32_t *)out.buf;
-    Py_ssize_t n = h * w;
     Py_BEGIN_ALLOW_THREADS
-    memset(hst, 0, 3 * 256 * 4);
-    for (Py_ssize_t i = 0; i < n; i++, p += 3) {
-        hst[p[0]]++;
-        hst[256 + p[1]]++;
-        hst[512 + p[2]]++;
-    }
+    do_hist(p, h * w, hst);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&img);
     PyBuffer_Release(&out);
@@ -270,6 +284,21 @@ FMA_TARGET static void sharpness_fma(uint8_t *p, const uint8_t *src, Py_ssize_t 
 }
 #endif
 
+/* src: scratch of h * w * 3 bytes */
+static void do_sharpness(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, double factor) {
+    if (h < 3 || w < 3) return;
+    const float a = 1.0f / 13.0f, b = 5.0f / 13.0f, k = (float)(1.0 - factor);
+    const Py_ssize_t stride = w * 3;
+    memcpy(src, p, (size_t)(h * stride));
+#ifdef HAVE_FMA_CLONE
+    if (cpu_has_fma()) {
+        sharpness_fma(p, src, h, stride, a, b, k);
+        return;
+    }
+#endif
+    sharpness_generic(p, src, h, stride, a, b, k);
+}
+
 static PyObject *k_sharpness(PyObject *self, PyObject *args) {
     PyObject *img_obj;
     Py_ssize_t h, w;
@@ -277,25 +306,14 @@ static PyObject *k_sharpness(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Onnd", &img_obj, &h, &w, &factor)) return NULL;
     Py_buffer img;
     if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
-    if (h < 3 || w < 3) {
-        PyBuffer_Release(&img);
-        Py_RETURN_NONE;
-    }
     uint8_t *p = (uint8_t *)img.buf;
-    const float a = 1.0f / 13.0f, b = 5.0f / 13.0f, k = (float)(1.0 - factor);
-    const Py_ssize_t stride = w * 3;
-    uint8_t *src = (uint8_t *)malloc((size_t)(h * stride));
+    uint8_t *src = (uint8_t *)malloc((size_t)(h * w * 3));
     if (src == NULL) {
         PyBuffer_Release(&img);
         return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
-    memcpy(src, p, (size_t)(h * stride));
-#ifdef HAVE_FMA_CLONE
-    if (cpu_has_fma()) sharpness_fma(p, src, h, stride, a, b, k);
-    else
-#endif
-        sharpness_generic(p, src, h, stride, a, b, k);
+    do_sharpness(p, src, h, w, factor);
     Py_END_ALLOW_THREADS
     free(src);
     PyBuffer_Release(&img);
@@ -333,27 +351,15 @@ FMA_TARGET static void affine_coords_avx2(int32_t *restrict ix, int32_t *restric
 }
 #endif
 
-static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
-    PyObject *img_obj;
-    Py_ssize_t h, w;
-    float t[6];
-    int fill[3];
-    if (!PyArg_ParseTuple(args, "Onn(ffffff)(iii)", &img_obj, &h, &w, &t[0], &t[1], &t[2],
-                          &t[3], &t[4], &t[5], &fill[0], &fill[1], &fill[2]))
-        return NULL;
-    Py_buffer img;
-    if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
-    uint8_t *p = (uint8_t *)img.buf;
+static size_t affine_scratch(Py_ssize_t h, Py_ssize_t w) {
+    return (size_t)(h * w * 3) + (size_t)(2 * w) * sizeof(int32_t);
+}
+
+/* src: scratch of affine_scratch(h, w) bytes */
+static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, const float *t,
+                      const uint8_t *f8) {
     const Py_ssize_t stride = w * 3;
-    uint8_t *src = (uint8_t *)malloc((size_t)(h * stride) + (size_t)(2 * w) * sizeof(int32_t));
-    if (src == NULL) {
-        PyBuffer_Release(&img);
-        return PyErr_NoMemory();
-    }
     int32_t *ix = (int32_t *)(src + h * stride), *iy = ix + w;
-    uint8_t f8[3];
-    for (int c = 0; c < 3; c++) f8[c] = (uint8_t)(fill[c] < 0 ? 0 : fill[c] > 255 ? 255 : fill[c]);
-    Py_BEGIN_ALLOW_THREADS
     memcpy(src, p, (size_t)(h * stride));
     /* rescaled theta: theta^T / (0.5 w, 0.5 h); grid = base @ rescaled */
     const float hw = 0.5f * (float)w, hh = 0.5f * (float)h;
@@ -380,14 +386,215 @@ static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
             o[2] = s[2];
         }
     }
+}
+
+static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
+    PyObject *img_obj;
+    Py_ssize_t h, w;
+    float t[6];
+    int fill[3];
+    if (!PyArg_ParseTuple(args, "Onn(ffffff)(iii)", &img_obj, &h, &w, &t[0], &t[1], &t[2],
+                          &t[3], &t[4], &t[5], &fill[0], &fill[1], &fill[2]))
+        return NULL;
+    Py_buffer img;
+    if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
+    uint8_t *p = (uint8_t *)img.buf;
+    uint8_t *src = (uint8_t *)malloc(affine_scratch(h, w));
+    if (src == NULL) {
+        PyBuffer_Release(&img);
+        return PyErr_NoMemory();
+    }
+    uint8_t f8[3];
+    for (int c = 0; c < 3; c++) f8[c] = (uint8_t)(fill[c] < 0 ? 0 : fill[c] > 255 ? 255 : fill[c]);
+    Py_BEGIN_ALLOW_THREADS
+    do_affine(p, src, h, w, t, f8);
     Py_END_ALLOW_THREADS
     free(src);
     PyBuffer_Release(&img);
     Py_RETURN_NONE;
 }
 
+/* ---- run(image, h, w, ops): a whole program in one call, without the GIL ----
+ * ops: C-contiguous float64 (n, 10): opcode, then up to 9 arguments. Lookup tables are built
+ * here with the float32 steps of shardkit/augment/prims.py (which follow torchvision), so the
+ * result equals the per-primitive path exactly. */
+enum { OP_BRIGHTNESS = 1, OP_CONTRAST, OP_SATURATION, OP_SHARPNESS, OP_POSTERIZE, OP_SOLARIZE,
+       OP_AUTOCONTRAST, OP_EQUALIZE, OP_GRAYSCALE, OP_AFFINE, OP_ERASE };
+#define OP_WIDTH 10
+
+static void lut_broadcast(uint8_t *l) {
+    memcpy(l + 256, l, 256);
+    memcpy(l + 512, l, 256);
+}
+
+static void autocontrast_lut(const int32_t *hist, uint8_t *l) {
+    for (int c = 0; c < 3; c++) {
+        const int32_t *hc = hist + 256 * c;
+        int lo = 0, hi = 255;
+        while (lo < 255 && hc[lo] == 0) lo++;
+        while (hi > 0 && hc[hi] == 0) hi--;
+        float flo = (float)lo, inv;
+        if (lo >= hi) {
+            flo = 0.0f;
+            inv = 1.0f;
+        } else {
+            inv = ((float)hi - (float)lo) * (float)(1.0 / 255);
+        }
+        for (int v = 0; v < 256; v++) l[256 * c + v] = to_u8(((float)v - flo) / inv);
+    }
+}
+
+static void equalize_lut(const int32_t *hist, Py_ssize_t n, uint8_t *l) {
+    for (int c = 0; c < 3; c++) {
+        const int32_t *hc = hist + 256 * c;
+        long long cum[256], acc = 0;
+        int index = 0;
+        for (int v = 0; v < 256; v++) {
+            acc += hc[v];
+            cum[v] = acc;
+        }
+        for (int v = 0; v < 256; v++)
+            if (cum[v] > cum[index]) index = v; /* argmax: first maximum */
+        long long step = ((long long)n - hc[index]) / 255;
+        uint8_t *lc = l + 256 * c;
+        if (step == 0) {
+            for (int v = 0; v < 256; v++) lc[v] = (uint8_t)v;
+            continue;
+        }
+        lc[0] = 0;
+        for (int v = 1; v < 256; v++) {
+            long long q = (cum[v - 1] + step / 2) / step;
+            lc[v] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+        }
+    }
+}
+
+/* returns 0, or -1 on an unknown opcode (*bad = its index) */
+static int run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *ops,
+                       Py_ssize_t nops, uint8_t *scratch, int *bad) {
+    const Py_ssize_t n = h * w;
+    uint8_t lut[768];
+    int32_t hist[768];
+    for (Py_ssize_t k = 0; k < nops; k++) {
+        const double *a = ops + k * OP_WIDTH + 1;
+        switch ((int)ops[k * OP_WIDTH]) {
+        case OP_BRIGHTNESS: {
+            const float f = (float)a[0];
+            for (int v = 0; v < 256; v++) lut[v] = to_u8((float)v * f);
+            lut_broadcast(lut);
+            do_lut(p, n, lut);
+            break;
+        }
+        case OP_CONTRAST: {
+            const float f = (float)a[0], alpha = (float)(1.0 - a[0]);
+            const float mean = (float)do_gray(p, scratch, n) / (float)n;
+            for (int v = 0; v < 256; v++) lut[v] = to_u8(fused((float)v * f, mean, alpha));
+            lut_broadcast(lut);
+            do_lut(p, n, lut);
+            break;
+        }
+        case OP_SATURATION:
+            do_saturation(p, n, (float)a[0], (float)(1.0 - a[0]));
+            break;
+        case OP_SHARPNESS:
+            do_sharpness(p, scratch, h, w, a[0]);
+            break;
+        case OP_POSTERIZE: {
+            const int bits = (int)a[0];
+            if (bits >= 8) break;
+            const uint8_t mask = (uint8_t)(((1 << bits) - 1) << (8 - bits));
+            for (Py_ssize_t i = 0; i < 3 * n; i++) p[i] &= mask;
+            break;
+        }
+        case OP_SOLARIZE: {
+            const float t = (float)a[0];
+            for (int v = 0; v < 256; v++) lut[v] = (float)v >= t ? (uint8_t)(255 - v) : (uint8_t)v;
+            lut_broadcast(lut);
+            do_lut(p, n, lut);
+            break;
+        }
+        case OP_AUTOCONTRAST:
+            do_hist(p, n, hist);
+            autocontrast_lut(hist, lut);
+            do_lut(p, n, lut);
+            break;
+        case OP_EQUALIZE:
+            do_hist(p, n, hist);
+            equalize_lut(hist, n, lut);
+            do_lut(p, n, lut);
+            break;
+        case OP_GRAYSCALE:
+            do_saturation(p, n, 0.0f, 1.0f);
+            break;
+        case OP_AFFINE: {
+            const float t[6] = {(float)a[0], (float)a[1], (float)a[2],
+                                (float)a[3], (float)a[4], (float)a[5]};
+            const uint8_t f8[3] = {(uint8_t)a[6], (uint8_t)a[7], (uint8_t)a[8]};
+            do_affine(p, scratch, h, w, t, f8);
+            break;
+        }
+        case OP_ERASE: {
+            const Py_ssize_t i0 = (Py_ssize_t)a[0], j0 = (Py_ssize_t)a[1];
+            const Py_ssize_t eh = (Py_ssize_t)a[2], ew = (Py_ssize_t)a[3];
+            for (Py_ssize_t y = i0; y < i0 + eh && y < h; y++)
+                for (Py_ssize_t x = j0; x < j0 + ew && x < w; x++) {
+                    uint8_t *q = p + (y * w + x) * 3;
+                    q[0] = (uint8_t)a[4];
+                    q[1] = (uint8_t)a[5];
+                    q[2] = (uint8_t)a[6];
+                }
+            break;
+        }
+        default:
+            *bad = (int)k;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *k_run(PyObject *self, PyObject *args) {
+    PyObject *img_obj, *ops_obj;
+    Py_ssize_t h, w;
+    if (!PyArg_ParseTuple(args, "OnnO", &img_obj, &h, &w, &ops_obj)) return NULL;
+    Py_buffer img, ops;
+    if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
+    if (PyObject_GetBuffer(ops_obj, &ops, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&img);
+        return NULL;
+    }
+    if (ops.len % (OP_WIDTH * sizeof(double)) != 0) {
+        PyBuffer_Release(&img);
+        PyBuffer_Release(&ops);
+        PyErr_SetString(PyExc_ValueError, "ops must be a float64 (n, 10) array");
+        return NULL;
+    }
+    const Py_ssize_t nops = ops.len / (OP_WIDTH * (Py_ssize_t)sizeof(double));
+    uint8_t *scratch = (uint8_t *)malloc(affine_scratch(h, w));
+    if (scratch == NULL) {
+        PyBuffer_Release(&img);
+        PyBuffer_Release(&ops);
+        return PyErr_NoMemory();
+    }
+    int rc, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_program((uint8_t *)img.buf, h, w, (const double *)ops.buf, nops, scratch, &bad);
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    PyBuffer_Release(&img);
+    PyBuffer_Release(&ops);
+    if (rc < 0) {
+        PyErr_Format(PyExc_ValueError, "ops row %d: unknown opcode", bad);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef kernel_methods[] = {
     {"lut", k_lut, METH_VARARGS, "lut(image, h, w, luts) -> None: per-channel 256-entry LUTs"},
+    {"run", k_run, METH_VARARGS,
+     "run(image, h, w, ops) -> None: a program (float64 (n, 10) rows: opcode, arguments) in "
+     "place, without the GIL"},
     {"gray", k_gray, METH_VARARGS,
      "gray(image, h, w, out) -> int: floor of torchvision's grayscale into out, returns the sum"},
     {"saturation", k_saturation, METH_VARARGS,

@@ -269,28 +269,40 @@ def _fill_ints(fill) -> tuple[int, int, int]:
     return (0, 0, 0) if fill is None else tuple(int(v) for v in _fill3(fill))
 
 
-def h_affine(row, angle, translate, scale, shear, fill, interpolation="nearest"):
-    if interpolation != "nearest":
-        return _via_torch(row, t_affine, angle, translate, scale, shear, fill, interpolation)
-    m = _get_inverse_affine_matrix([0.0, 0.0], float(angle), [float(t) for t in translate],
-                                   float(scale), [float(s) for s in shear])
-    _kernels.affine_nearest(row, row.shape[0], row.shape[1], _theta(m), _fill_ints(fill))
+def _affine_theta(name: str, shape, args) -> tuple[float, ...] | None:
+    """The float32 inverse matrix of a nearest-neighbour ``affine`` / ``shear_origin`` /
+    ``rotate`` as torchvision builds it, or None where torchvision takes another path
+    (bilinear; a rotation by a multiple of 90 degrees: an exact rot90)."""
+    if args[-1] != "nearest":
+        return None
+    h, w = shape[:2]
+    if name == "affine":
+        angle, translate, scale, shear = args[:4]
+        m = _get_inverse_affine_matrix([0.0, 0.0], float(angle), [float(t) for t in translate],
+                                       float(scale), [float(s) for s in shear])
+    elif name == "shear_origin":  # center=[0, 0] in pixels, relative to the image centre
+        m = _get_inverse_affine_matrix([-w * 0.5, -h * 0.5], 0.0, [0.0, 0.0], 1.0,
+                                       [float(s) for s in args[0]])
+    else:
+        if float(args[0]) % 90 == 0:
+            return None
+        m = _get_inverse_affine_matrix([0.0, 0.0], -float(args[0]), [0.0, 0.0], 1.0, [0.0, 0.0])
+    return _theta(m)
 
 
-def h_shear_origin(row, shear, fill, interpolation="nearest"):
-    if interpolation != "nearest":
-        return _via_torch(row, t_shear_origin, shear, fill, interpolation)
-    h, w = row.shape[:2]
-    center = [-w * 0.5, -h * 0.5]  # center=[0, 0] in pixels, relative to the image centre
-    m = _get_inverse_affine_matrix(center, 0.0, [0.0, 0.0], 1.0, [float(s) for s in shear])
-    _kernels.affine_nearest(row, h, w, _theta(m), _fill_ints(fill))
+def _geometry(name: str, torch_fn):
+    def apply(row, *args):
+        theta = _affine_theta(name, row.shape, args)
+        if theta is None:
+            return _via_torch(row, torch_fn, *args)
+        _kernels.affine_nearest(row, row.shape[0], row.shape[1], theta, _fill_ints(args[-2]))
+    apply.__name__ = f"h_{name}"
+    return apply
 
 
-def h_rotate(row, angle, fill, interpolation="nearest"):
-    if interpolation != "nearest" or float(angle) % 90 == 0:  # torchvision: exact rot90 there
-        return _via_torch(row, t_rotate, angle, fill, interpolation)
-    m = _get_inverse_affine_matrix([0.0, 0.0], -float(angle), [0.0, 0.0], 1.0, [0.0, 0.0])
-    _kernels.affine_nearest(row, row.shape[0], row.shape[1], _theta(m), _fill_ints(fill))
+h_affine = _geometry("affine", t_affine)
+h_shear_origin = _geometry("shear_origin", t_shear_origin)
+h_rotate = _geometry("rotate", t_rotate)
 
 
 def h_erase(row, i, j, h, w, value):
@@ -317,17 +329,45 @@ def fast_path_available() -> bool:
     return _kernels is not None
 
 
+_OPCODES = {"brightness": 1, "contrast": 2, "saturation": 3, "sharpness": 4, "posterize": 5,
+            "solarize": 6, "autocontrast": 7, "equalize": 8, "grayscale": 9, "affine": 10,
+            "shear_origin": 10, "rotate": 10, "erase": 11}
+"""Primitive -> opcode of ``_kernels.run`` (a program run in one call without the GIL)."""
+
+
+def _encode(name: str, args, shape) -> list[float] | None:
+    """One ``_kernels.run`` row (opcode, then up to 9 arguments), or None: not in C."""
+    code = _OPCODES.get(name)
+    if code is None:
+        return None
+    if code == 10:
+        theta = _affine_theta(name, shape, args)
+        return None if theta is None else [code, *theta, *_fill_ints(args[-2])]
+    if code == 11:
+        return [code, *args[:4], *_fill_ints(args[4])]
+    return [code, *(float(a) for a in args)]
+
+
 def apply_hwc(row: np.ndarray, program, *, fast: bool = True) -> None:
     """Runs ``program`` in place on ``row``: a C-contiguous writable ``(H, W, 3)`` uint8 array.
-    Primitives with a C fast path use it (``fast`` and the extension built); the rest run the
-    torch primitive on a ``(3, H, W)`` view and copy the result back."""
+    Runs of primitives with a C kernel go to ``_kernels.run`` in one call each, without the
+    GIL (``fast`` and the extension built); the others run the torch primitive on a
+    ``(3, H, W)`` view and copy the result back."""
     use_fast = fast and _kernels is not None
+    rows: list[list[float]] = []
     for name, args in program:
-        fn = HWC.get(name) if use_fast else None
-        if fn is not None:
-            fn(row, *args)
-        else:
-            _via_torch(row, TORCH[name], *args)
+        code = _encode(name, args, row.shape) if use_fast else None
+        if code is not None:
+            rows.append(code + [0.0] * (10 - len(code)))
+            continue
+        if name == "identity":
+            continue
+        if rows:
+            _kernels.run(row, row.shape[0], row.shape[1], np.array(rows, dtype=np.float64))
+            rows = []
+        _via_torch(row, TORCH[name], *args)
+    if rows:
+        _kernels.run(row, row.shape[0], row.shape[1], np.array(rows, dtype=np.float64))
 
 
 def degrees_atan(magnitude: float) -> float:
