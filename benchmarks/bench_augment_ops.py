@@ -105,7 +105,7 @@ def _measure(images: int, repeats: int) -> dict:
                 program = draw(sample_rng(0, epoch, 0, k), 224, 224, **params)
                 np.copyto(row, a)
                 apply_hwc(row, program)
-                c_only &= all(n in prims.HWC for n, _ in program)
+                c_only &= all(n in prims.C_PRIMITIVES for n, _ in program)
 
         variants = {"shardkit": shardkit_run,
                     "tv_tensor": lambda epoch: [tv(t) for t in tensors],

@@ -164,7 +164,7 @@ def test_fast_paths_on_awkward_shapes(photos, shape):
     if shape == "flat red":
         a[..., 0] = 77
     a = np.ascontiguousarray(a)
-    for name in sorted(prims.HWC):
+    for name in sorted(prims.C_PRIMITIVES):
         for args, _ in PRIMS[name][:4]:
             if name == "erase":
                 args = (0, 1, 1, 2, (9, 8, 7))

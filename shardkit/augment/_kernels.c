@@ -1,10 +1,11 @@
 /* shardkit.augment._kernels: uint8 HWC image kernels for the CPU augmentation path.
  *
- * Each kernel works in place on one C-contiguous (H, W, 3) uint8 image (a row of a batch
- * buffer) and releases the GIL, so decoding threads augment in parallel. The arithmetic
- * follows torchvision.transforms.v2.functional (torchvision 0.29, _color.py / _geometry.py)
- * operation by operation, in float32, so the results equal torchvision's on the same
- * parameters (tests/test_augment_ops.py states where a tolerance applies):
+ * run() applies a whole program of primitives in place on one C-contiguous (H, W, 3) uint8
+ * image (a row of a batch buffer) with the GIL released, so decoding threads augment in
+ * parallel; gray() is exposed for its exactness test. The arithmetic follows
+ * torchvision.transforms.v2.functional (torchvision 0.29, _color.py / _geometry.py) operation
+ * by operation, in float32, so the results equal torchvision's on the same parameters
+ * (tests/test_augment_ops.py):
  *
  *   - torch's `a.add_(b, alpha=k)` is a fused multiply-add on the CPU (ATen's vectorised
  *     fmadd); it is computed here as ((double)a + (double)b * (double)k) rounded once to
@@ -74,32 +75,6 @@ static void do_lut(uint8_t *p, Py_ssize_t n, const uint8_t *l) {
     }
 }
 
-/* lut(image, h, w, luts): image[..., c] = luts[c * 256 + image[..., c]] */
-static PyObject *k_lut(PyObject *self, PyObject *args) {
-    PyObject *img_obj, *lut_obj;
-    Py_ssize_t h, w;
-    if (!PyArg_ParseTuple(args, "OnnO", &img_obj, &h, &w, &lut_obj)) return NULL;
-    Py_buffer img, lut;
-    if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
-    if (PyObject_GetBuffer(lut_obj, &lut, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&img);
-        return NULL;
-    }
-    if (lut.len != 3 * 256) {
-        PyBuffer_Release(&img);
-        PyBuffer_Release(&lut);
-        PyErr_SetString(PyExc_ValueError, "luts must hold 3 x 256 bytes");
-        return NULL;
-    }
-    uint8_t *p = (uint8_t *)img.buf;
-    const uint8_t *l = (const uint8_t *)lut.buf;
-    Py_BEGIN_ALLOW_THREADS
-    do_lut(p, h * w, l);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&img);
-    PyBuffer_Release(&lut);
-    Py_RETURN_NONE;
-}
 
 /* gray(image, h, w, out): out[i] = floor(gray) as uint8 (H * W bytes); returns the sum */
 #define GRAY_BODY(FUSE)                                                                    \
@@ -158,7 +133,7 @@ static PyObject *k_gray(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(total);
 }
 
-/* saturation(image, h, w, factor): torchvision adjust_saturation on uint8:
+/* saturation: torchvision adjust_saturation on uint8:
  * _blend(image, floor(gray), factor) = image.mul(f).add_(gray, alpha=1 - f) */
 #define SATURATION_BODY(FUSE)                                                              \
     for (Py_ssize_t i = 0; i < n; i++) {                                                  \
@@ -193,22 +168,6 @@ static void do_saturation(uint8_t *p, Py_ssize_t n, float f, float k) {
     saturation_generic(p, n, f, k);
 }
 
-static PyObject *k_saturation(PyObject *self, PyObject *args) {
-    PyObject *img_obj;
-    Py_ssize_t h, w;
-    double factor;
-    if (!PyArg_ParseTuple(args, "Onnd", &img_obj, &h, &w, &factor)) return NULL;
-    Py_buffer img;
-    if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
-    uint8_t *p = (uint8_t *)img.buf;
-    Py_ssize_t n = h * w;
-    const float f = (float)factor, k = (float)(1.0 - factor);
-    Py_BEGIN_ALLOW_THREADS
-    do_saturation(p, n, f, k);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&img);
-    Py_RETURN_NONE;
-}
 
 static void do_hist(const uint8_t *p, Py_ssize_t n, int32_t *hst) {
     memset(hst, 0, 3 * 256 * 4);
@@ -219,34 +178,8 @@ static void do_hist(const uint8_t *p, Py_ssize_t n, int32_t *hst) {
     }
 }
 
-/* hist(image, h, w, out): out (3 x 256 int32) = per-channel histograms */
-static PyObject *k_hist(PyObject *self, PyObject *args) {
-    PyObject *img_obj, *out_obj;
-    Py_ssize_t h, w;
-    if (!PyArg_ParseTuple(args, "OnnO", &img_obj, &h, &w, &out_obj)) return NULL;
-    Py_buffer img, out;
-    if (get_image(img_obj, &img, h, w, 0) < 0) return NULL;
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&img);
-        return NULL;
-    }
-    if (out.len != 3 * 256 * 4) {
-        PyBuffer_Release(&img);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "out must be a (3, 256) int32 array");
-        return NULL;
-    }
-    const uint8_t *p = (const uint8_t *)img.buf;
-    int32_t *hst = (int32_t *)out.buf;
-    Py_BEGIN_ALLOW_THREADS
-    do_hist(p, h * w, hst);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&img);
-    PyBuffer_Release(&out);
-    Py_RETURN_NONE;
-}
 
-/* sharpness(image, h, w, factor): torchvision adjust_sharpness on uint8: the interior is
+/* sharpness: torchvision adjust_sharpness on uint8: the interior is
  * blended with round(conv3x3(image, [[1,1,1],[1,5,1],[1,1,1]] / 13)), the border is kept.
  * The convolution's summation order may differ from torch's conv2d, so a blurred value within
  * float rounding of .5 could round the other way (a difference of 1 grey level). */
@@ -299,28 +232,8 @@ static void do_sharpness(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, d
     sharpness_generic(p, src, h, stride, a, b, k);
 }
 
-static PyObject *k_sharpness(PyObject *self, PyObject *args) {
-    PyObject *img_obj;
-    Py_ssize_t h, w;
-    double factor;
-    if (!PyArg_ParseTuple(args, "Onnd", &img_obj, &h, &w, &factor)) return NULL;
-    Py_buffer img;
-    if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
-    uint8_t *p = (uint8_t *)img.buf;
-    uint8_t *src = (uint8_t *)malloc((size_t)(h * w * 3));
-    if (src == NULL) {
-        PyBuffer_Release(&img);
-        return PyErr_NoMemory();
-    }
-    Py_BEGIN_ALLOW_THREADS
-    do_sharpness(p, src, h, w, factor);
-    Py_END_ALLOW_THREADS
-    free(src);
-    PyBuffer_Release(&img);
-    Py_RETURN_NONE;
-}
 
-/* affine_nearest(image, h, w, theta, fill): torchvision's tensor affine/rotate with
+/* affine (nearest): torchvision's tensor affine/rotate with
  * nearest interpolation (torchvision _geometry._affine_grid + grid_sample(align_corners=False)
  * + a fill for pixels mapped outside). theta: the 6 floats of the inverse affine matrix
  * (_get_inverse_affine_matrix), fill: 3 ints. Output size = input size. Per output row, the
@@ -388,31 +301,6 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
     }
 }
 
-static PyObject *k_affine_nearest(PyObject *self, PyObject *args) {
-    PyObject *img_obj;
-    Py_ssize_t h, w;
-    float t[6];
-    int fill[3];
-    if (!PyArg_ParseTuple(args, "Onn(ffffff)(iii)", &img_obj, &h, &w, &t[0], &t[1], &t[2],
-                          &t[3], &t[4], &t[5], &fill[0], &fill[1], &fill[2]))
-        return NULL;
-    Py_buffer img;
-    if (get_image(img_obj, &img, h, w, 1) < 0) return NULL;
-    uint8_t *p = (uint8_t *)img.buf;
-    uint8_t *src = (uint8_t *)malloc(affine_scratch(h, w));
-    if (src == NULL) {
-        PyBuffer_Release(&img);
-        return PyErr_NoMemory();
-    }
-    uint8_t f8[3];
-    for (int c = 0; c < 3; c++) f8[c] = (uint8_t)(fill[c] < 0 ? 0 : fill[c] > 255 ? 255 : fill[c]);
-    Py_BEGIN_ALLOW_THREADS
-    do_affine(p, src, h, w, t, f8);
-    Py_END_ALLOW_THREADS
-    free(src);
-    PyBuffer_Release(&img);
-    Py_RETURN_NONE;
-}
 
 /* ---- run(image, h, w, ops): a whole program in one call, without the GIL ----
  * ops: C-contiguous float64 (n, 10): opcode, then up to 9 arguments. Lookup tables are built
@@ -591,19 +479,11 @@ static PyObject *k_run(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef kernel_methods[] = {
-    {"lut", k_lut, METH_VARARGS, "lut(image, h, w, luts) -> None: per-channel 256-entry LUTs"},
     {"run", k_run, METH_VARARGS,
      "run(image, h, w, ops) -> None: a program (float64 (n, 10) rows: opcode, arguments) in "
      "place, without the GIL"},
     {"gray", k_gray, METH_VARARGS,
      "gray(image, h, w, out) -> int: floor of torchvision's grayscale into out, returns the sum"},
-    {"saturation", k_saturation, METH_VARARGS,
-     "saturation(image, h, w, factor) -> None: torchvision adjust_saturation, in place"},
-    {"hist", k_hist, METH_VARARGS, "hist(image, h, w, out) -> None: (3, 256) int32 histograms"},
-    {"sharpness", k_sharpness, METH_VARARGS,
-     "sharpness(image, h, w, factor) -> None: torchvision adjust_sharpness, in place"},
-    {"affine_nearest", k_affine_nearest, METH_VARARGS,
-     "affine_nearest(image, h, w, theta6, fill3) -> None: torchvision affine, nearest, in place"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef kernel_module = {PyModuleDef_HEAD_INIT, "_kernels",

@@ -32,7 +32,6 @@ try:
 except ImportError:  # no C compiler at install: every primitive takes the torch path
     _kernels = None
 
-_NEAREST = InterpolationMode.NEAREST
 
 
 def _fill3(fill) -> list[float] | None:
@@ -148,118 +147,10 @@ def apply_torch(img: torch.Tensor, program) -> torch.Tensor:
     return img
 
 
-# ------------------------------------------------------------------ CPU fast paths (in place)
-# Lookup tables are computed in numpy with torchvision's float32 operations, one by one (no torch
-# call on the hot path: a torch op in a decoding thread wakes torch's intra-op pool, which costs
-# milliseconds on a busy 2-core host). torch's ``a.add_(b, alpha=k)`` is a fused multiply-add on
-# the CPU; ``_fused`` computes it exactly (a float32 product is exact in float64).
-_RAMP = np.arange(256, dtype=np.float32)
-
-
-def _u8(values: np.ndarray) -> np.ndarray:
-    """torch's ``.clamp_(0, 255).to(torch.uint8)``: clamp, then truncate toward zero."""
-    return np.clip(values, 0.0, 255.0).astype(np.uint8)
-
-
-def _fused(a: np.ndarray, b, k: float) -> np.ndarray:
-    """float32 ``a + b * k`` rounded once (torch's ``add_(b, alpha=k)``)."""
-    return (a.astype(np.float64) + np.float64(np.float32(b)) * np.float64(np.float32(k))
-            ).astype(np.float32)
-
-
-def _apply_lut(row: np.ndarray, lut: np.ndarray) -> None:
-    """``lut``: (256,) for all channels or (3, 256) per channel, uint8."""
-    if lut.ndim == 1:
-        lut = np.broadcast_to(lut, (3, 256))
-    _kernels.lut(row, row.shape[0], row.shape[1], np.ascontiguousarray(lut))
-
-
-def h_brightness(row, factor):
-    # adjust_brightness_image: image.mul(factor).clamp_(0, 255).to(uint8)
-    _apply_lut(row, _u8(_RAMP * np.float32(factor)))
-
-
-def h_contrast(row, factor):
-    # adjust_contrast_image: mean of the floored float grayscale, then _blend(image, mean, f);
-    # torch's float32 mean of integers equals float32(sum) / float32(count) (tested)
-    h, w = row.shape[:2]
-    gray = np.empty((h, w), np.uint8)
-    total = _kernels.gray(row, h, w, gray)
-    mean = np.float32(total) / np.float32(h * w)
-    _apply_lut(row, _u8(_fused(_RAMP * np.float32(factor), mean, 1.0 - float(factor))))
-
-
-def h_saturation(row, factor):
-    _kernels.saturation(row, row.shape[0], row.shape[1], float(factor))
-
-
-def h_sharpness(row, factor):
-    _kernels.sharpness(row, row.shape[0], row.shape[1], float(factor))
-
-
-def h_posterize(row, bits):
-    # posterize_image: image & mask (8 bits or more: unchanged)
-    bits = int(bits)
-    if bits < 8:
-        np.bitwise_and(row, np.uint8(((1 << bits) - 1) << (8 - bits)), out=row)
-
-
-def h_solarize(row, threshold):
-    # solarize_image: torch.where(image >= threshold, 255 - image, image) (float32 compare)
-    ramp = np.arange(256, dtype=np.uint8)
-    _apply_lut(row, np.where(_RAMP >= np.float32(threshold), 255 - ramp, ramp).astype(np.uint8))
-
-
-def _hist(row) -> np.ndarray:
-    hist = np.empty((3, 256), np.int32)
-    _kernels.hist(row, row.shape[0], row.shape[1], hist)
-    return hist
-
-
-def autocontrast_lut(hist: np.ndarray) -> np.ndarray:
-    """(3, 256) uint8 tables of torchvision's ``autocontrast_image`` from (3, 256) histograms:
-    ``(v - min) / ((max - min) * (1 / 255))`` in float32 per channel (a flat channel stays)."""
-    lut = np.empty((3, 256), np.uint8)
-    for c in range(3):
-        nz = np.flatnonzero(hist[c])
-        lo, hi = np.float32(nz[0]), np.float32(nz[-1])
-        if lo == hi:
-            lo, inv_scale = np.float32(0.0), np.float32(1.0)
-        else:
-            inv_scale = (hi - lo) * np.float32(1.0 / 255)
-        lut[c] = _u8((_RAMP - lo) / inv_scale)
-    return lut
-
-
-def h_autocontrast(row):
-    _apply_lut(row, autocontrast_lut(_hist(row)))
-
-
-def equalize_lut(hist: np.ndarray) -> np.ndarray:
-    """(3, 256) uint8 equalization tables from (3, 256) histograms, as torchvision v2's
-    ``equalize_image`` computes them (integer arithmetic; a channel whose non-mode pixels
-    number < 255 keeps its values)."""
-    hist = hist.astype(np.int64)
-    n = int(hist[0].sum())
-    cum = hist.cumsum(axis=1)
-    index = cum.argmax(axis=1)
-    step = (n - hist[np.arange(3), index]) // 255
-    lut = np.clip((cum[:, :-1] + step[:, None] // 2) // np.maximum(step, 1)[:, None], 0, 255)
-    lut = np.concatenate([np.zeros((3, 1), np.int64), lut], axis=1).astype(np.uint8)
-    ident = np.broadcast_to(np.arange(256, dtype=np.uint8), (3, 256))
-    return np.where((step != 0)[:, None], lut, ident)
-
-
-def h_equalize(row):
-    _apply_lut(row, equalize_lut(_hist(row)))
-
-
-def h_grayscale(row):
-    # rgb_to_grayscale(image, 3): the gray value truncated to uint8 in every channel, which is
-    # the saturation kernel at factor 0 (image * 0 + gray * 1 is exactly gray)
-    _kernels.saturation(row, row.shape[0], row.shape[1], 0.0)
-
-
+# ------------------------------------------------------------------ CPU fast path (in place)
+# Runs of primitives with a C kernel go to ``_kernels.run`` (one call per run, without the
+# GIL), which builds its lookup tables with torchvision's float32 steps. torch's
+# ``a.add_(b, alpha=k)`` is a fused multiply-add on the CPU, and the kernels compute it exactly.
 def _theta(matrix) -> tuple[float, ...]:
     return tuple(float(v) for v in np.asarray(matrix, np.float32))
 
@@ -290,38 +181,9 @@ def _affine_theta(name: str, shape, args) -> tuple[float, ...] | None:
     return _theta(m)
 
 
-def _geometry(name: str, torch_fn):
-    def apply(row, *args):
-        theta = _affine_theta(name, row.shape, args)
-        if theta is None:
-            return _via_torch(row, torch_fn, *args)
-        _kernels.affine_nearest(row, row.shape[0], row.shape[1], theta, _fill_ints(args[-2]))
-    apply.__name__ = f"h_{name}"
-    return apply
-
-
-h_affine = _geometry("affine", t_affine)
-h_shear_origin = _geometry("shear_origin", t_shear_origin)
-h_rotate = _geometry("rotate", t_rotate)
-
-
-def h_erase(row, i, j, h, w, value):
-    row[i:i + h, j:j + w] = np.asarray(_fill_ints(value), np.uint8)
-
-
 def _via_torch(row: np.ndarray, fn, *args) -> None:
     out = fn(torch.from_numpy(row).permute(2, 0, 1), *args)
     row[...] = out.permute(1, 2, 0).numpy()
-
-
-HWC: dict[str, Callable] = {
-    "brightness": h_brightness, "contrast": h_contrast, "saturation": h_saturation,
-    "sharpness": h_sharpness, "posterize": h_posterize, "solarize": h_solarize,
-    "autocontrast": h_autocontrast, "equalize": h_equalize, "grayscale": h_grayscale,
-    "affine": h_affine, "shear_origin": h_shear_origin, "rotate": h_rotate, "erase": h_erase,
-    "identity": lambda row: None,
-}
-"""Primitive name -> in-place ``fn(row (H, W, 3) uint8 C-contiguous, *args)`` (C kernels)."""
 
 
 def fast_path_available() -> bool:
@@ -333,6 +195,9 @@ _OPCODES = {"brightness": 1, "contrast": 2, "saturation": 3, "sharpness": 4, "po
             "solarize": 6, "autocontrast": 7, "equalize": 8, "grayscale": 9, "affine": 10,
             "shear_origin": 10, "rotate": 10, "erase": 11}
 """Primitive -> opcode of ``_kernels.run`` (a program run in one call without the GIL)."""
+C_PRIMITIVES = frozenset(_OPCODES)
+"""Primitives with a C kernel (geometry only with nearest interpolation and, for ``rotate``,
+angles that are not a multiple of 90 degrees: torchvision's exact rot90 path)."""
 
 
 def _encode(name: str, args, shape) -> list[float] | None:
@@ -368,9 +233,3 @@ def apply_hwc(row: np.ndarray, program, *, fast: bool = True) -> None:
         _via_torch(row, TORCH[name], *args)
     if rows:
         _kernels.run(row, row.shape[0], row.shape[1], np.array(rows, dtype=np.float64))
-
-
-def degrees_atan(magnitude: float) -> float:
-    """RandAugment's shear magnitude as torchvision turns it into an angle:
-    ``degrees(atan(magnitude))``."""
-    return math.degrees(math.atan(magnitude))
