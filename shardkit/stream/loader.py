@@ -370,6 +370,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
         raise LoaderError(f"mode={sampling.mode!r} resamples; train=False (split {split!r}) "
                           "needs mode='exact'")
     tf, size = _resolve_transform(transform, train, image_size)
+    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split)
     rank, world_size = dist_rank_world(sampling.rank, sampling.world_size)
     if sampling.even is None and train and world_size > 1 and split not in EVAL_SPLITS:
         sampling = replace(sampling, even="pad")
@@ -386,7 +387,6 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
                           "holds CPU pixels; use one or the other")
     dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
                     train=train, verify=verify_reads)
-    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split)
     _warn_torch_threads(spec, aug_device, workers.backend, num_workers)
     dataset = BatchDataset(source, plan, tf, size, on_warning,
                            device_decode=device_decode is not None, cache=dc, augment=spec,
