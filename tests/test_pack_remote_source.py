@@ -75,12 +75,19 @@ def test_http_rows_pack_like_local_files(tmp_path, server):
 
 @pytest.mark.ray
 def test_http_rows_on_ray_equal_local_engine(tmp_path, server):
-    pytest.importorskip("ray")
+    ray = pytest.importorskip("ray")
     rel = [f.relative_to(SAMPLE).as_posix() for f in _files()[:16]]
     remote = _write_csv(tmp_path / "remote.csv", lambda r: f"{server}/{r}", rel)
     opts = dict(progress=False, split_method="hash", near_duplicates="off")
     pack(remote, tmp_path / "local", **opts)
-    pack(remote, tmp_path / "ray", engine="ray", **opts)
+    started = not ray.is_initialized()  # this test's own runtime, gone before the next module
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        pack(remote, tmp_path / "ray", engine="ray", **opts)
+    finally:
+        if started:
+            ray.shutdown()
     assert load_manifest(tmp_path / "local")["splits"] == load_manifest(tmp_path / "ray")["splits"]
     for name in ("splits/train.jsonl", "quarantine.jsonl"):
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "ray" / name).read_bytes()
