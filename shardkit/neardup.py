@@ -224,7 +224,7 @@ def phash64(rgb: np.ndarray) -> int:
 
 # ------------------------------------------------------------------------------ degenerate
 
-def degenerate_reason(rgb: np.ndarray) -> str | None:
+def degenerate_reason(rgb: np.ndarray, size: tuple[int, int] | None = None) -> str | None:
     """Why an image is useless for training and for near-duplicate search, or None.
 
     - ``"small: WxH px, a side under 32"`` when a side is under :data:`MIN_SIDE`;
@@ -240,6 +240,8 @@ def degenerate_reason(rgb: np.ndarray) -> str | None:
 
     Args:
         rgb: ``(H, W, 3)`` uint8 RGB array.
+        size: the source image's ``(width, height)`` when ``rgb`` is a downscaled copy of it
+            (``pack --max-side``): the side rule judges the source, not the copy.
 
     Returns:
         None for a usable image, else a one-line reason.
@@ -248,9 +250,10 @@ def degenerate_reason(rgb: np.ndarray) -> str | None:
         ConfigError: ``rgb`` is not an ``(H, W, 3)`` uint8 array.
     """
     _check_rgb(rgb, "degenerate_reason")
+    sw, sh = (rgb.shape[1], rgb.shape[0]) if size is None else (int(size[0]), int(size[1]))
+    if min(sw, sh) < MIN_SIDE:
+        return f"small: {sw}x{sh} px, a side under {MIN_SIDE}"
     h, w = rgb.shape[:2]
-    if min(h, w) < MIN_SIDE:
-        return f"small: {w}x{h} px, a side under {MIN_SIDE}"
     grid = rgb[::max(1, h // _SAMPLE), ::max(1, w // _SAMPLE)].astype(np.int32)
     gray = (grid[..., 0] * 19595 + grid[..., 1] * 38470 + grid[..., 2] * 7471 + 32768) >> 16
     hist = np.bincount(gray.reshape(-1), minlength=256)

@@ -257,7 +257,7 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int]) -> dict:
         res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True,
                           max_side=max_side, jpeg_quality=jpeg_quality)
         if res.ok:
-            degenerate = neardup.degenerate_reason(res.pixels)
+            degenerate = neardup.degenerate_reason(res.pixels, res.original_size)
             phash = neardup.phash64(res.pixels) if want_hash and not degenerate else None
     except Exception as e:  # noqa: BLE001 - a checker crash on one file must not stop the pack
         return {**out, "ok": False, "reason": f"check_failed: {type(e).__name__}: {e}"}

@@ -244,3 +244,16 @@ def test_jpegs_within_max_side_stay_byte_identical():
 def test_bad_max_side_or_quality_is_refused_in_one_line(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
         images.check_image(SAMPLE_PHOTO.read_bytes(), **kwargs)
+
+
+def test_a_wide_photo_downscaled_under_32_px_is_not_degenerate():
+    """A 1024x198 panorama stored at --max-side 128 becomes 128x24: the side rule judges the
+    source (198 px), so it is neither flagged nor quarantined by --strict."""
+    from shardkit.neardup import degenerate_reason
+
+    photo = np.array(Image.open(next(iter(sorted(SAMPLE.rglob("*.jpg"))))).convert("RGB"))
+    wide = np.ascontiguousarray(np.tile(photo[:198], (1, 4, 1))[:, :1024])
+    small = np.array(Image.fromarray(wide).resize((128, 24), Image.Resampling.LANCZOS))
+    assert degenerate_reason(small) == "small: 128x24 px, a side under 32"
+    assert degenerate_reason(small, (1024, 198)) is None
+    assert degenerate_reason(small, (1024, 20)) == "small: 1024x20 px, a side under 32"
