@@ -294,6 +294,9 @@ class PackOptions:
                        "otherwise (--train-split/--val-split/--test-split)")
         if self.shard_bytes_note:
             out.append(self.shard_bytes_note)
+        if self.max_side is None and self.jpeg_quality != 95:
+            out.append(f"--jpeg-quality {self.jpeg_quality} has no effect without --max-side "
+                       "(only downscaled images are re-encoded)")
         return out
 
 

@@ -248,9 +248,14 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int]) -> dict:
     path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job
     try:
         data = read_location(path)  # a local file, or an fsspec URL of a CSV list's row
+    except FileNotFoundError as e:  # fsspec's HTTP raises it for any failure: say which
+        cause = e.__cause__ or e.__context__
+        if cause is not None and not isinstance(cause, FileNotFoundError):
+            return {"ok": False, "reason": f"unreadable: {type(cause).__name__}: {cause}"}
+        return {"ok": False, "reason": f"unreadable: {e.strerror or 'not found'}"}
     except OSError as e:
-        return {"ok": False, "reason": f"unreadable: {e.strerror or e}"}
-    except Exception as e:  # noqa: BLE001 - a remote filesystem's own error (HTTP 403, ...)
+        return {"ok": False, "reason": f"unreadable: {e.strerror or f'{type(e).__name__}: {e}'}"}
+    except Exception as e:  # noqa: BLE001 - a remote filesystem's own error (no connection...)
         return {"ok": False, "reason": f"unreadable: {type(e).__name__}: {e}"}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     try:

@@ -158,3 +158,11 @@ def test_torch_ops_in_threads_warn_once(root, caplog, backend, augment, warns):
     assert len(hits) == (1 if warns else 0)
     if warns:
         assert "['color_jitter', 'perspective', 'gaussian_blur']" in hits[0]
+
+
+def test_eval_refuses_batch_ops_and_cuda_needs_a_gpu(root):
+    with pytest.raises(ConfigError, match="evaluation never augments"):
+        make_loader(root, "val", 16, train=False, augment=[{"op": "mixup", "alpha": 0.8}])
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="augment_device='cuda', but torch sees no CUDA"):
+            _loader(root, augment="standard", augment_device="cuda")

@@ -82,7 +82,17 @@ def test_yaml_text_and_files(tmp_path):
     ([{"op": "rand_augment", "magnitude": 31}], r"rand_augment magnitude=31; expected 0-30"),
     ([{"op": "aug_mix", "severity": 11}], r"aug_mix severity=11; expected 1-10"),
     ([{"op": "rotation", "degrees": "a lot"}], r"degrees='a lot'; expected a non-negative"),
-    ([{"op": "mixup", "alpha": 0}], r"mixup alpha=0; expected > 0"),
+    ([{"op": "mixup", "alpha": -1}], r"mixup alpha=-1 at epoch 0; expected a number in \[0.0"),
+    ([{"op": "mixup", "alpha": "abc"}], r"mixup alpha='abc' at epoch 0; expected a number"),
+    ([{"op": "cutmix", "p": 2}], r"cutmix p=2 at epoch 0; expected a number in \[0.0, 1.0\]"),
+    ([{"op": "rotation", "interpolation": "bicubic"}], r"'rotation'.*'bicubic' is unsupported"),
+    ([{"op": "gaussian_blur", "sigma": -1}], r"'gaussian_blur'.*sigma should have positive"),
+    ([{"op": "random_erasing", "value": 300}], r"'random_erasing'.*value=300; expected a uint8"),
+    ([{"op": "grayscale", "p": 1.5}], r"'grayscale'.*p=1.5; expected a probability"),
+    ([{"op": "affine", "translate": 0.1}], r"'affine'.*translate=0.1; expected \[max x"),
+    ([{"op": "rand_augment", "magnitude": {"start": "five", "end": 9, "epochs": 3}}],
+     r"start and end must be numbers"),
+    ("[{op: color_jitter, hue: 0.2", r"is not valid YAML"),
     ([{"op": "cutmix", "beta": 1}], r"augment op 'cutmix' has no parameter 'beta'"),
     ([{"op": "rand_augment", "magnitude": {"start": 5, "end": 12, "schedule": "exp",
                                           "epochs": 8}}],
@@ -148,3 +158,27 @@ def test_draw_is_a_pure_function_of_seed_epoch_rank_position():
     rng = sample_rng(0, 0, 0, 0)
     rng.random(3)
     assert spec.draw(rng, 224, 224, 0) != programs[0]
+
+
+def test_block_yaml_text_parses():
+    spec = AugmentSpec.parse("- {op: color_jitter, brightness: 0.4}\n- {op: mixup, alpha: 0.8}")
+    assert spec.to_config() == [{"op": "color_jitter", "brightness": 0.4},
+                                {"op": "mixup", "alpha": 0.8}]
+
+
+def test_batch_mix_per_op_probabilities_and_schedules():
+    """An op with p=0 or alpha=0 is off: mixup p=0 next to cutmix means cutmix only; a mixup
+    alpha scheduled down to 0 switches mixing off at the schedule's end (no error)."""
+    from shardkit.augment import BatchMix, mix_rng
+
+    spec = AugmentSpec.parse([{"op": "mixup", "alpha": 0.8, "p": 0.0},
+                              {"op": "cutmix", "alpha": 1.0, "p": 1.0}])
+    mix = BatchMix.from_spec(spec.resolved(0, batch=True), 5)
+    draws = [mix.draw(mix_rng(0, 0, 0, k)) for k in range(200)]
+    assert mix.mixup_alpha == 0.0 and all(cut for _, cut in draws)
+    both = BatchMix.from_spec(AugmentSpec.parse([{"op": "mixup", "p": 0.5},
+                                                 {"op": "cutmix", "p": 0.5}]).resolved(0, True), 5)
+    assert both.prob == 0.5 and both.switch_prob == 0.5
+    fading = AugmentSpec.parse([{"op": "mixup", "alpha": {"start": 0.8, "end": 0.0, "epochs": 3}}])
+    assert [BatchMix.from_spec(fading.resolved(e, batch=True), 5) is None
+            for e in range(4)] == [False, False, True, True]

@@ -3,6 +3,7 @@ over HTTP from a server on localhost, for the local engine and for Ray, with the
 the files on disk; a missing object is quarantined with its read error."""
 import csv
 import functools
+import json
 import hashlib
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +15,7 @@ from shardkit.manifest import load_manifest, read_split_records
 from shardkit.pack import pack
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
+NO_HOST = "http://127.0.0.1:1"  # nothing listens on port 1: a connection error, not a 404
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -57,8 +59,9 @@ def _by_sha(out) -> dict[str, tuple[str, str]]:
 def test_http_rows_pack_like_local_files(tmp_path, server):
     files = _files()
     rel = [f.relative_to(SAMPLE).as_posix() for f in files]
-    remote = _write_csv(tmp_path / "remote.csv", lambda r: f"{server}/{r}",
-                        rel + ["daisy/not-there.jpg"])
+    remote = _write_csv(tmp_path / "remote.csv",
+                        lambda r: f"{NO_HOST}/{r}" if "no-host" in r else f"{server}/{r}",
+                        rel + ["daisy/not-there.jpg", "daisy/no-host.jpg"])
     local = _write_csv(tmp_path / "local.csv", lambda r: str(SAMPLE / r), rel)
     opts = dict(progress=False, split_method="hash", near_duplicates="off")
     pack(remote, tmp_path / "out-remote", **opts)
@@ -69,8 +72,12 @@ def test_http_rows_pack_like_local_files(tmp_path, server):
     records = [r for s in ("train", "val", "test")
                for r in read_split_records(tmp_path / "out-remote", s)]
     assert all(r["path"].startswith(server + "/") for r in records)
-    quarantine = (tmp_path / "out-remote" / "quarantine.jsonl").read_text()
-    assert "not-there.jpg" in quarantine and "unreadable" in quarantine
+    quarantine = {q["path"]: q["reason"] for q in map(json.loads, (
+        tmp_path / "out-remote" / "quarantine.jsonl").read_text().splitlines())}
+    assert len(quarantine) == 2  # a 404 and a host that refuses: each with its own error
+    assert quarantine[f"{server}/daisy/not-there.jpg"].startswith("unreadable: ") and \
+        "404" in quarantine[f"{server}/daisy/not-there.jpg"]
+    assert "Cannot connect to host 127.0.0.1:1" in quarantine[f"{NO_HOST}/daisy/no-host.jpg"]
 
 
 @pytest.mark.ray

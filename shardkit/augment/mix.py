@@ -19,14 +19,26 @@ _PARAMS = {"mixup": {"alpha", "p"}, "cutmix": {"alpha", "p"}}
 
 
 def check_batch_params(name: str, params: dict) -> None:
-    """Raises ConfigError for an unknown parameter of ``mixup`` / ``cutmix`` or a bad value."""
+    """Raises ConfigError for an unknown parameter of ``mixup`` / ``cutmix`` (the values are
+    checked per epoch by :func:`check_batch_values`)."""
     for key in params:
         if key not in _PARAMS[name]:
             raise ConfigError(f"augment op {name!r} has no parameter {key!r}; expected some of "
                               f"{sorted(_PARAMS[name])}")
-    alpha = params.get("alpha", 1.0)
-    if not isinstance(alpha, dict) and float(alpha) <= 0:
-        raise ConfigError(f"{name} alpha={alpha}; expected > 0")
+
+
+def check_batch_values(name: str, params: dict, epoch: int) -> None:
+    """The resolved values of a ``mixup`` / ``cutmix`` op at ``epoch``: ``alpha >= 0`` (0: off
+    that epoch, so a schedule may end at 0) and ``0 <= p <= 1``. Raises ConfigError."""
+    for key, default, lo, hi in (("alpha", 1.0, 0.0, float("inf")), ("p", 1.0, 0.0, 1.0)):
+        value = params.get(key, default)
+        try:
+            ok = lo <= float(value) <= hi
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"{name} {key}={value!r} at epoch {epoch}; expected a number in "
+                              f"[{lo}, {hi}]")
 
 
 def mix_rng(seed: int, epoch: int, rank: int, step: int) -> np.random.Generator:
@@ -59,15 +71,24 @@ class BatchMix:
     @classmethod
     def from_spec(cls, batch_ops: list[tuple[str, dict]], num_classes: int,
                   label_smoothing: float = 0.0) -> "BatchMix | None":
-        """From a spec's resolved batch ops (``AugmentSpec.resolved(epoch, batch=True)``);
-        None when there are none. ``p`` is the larger of the two ops' ``p`` (default 1)."""
-        if not batch_ops:
+        """From a spec's resolved batch ops (``AugmentSpec.resolved(epoch, batch=True)``), or
+        None when no op is on (none given, or ``alpha`` or ``p`` of 0 at this epoch).
+
+        Each op's ``p`` is the probability that a batch gets that op: a batch is mixed with
+        probability ``max(p_mixup, p_cutmix)`` and cutmix is chosen with ``switch_prob =
+        p_cutmix / (p_mixup + p_cutmix)``, which is timm's ``prob=1, switch_prob=0.5`` when
+        both are 1 (defaults: mixup alpha 0.8, cutmix alpha 1.0, p 1)."""
+        params = {name: p for name, p in batch_ops
+                  if float(p.get("alpha", 0.8 if name == "mixup" else 1.0)) > 0
+                  and float(p.get("p", 1.0)) > 0}
+        if not params:
             return None
-        params = dict(batch_ops)
         mixup, cutmix = params.get("mixup"), params.get("cutmix")
-        prob = max(float(p.get("p", 1.0)) for p in params.values())
+        p_mix = float(mixup.get("p", 1.0)) if mixup is not None else 0.0
+        p_cut = float(cutmix.get("p", 1.0)) if cutmix is not None else 0.0
         return cls(num_classes, float(mixup.get("alpha", 0.8)) if mixup is not None else 0.0,
-                   float(cutmix.get("alpha", 1.0)) if cutmix is not None else 0.0, prob,
+                   float(cutmix.get("alpha", 1.0)) if cutmix is not None else 0.0,
+                   max(p_mix, p_cut), switch_prob=p_cut / (p_mix + p_cut),
                    label_smoothing=label_smoothing)
 
     def draw(self, rng: np.random.Generator) -> tuple[float, bool]:

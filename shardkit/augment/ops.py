@@ -47,8 +47,22 @@ def _range(value, name: str, center: float | None = None, lower: float | None = 
 
 
 def _fires(rng, p: float) -> bool:
-    """torchvision ``_RandomApplyTransform``: the op applies when ``rand() < p``."""
+    """torchvision ``_RandomApplyTransform``: the op applies when ``rand() < p``. Raises
+    ConfigError for a ``p`` outside [0, 1]."""
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"p={p!r}; expected a probability in [0, 1]")
     return p >= 1.0 or (p > 0.0 and rng.random() < p)
+
+
+def _fill_value(value, name: str = "fill"):
+    """A uint8 fill: an int 0-255 or 3 of them (None: torchvision's zero padding)."""
+    values = [value] if isinstance(value, (int, float)) else value
+    if value is None and name == "fill":
+        return value
+    if (not isinstance(values, (list, tuple)) or len(values) not in (1, 3)
+            or not all(isinstance(v, (int, float)) and 0 <= v <= 255 for v in values)):
+        raise ConfigError(f"{name}={value!r}; expected a uint8 value 0-255 or 3 of them (RGB)")
+    return value
 
 
 # ------------------------------------------------------------------ colour
@@ -117,14 +131,19 @@ def gaussian_blur(rng, h, w, kernel_size=5, sigma=(0.1, 2.0), p=1.0) -> Program:
 def rotation(rng, h, w, degrees=15.0, fill=0, interpolation="nearest") -> Program:
     """``RandomRotation(degrees, interpolation, expand=False, center=None, fill)``."""
     angle = float(rng.uniform(*_range(degrees, "degrees", None)))
-    return [("rotate", (angle, fill, interpolation))]
+    return [("rotate", (angle, _fill_value(fill), interpolation))]
 
 
 def affine(rng, h, w, degrees=0.0, translate=None, scale=None, shear=None, fill=0,
            interpolation="nearest") -> Program:
     """``RandomAffine(degrees, translate, scale, shear, interpolation, fill)``."""
     angle = float(rng.uniform(*_range(degrees, "degrees", None)))
+    _fill_value(fill)
     tx = ty = 0
+    if translate is not None and not (isinstance(translate, (list, tuple))
+                                      and len(translate) == 2):
+        raise ConfigError(f"affine translate={translate!r}; expected [max x fraction, max y "
+                          "fraction] as torchvision's RandomAffine")
     if translate is not None:
         max_dx, max_dy = float(translate[0]) * w, float(translate[1]) * h
         tx = int(round(rng.uniform(-max_dx, max_dx)))
@@ -160,9 +179,10 @@ def perspective(rng, h, w, distortion_scale=0.5, p=0.5, fill=0,
 def random_erasing(rng, h, w, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0) -> Program:
     """``RandomErasing(p, scale, ratio, value)`` (Zhong et al. 2017) on uint8 pixels with a
     constant ``value`` (0-255, or 3 values)."""
-    if value is None or isinstance(value, str):
-        raise ConfigError(f"random_erasing value={value!r}; expected a uint8 value 0-255 or 3 "
-                          "of them (the erase runs on uint8 pixels before normalisation)")
+    _fill_value(value, "value")  # uint8 pixels before normalisation: 0 is black
+    if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1]):
+        raise ConfigError(f"random_erasing scale={scale!r}, ratio={ratio!r}; expected "
+                          "0 < scale min <= max <= 1 and 0 < ratio min <= max")
     if not _fires(rng, p):
         return []
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -244,6 +264,8 @@ def rand_augment(rng, h, w, num_ops=2, magnitude=9, num_magnitude_bins=31, fill=
     if not 0 <= float(magnitude) <= bins - 1:
         raise ConfigError(f"rand_augment magnitude={magnitude}; expected 0-{bins - 1} "
                           f"(num_magnitude_bins={bins})")
+    if int(num_ops) < 0:
+        raise ConfigError(f"rand_augment num_ops={num_ops}; expected >= 0")
     out: Program = []
     for _ in range(int(round(num_ops))):
         out += _policy_op(rng, T.RandAugment._AUGMENTATION_SPACE, bins, h, w, float(magnitude),
@@ -254,6 +276,9 @@ def rand_augment(rng, h, w, num_ops=2, magnitude=9, num_magnitude_bins=31, fill=
 def trivial_augment(rng, h, w, num_magnitude_bins=31, fill=None,
                     interpolation="nearest") -> Program:
     """``TrivialAugmentWide`` (Mueller & Hutter 2021): one op at a uniformly drawn magnitude."""
+    if int(num_magnitude_bins) < 2:
+        raise ConfigError(f"trivial_augment num_magnitude_bins={num_magnitude_bins}; "
+                          "expected >= 2")
     return _policy_op(rng, T.TrivialAugmentWide._AUGMENTATION_SPACE, int(num_magnitude_bins),
                       h, w, None, fill, interpolation)
 
@@ -263,6 +288,9 @@ def aug_mix(rng, h, w, severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, a
     """``AugMix`` (Hendrycks et al. 2020) as torchvision v2 computes it for one image."""
     if not 1 <= int(severity) <= 10:
         raise ConfigError(f"aug_mix severity={severity}; expected 1-10")
+    if int(mixture_width) < 1 or float(alpha) <= 0:
+        raise ConfigError(f"aug_mix mixture_width={mixture_width}, alpha={alpha}; expected "
+                          "mixture_width >= 1 and alpha > 0")
     space = T.AugMix._AUGMENTATION_SPACE if all_ops else T.AugMix._PARTIAL_AUGMENTATION_SPACE
     m = rng.dirichlet([alpha, alpha])
     weights = rng.dirichlet([alpha] * int(mixture_width)) * m[1]

@@ -58,7 +58,12 @@ def scheduled_value(value: Any, epoch: int, name: str = "value") -> Any:
     kind = value.get("schedule", "linear")
     if kind not in SCHEDULES:
         raise ConfigError(f"schedule of {name}: {kind!r}; expected one of {SCHEDULES}")
-    start, end, epochs = float(value["start"]), float(value["end"]), int(value["epochs"])
+    try:
+        start, end = float(value["start"]), float(value["end"])
+        epochs = int(value["epochs"])
+    except (TypeError, ValueError):
+        raise ConfigError(f"schedule of {name}: {value!r}; start and end must be numbers and "
+                          "epochs an integer") from None
     if epochs < 1:
         raise ConfigError(f"schedule of {name}: epochs={epochs}; expected >= 1")
     if kind == "step":
@@ -69,20 +74,26 @@ def scheduled_value(value: Any, epoch: int, name: str = "value") -> Any:
 
 
 def _load_text(text: str) -> Any:
-    """A spec given as text: a preset name, a path to a YAML/JSON file, or inline YAML."""
+    """A spec given as text: a preset name, a path to a YAML/JSON file, or inline YAML (flow
+    ``[{op: ...}]`` or block ``- {op: ...}`` style)."""
     import yaml
 
     stripped = text.strip()
     if stripped in PRESETS:
         return stripped
-    if stripped.endswith((".yaml", ".yml", ".json")):
-        path = Path(stripped)
-        if not path.is_file():
-            raise ConfigError(f"augment spec file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text())
-        return loaded.get("augment", loaded) if isinstance(loaded, dict) else loaded
-    if stripped[:1] in "[{":
-        return yaml.safe_load(stripped)
+    try:
+        if stripped.endswith((".yaml", ".yml", ".json")):
+            path = Path(stripped)
+            if not path.is_file():
+                raise ConfigError(f"augment spec file {path} does not exist")
+            loaded = yaml.safe_load(path.read_text())
+            return loaded.get("augment", loaded) if isinstance(loaded, dict) else loaded
+        loaded = yaml.safe_load(stripped)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"augment={text!r} is not valid YAML: "
+                          f"{' '.join(str(e).split())}") from None
+    if isinstance(loaded, (list, dict)):
+        return loaded
     raise ConfigError(f"augment={text!r}; expected a preset ({', '.join(PRESETS)}), a list of "
                       "op dicts (YAML), or a .yaml file")
 
@@ -140,17 +151,28 @@ class AugmentSpec:
         return out
 
     def _validate(self) -> None:
-        """Draws every op once at its schedules' first and last epoch, so a bad value fails at
-        parse time (not in a worker hours later)."""
+        """Draws every op once at its schedules' first and last epoch and applies the draws to
+        a small image with the torch primitives, so a bad value (a range, an interpolation, a
+        sigma) fails at parse time, not in a worker hours later."""
+        import torch
+
+        from shardkit.augment.mix import check_batch_values
+        from shardkit.augment.prims import apply_torch
+
         rng = np.random.default_rng(0)
+        image = torch.zeros(3, 48, 48, dtype=torch.uint8)
         for epoch in sorted({0, self.last_scheduled_epoch()}):
             for name, params in self.resolved(epoch):
                 try:
-                    ops_mod.OPS[name](rng, 224, 224, **params)
-                except ConfigError:
-                    raise
-                except (TypeError, ValueError, IndexError) as e:
-                    raise ConfigError(f"augment op {name!r} with {params}: {e}") from None
+                    for _ in range(4):
+                        apply_torch(image, ops_mod.OPS[name](rng, 48, 48, **params))
+                except ConfigError as e:
+                    raise ConfigError(f"augment op {name!r} (epoch {epoch}): {e}") from None
+                except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as e:
+                    raise ConfigError(f"augment op {name!r} with {params} (epoch {epoch}): "
+                                      f"{e}") from None
+            for name, params in self.resolved(epoch, batch=True):
+                check_batch_values(name, params, epoch)
 
     @property
     def is_identity(self) -> bool:

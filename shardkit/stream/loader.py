@@ -411,7 +411,7 @@ def _resolve_augment(augment, augment_device, device_decode, train: bool, split:
     from ..augment import AugmentSpec
 
     spec = AugmentSpec.parse(augment)
-    if not train and not spec.is_identity:
+    if not train and (spec.ops or spec.batch_ops):
         raise ConfigError(f"augment={spec.describe()} on an eval loader (train=False, split "
                           f"{split!r}): evaluation never augments")
     if augment_device is None:
@@ -424,4 +424,7 @@ def _resolve_augment(augment, augment_device, device_decode, train: bool, split:
         device = None
     else:
         device = torch.device(augment_device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"augment_device={augment_device!r}, but torch sees no CUDA "
+                              "device here; leave it unset to augment in the decoding threads")
     return spec, (None if spec.is_identity or device is None else torch.device(device))
