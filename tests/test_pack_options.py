@@ -135,3 +135,13 @@ def test_steps_1_to_4_run_without_an_output_folder(sample_dir, tmp_path):
         pack_plan.plan_split(source, label_map, label_idx, checked, opts.replace(
             on_label_conflict="error"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing written anywhere
+
+
+def test_jpeg_quality_without_max_side_warns():
+    from shardkit.pack import PackOptions
+
+    assert PackOptions(jpeg_quality=90).warnings() == [
+        "--jpeg-quality 90 has no effect without --max-side (only downscaled images are "
+        "re-encoded)"]
+    assert PackOptions(jpeg_quality=90, max_side=512).warnings() == []
+    assert PackOptions().warnings() == []
