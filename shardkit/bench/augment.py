@@ -32,14 +32,17 @@ def _canonical(item: str, name: str) -> str:
 
     from shardkit.augment import AugmentSpec
 
+    if item[:1] in ("[", "{"):  # an inline list that does not parse was most likely mixed
+        try:
+            yaml.safe_load(item)
+        except yaml.YAMLError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"{name}: {item!r} is not a YAML op list ({first}); an inline op "
+                              f"list must be the option's only value (it contains commas): to "
+                              f"compare it with presets, save it to a .yaml file and pass "
+                              f"none,FILE.yaml") from None
     try:
         return AugmentSpec.parse(item).describe()
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"{name}: {item!r} is not a YAML op list ({first}); an inline op list "
-                          f"must be the option's only value (it contains commas): to compare "
-                          f"it with presets, save it to a .yaml file and pass none,FILE.yaml"
-                          ) from None
     except ConfigError as exc:
         raise ConfigError(f"{name}: {exc}") from None
 
