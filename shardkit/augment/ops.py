@@ -54,11 +54,16 @@ def _fires(rng, p: float) -> bool:
     return p >= 1.0 or (p > 0.0 and rng.random() < p)
 
 
-def _fill_value(value, name: str = "fill"):
-    """A uint8 fill: an int 0-255 or 3 of them (None: torchvision's zero padding)."""
-    values = [value] if isinstance(value, (int, float)) else value
-    if value is None and name == "fill":
+def _fill_value(value, name: str = "fill", allow_none: bool = True):
+    """Checks a uint8 fill: an int 0-255 or 3 of them, or (``allow_none``) None, torchvision's
+    zero padding. Returns it; raises ConfigError naming ``name`` otherwise."""
+    if value is None and allow_none:
         return value
+    values = [value] if isinstance(value, (int, float)) else value
+    if (not isinstance(values, (list, tuple)) or len(values) not in (1, 3)
+            or not all(isinstance(v, (int, float)) and 0 <= v <= 255 for v in values)):
+        raise ConfigError(f"{name}={value!r}; expected a uint8 value 0-255 or 3 of them (RGB)")
+    return value
     if (not isinstance(values, (list, tuple)) or len(values) not in (1, 3)
             or not all(isinstance(v, (int, float)) and 0 <= v <= 255 for v in values)):
         raise ConfigError(f"{name}={value!r}; expected a uint8 value 0-255 or 3 of them (RGB)")
@@ -163,6 +168,7 @@ def perspective(rng, h, w, distortion_scale=0.5, p=0.5, fill=0,
     """``RandomPerspective(distortion_scale, p, interpolation, fill)``."""
     if not 0 <= float(distortion_scale) <= 1:
         raise ConfigError(f"distortion_scale={distortion_scale}; expected 0-1")
+    _fill_value(fill)
     if not _fires(rng, p):
         return []
     bw = int(distortion_scale * (w // 2)) + 1
@@ -179,7 +185,7 @@ def perspective(rng, h, w, distortion_scale=0.5, p=0.5, fill=0,
 def random_erasing(rng, h, w, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0) -> Program:
     """``RandomErasing(p, scale, ratio, value)`` (Zhong et al. 2017) on uint8 pixels with a
     constant ``value`` (0-255, or 3 values)."""
-    _fill_value(value, "value")  # uint8 pixels before normalisation: 0 is black
+    _fill_value(value, "value", allow_none=False)  # uint8 pixels before normalisation
     if not (0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1]):
         raise ConfigError(f"random_erasing scale={scale!r}, ratio={ratio!r}; expected "
                           "0 < scale min <= max <= 1 and 0 < ratio min <= max")
@@ -243,6 +249,7 @@ def _named(op: str, magnitude: float, fill, interpolation="nearest") -> Program:
 
 def _policy_op(rng, space: dict, bins: int, h: int, w: int, magnitude: float | None, fill,
                interpolation) -> Program:
+    _fill_value(fill)
     keys = tuple(space)
     op = keys[int(rng.integers(len(keys)))]
     table_fn, signed = space[op]
@@ -291,6 +298,7 @@ def aug_mix(rng, h, w, severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, a
     if int(mixture_width) < 1 or float(alpha) <= 0:
         raise ConfigError(f"aug_mix mixture_width={mixture_width}, alpha={alpha}; expected "
                           "mixture_width >= 1 and alpha > 0")
+    _fill_value(fill)
     space = T.AugMix._AUGMENTATION_SPACE if all_ops else T.AugMix._PARTIAL_AUGMENTATION_SPACE
     m = rng.dirichlet([alpha, alpha])
     weights = rng.dirichlet([alpha] * int(mixture_width)) * m[1]

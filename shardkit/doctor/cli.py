@@ -34,6 +34,14 @@ __all__ = ["CommandError", "run_command", "progress_default", "inspect_command",
            "stats_command"]
 
 
+def _echo_report(text: str, report: dict, json_path) -> None:
+    """Prints a command's report, and writes it as JSON to ``json_path`` when given."""
+    click.echo(text)
+    if json_path is not None:
+        write_json_report(report, json_path)
+        click.echo(f"wrote {json_path}")
+
+
 class CommandError(click.ClickException):
     """A :class:`~shardkit.errors.ShardkitError` that stopped a command: exit code 2, one line
     ``Error: <ErrorType>: <message>`` on stderr (click prints it)."""
@@ -115,19 +123,13 @@ def inspect_command(out, split, out_dir, n, augment, per_class, seed, json_path,
                            out_dir=out_dir, seed=seed,
                            transform_config=_load_transform_config(transform_config, out),
                            progress=progress_default(progress))
-        click.echo(format_augment_grid(grid))
-        if json_path is not None:
-            write_json_report(grid, json_path)
-            click.echo(f"wrote {json_path}")
+        _echo_report(format_augment_grid(grid), grid, json_path)
         return
     report = run_command(inspect_dataset, out, split, out_dir=out_dir, n=n, seed=seed,
                          decoder=decoder,
                          transform_config=_load_transform_config(transform_config, out),
                          progress=progress_default(progress))
-    click.echo(format_summary(report))
-    if json_path is not None:
-        write_json_report(report, json_path)
-        click.echo(f"wrote {json_path}")
+    _echo_report(format_summary(report), report, json_path)
 
 
 @click.command("check")
@@ -173,10 +175,7 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
                          transform_config=_load_transform_config(transform_config, out),
                          decoder=decoder, seed=seed, progress=progress_default(progress),
                          recompute_hashes=recompute_hashes, augment=augment)
-    click.echo(format_check_report(report))
-    if json_path is not None:
-        write_json_report(report, json_path)
-        click.echo(f"wrote {json_path}")
+    _echo_report(format_check_report(report), report, json_path)
     if not report["ok"]:
         raise SystemExit(1)
 
