@@ -86,7 +86,7 @@ from shardkit import manifest as manifest_mod
 from shardkit import pack_plan as plan
 from shardkit import pack_write as write
 from shardkit.errors import ConfigError, ShardkitError, SourceError
-from shardkit.pack_out import PackOutput
+from shardkit.pack_out import open_output
 from shardkit.pack_summary import PackSummary, printable, reason_kind
 from shardkit.pack_write import PackInvariantError
 from shardkit.layout import LAYOUTS
@@ -377,11 +377,11 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
     if options is not None and not isinstance(options, PackOptions):
         raise ConfigError(f"options={options!r}; expected a PackOptions or None")
     opts = options.replace(**kwargs) if options is not None else PackOptions(**kwargs)
-    src, out = Path(src).resolve(), Path(out).resolve()
+    src, out = _location(src), _location(out)  # a local path resolved, or an fsspec URL
     option_warnings = opts.warnings()
     for w in option_warnings:
         logger.warning("%s", w)
-    with PackOutput(src, out, opts.overwrite) as target:  # OUT checked (and locked) first
+    with open_output(src, out, opts) as target:  # OUT checked (and locked) first
         previous = None
         if opts.split_from is not None:  # read before anything is written (PREV may be OUT)
             previous = plan.load_previous(Path(opts.split_from))
@@ -415,6 +415,14 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
     return summary
 
 
+def _location(path) -> Path | str:
+    """A local path, resolved, or a remote fsspec URL (``s3://``, ``gs://``, ``https://``) as
+    its text without a trailing ``/``."""
+    if manifest_mod.is_url(path):
+        return os.fspath(path).rstrip("/")
+    return Path(manifest_mod.local_path(path)).resolve()
+
+
 def _fail_if_nothing_to_pack(src: Path, source, keep: list[int], quarantine: list[dict]) -> None:
     """Raises SourceError when no file is left to pack, naming the rejection reasons with
     their counts and the first rejected files (nothing has been written at this point)."""
@@ -434,9 +442,16 @@ import click  # noqa: E402
 from shardkit.formats import FORMATS  # noqa: E402  (the registry decides the --format choices)
 
 
+def _source_arg(ctx, param, value: str) -> Path | str:
+    """SRC: a remote fsspec URL as it is, else a local path that must exist."""
+    if manifest_mod.is_url(value):
+        return value
+    return click.Path(exists=True, path_type=Path).convert(value, param, ctx)
+
+
 @click.command("pack")
-@click.argument("src", type=click.Path(exists=True, path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("src", callback=_source_arg)
+@click.argument("out", callback=lambda ctx, param, v: v if manifest_mod.is_url(v) else Path(v))
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default="wds",
               show_default=True, help="Shard format.")
 @click.option("--split", "split_spec", default=None, metavar="given|NAME=FRACTION,...",

@@ -51,8 +51,9 @@ from pathlib import Path
 
 from shardkit.errors import ConfigError, OutputExistsError, ShardkitError
 from shardkit.fsio import fsync_dir
+from shardkit.manifest import is_url
 
-__all__ = ["PackOutput", "OutputLockedError", "DiskFullError", "owned_entries", "LOCK_NAME",
+__all__ = ["PackOutput", "open_output", "OutputLockedError", "DiskFullError", "owned_entries", "LOCK_NAME",
            "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
 
 logger = logging.getLogger("shardkit.pack")
@@ -227,6 +228,19 @@ def _read_holder(fd: int) -> str:
 
 
 # ----------------------------------------------------------------------------- the run
+def open_output(src: Path | str, out: Path | str, options) -> PackOutput:
+    """The output side of a pack into ``out``: a local folder (:class:`PackOutput`) or a remote
+    fsspec URL (``wds`` only).
+
+    Raises:
+        ConfigError: a remote ``out`` for a format other than ``wds``.
+    """
+    if is_url(out):
+        raise ConfigError(f"output {out} is a remote URL; packing to object storage is not "
+                          "supported yet: pack to a local folder and upload it")
+    return PackOutput(src, Path(out), options.overwrite)
+
+
 class PackOutput:
     """The output side of one pack run; a context manager around the whole run.
 
@@ -242,8 +256,10 @@ class PackOutput:
         replaced: files of the previous dataset overwritten or removed by the swap (overwrite).
     """
 
-    def __init__(self, src: Path, out: Path, overwrite: bool):
-        self.src, self.out, self.overwrite = Path(src), Path(out), bool(overwrite)
+    def __init__(self, src: Path | str, out: Path, overwrite: bool):
+        # a remote source (an fsspec URL) can neither hold OUT nor lie inside it
+        self.src = None if is_url(src) else Path(src)
+        self.out, self.overwrite = Path(out), bool(overwrite)
         self.root: Path | None = None
         self.cleaned: list[str] = []
         self.replaced: list[str] = []
@@ -267,10 +283,10 @@ class PackOutput:
             OutputLockedError: another run packs into ``OUT``.
         """
         src, out = self.src, self.out
-        if src.is_dir() and (out == src or src in out.parents):
+        if src is not None and src.is_dir() and (out == src or src in out.parents):
             raise ConfigError(f"output {out} lies inside the source {src}; choose a folder "
                               "outside it")
-        if out in src.parents:
+        if src is not None and out in src.parents:
             raise ConfigError(f"source {src} lies inside the output folder {out}; a pack may "
                               "delete and replace files there: move the source out of it, or "
                               "choose another output folder")

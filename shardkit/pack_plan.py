@@ -30,7 +30,7 @@ from tqdm import tqdm
 from shardkit import layout, neardup, pack_given, scan
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.labels import LabelMap
-from shardkit.manifest import read_location
+from shardkit.manifest import is_url, read_location
 
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
@@ -96,7 +96,12 @@ def scan_source(src: Path, options: PackOptions) -> ScannedSource:
             column, ``layout`` other than ``"auto"`` for a ``.csv`` source, ``split="given"``
             for a source that gives no splits.
     """
-    if src.is_file() and src.suffix.lower() == ".csv":
+    if is_url(src):  # an object-store prefix (a tree of objects) or a remote .csv list
+        from shardkit.scan_remote import scan_url
+
+        result = scan_url(src, layout=options.layout, split_column=(
+            options.split_column if options.metadata is None else None))
+    elif src.is_file() and src.suffix.lower() == ".csv":
         if options.layout != "auto":
             raise ConfigError(f"--layout {options.layout} is for folder sources; {src} is a "
                               ".csv list")

@@ -235,3 +235,66 @@ def packed_flowers(tmp_path_factory):
         split={"train": 0.8, "val": 0.1, "test": 0.1}, seed=0, split_method="balanced",
         metadata=FLOWERS / "metadata.csv", group_column="group_flickr_user", shard_samples=256,
         workers=2))
+
+
+class S3Server:
+    """A local S3 API (moto's server in a thread of the test process) that fsspec's ``s3://``
+    (s3fs) and every Ray worker started after it reach through the standard ``AWS_*``
+    environment variables, as a user's cluster would reach real S3 or MinIO."""
+
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+        self._buckets = 0
+
+    def bucket(self) -> str:
+        """A new empty bucket's URL, ``s3://bucket-N``."""
+        import boto3
+
+        self._buckets += 1
+        name = f"bucket-{self._buckets}"
+        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                     aws_access_key_id="testing", aws_secret_access_key="testing"
+                     ).create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    def fs(self):
+        """The fsspec S3 filesystem of this server (fresh instance, no listing cache)."""
+        import fsspec
+
+        return fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False)
+
+    def upload_tree(self, folder: Path, url: str) -> list[str]:
+        """Uploads every file under ``folder`` to ``url/<relpath>``; returns the relpaths."""
+        rels = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        self.fs().pipe({f"{url}/{r}": (folder / r).read_bytes() for r in rels})
+        return rels
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3 server for the whole session (moto), its ``AWS_*`` variables set in
+    ``os.environ`` while it runs (so Ray workers started later inherit them)."""
+    pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
+    pytest.importorskip("s3fs", reason="needs s3fs (the test extra)")
+    server = S3Server()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
