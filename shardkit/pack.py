@@ -164,6 +164,7 @@ class PackOptions:
     jpeg_quality: int = 95                      # JPEG quality of those re-encoded images, 1-100
     engine: str = "local"                       # one of ENGINES: where steps 3 and 6 run
     ray_address: str | None = None              # Ray cluster address (engine="ray"); None: auto
+    read_concurrency: int = 16                  # remote reads in flight per check worker/task
     split_auto: bool = field(default=False, init=False)  # split was unset (see the class doc)
     shard_bytes_note: str | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -223,6 +224,7 @@ class PackOptions:
         if self.shard_samples is not None:
             self._set("shard_samples", _integer("shard_samples", self.shard_samples, 1))
         self._set("workers", _integer("workers", self.workers, 1))
+        self._set("read_concurrency", _integer("read_concurrency", self.read_concurrency, 1))
         self._set("seed", _integer("seed", self.seed, 0))
         self._set("shard_bytes_note", _unitless_size_note(self.shard_bytes))
         self._set("shard_bytes", parse_size(self.shard_bytes))
@@ -359,8 +361,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
             ``metadata``, ``group_column``, ``labels``, ``shard_samples``, ``shard_bytes``,
             ``workers``, ``strict``, ``max_pixels``, ``overwrite``, ``progress``, ``wds_cls``,
             ``on_label_conflict``, ``fail_fast``, ``writer_options``, ``max_side``,
-            ``jpeg_quality``, ``engine``, ``ray_address``, ...); with ``options`` they
-            replace its values. An unknown name raises TypeError.
+            ``jpeg_quality``, ``engine``, ``ray_address``, ``read_concurrency``, ...); with
+            ``options`` they replace its values. An unknown name raises TypeError.
 
     Returns:
         a :class:`PackSummary` (also logged at INFO to the ``shardkit.pack`` logger).
@@ -512,6 +514,10 @@ def _source_arg(ctx, param, value: str) -> Path | str:
                    "(pip install 'shardkit[ray]').")
 @click.option("--ray-address", metavar="ADDR",
               help="Ray cluster to join (engine ray) [default: RAY_ADDRESS, else a local Ray].")
+@click.option("--read-concurrency", type=click.IntRange(min=1), default=16, show_default=True,
+              metavar="N",
+              help="Reads of remote files (s3://, gs://, https:// rows or prefixes) kept in "
+                   "flight per check process or Ray task, while earlier files are checked.")
 @click.option("--overwrite", is_flag=True,
               help="Replace a finished dataset in OUT: the new one is built beside it (in "
                    "OUT/.shardkit-new, so the disk needs room for both) and swapped in at the "
@@ -530,7 +536,8 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_me
                  near_duplicates, near_threshold, group_by, metadata,
                  group_column, labels,
                  shard_samples, shard_bytes, workers, strict, max_pixels, max_side, jpeg_quality,
-                 engine, ray_address, overwrite, wds_cls, wds_json, on_label_conflict, fail_fast,
+                 engine, ray_address, read_concurrency, overwrite, wds_cls, wds_json,
+                 on_label_conflict, fail_fast,
                  no_progress):
     """Pack SRC (an ImageFolder tree or a .csv list) into shards in OUT.
 
@@ -545,7 +552,8 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_me
             on_label_conflict=on_label_conflict, fail_fast=fail_fast, layout=layout,
             split_column=split_column, split_method=split_method, split_from=split_from,
             near_duplicates=near_duplicates, near_threshold=near_threshold, max_side=max_side,
-            jpeg_quality=jpeg_quality, engine=engine, ray_address=ray_address)
+            jpeg_quality=jpeg_quality, engine=engine, ray_address=ray_address,
+            read_concurrency=read_concurrency)
         summary = pack(src, out, options=options)
     except (ShardkitError, OSError) as e:  # bad input, unwritable OUT, full disk: no traceback
         raise command_error(e) from None

@@ -30,7 +30,8 @@ from tqdm import tqdm
 from shardkit import layout, neardup, pack_given, scan
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.labels import LabelMap
-from shardkit.manifest import is_url, read_location
+from shardkit.fetch import DEFAULT_CONCURRENCY, iter_read
+from shardkit.manifest import is_url
 
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
@@ -216,7 +217,8 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     if source.ungrouped:
         checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
                              options.progress, desc="check (no group)", engine=options.engine,
-                             ray_address=options.ray_address)
+                             ray_address=options.ray_address,
+                             concurrency=options.read_concurrency)
         for i, res in zip(source.ungrouped, checked):
             results[i] = res
         images_without_group = [items[i].relpath for i in source.ungrouped if results[i]["ok"]]
@@ -225,7 +227,8 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     rest = [i for i, res in enumerate(results) if res is None]
     for i, res in zip(rest, _check_all([jobs[i] for i in rest], options.workers,
                                        options.progress, engine=options.engine,
-                                       ray_address=options.ray_address)):
+                                       ray_address=options.ray_address,
+                                       concurrency=options.read_concurrency)):
         results[i] = res
     quarantine = [{"path": m.relpath, "reason": "file not found"} for m in source.missing]
     keep: list[int] = []
@@ -244,24 +247,32 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     return CheckedFiles(results=results, keep=keep, quarantine=quarantine)
 
 
-def _check_one(job: tuple[str, str, int, bool, bool, int | None, int]) -> dict:
+def _unreadable(e: BaseException) -> str:
+    """The quarantine reason of a read that raised ``e``."""
+    if isinstance(e, FileNotFoundError):  # fsspec's HTTP raises it for any failure: say which
+        cause = e.__cause__ or e.__context__
+        if cause is not None and not isinstance(cause, FileNotFoundError):
+            return f"unreadable: {type(cause).__name__}: {cause}"
+        return f"unreadable: {e.strerror or 'not found'}"
+    if isinstance(e, OSError):
+        return f"unreadable: {e.strerror or f'{type(e).__name__}: {e}'}"
+    return f"unreadable: {type(e).__name__}: {e}"  # a remote filesystem's own error
+
+
+def _check_one(job: tuple[str, str, int, bool, bool, int | None, int],
+               got: tuple[bytes | None, BaseException | None] | None = None) -> dict:
     """Worker: read + sha256 + full decode check of one file, then the degenerate-image test and
     (``want_hash``) the pHash, both from the check's own decode. Keeps bytes only when
-    normalised; never returns pixels (they would cross the process boundary)."""
+    normalised; never returns pixels (they would cross the process boundary). ``got``: the
+    file's ``(bytes, read error)`` already read by :func:`shardkit.fetch.iter_read` (None: read
+    it here)."""
+    from shardkit.fetch import _read
     from shardkit.images import check_image
 
     path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job
-    try:
-        data = read_location(path)  # a local file, or an fsspec URL of a CSV list's row
-    except FileNotFoundError as e:  # fsspec's HTTP raises it for any failure: say which
-        cause = e.__cause__ or e.__context__
-        if cause is not None and not isinstance(cause, FileNotFoundError):
-            return {"ok": False, "reason": f"unreadable: {type(cause).__name__}: {cause}"}
-        return {"ok": False, "reason": f"unreadable: {e.strerror or 'not found'}"}
-    except OSError as e:
-        return {"ok": False, "reason": f"unreadable: {e.strerror or f'{type(e).__name__}: {e}'}"}
-    except Exception as e:  # noqa: BLE001 - a remote filesystem's own error (no connection...)
-        return {"ok": False, "reason": f"unreadable: {type(e).__name__}: {e}"}
+    data, error = _read(path) if got is None else got  # a local file, or an fsspec URL
+    if error is not None:
+        return {"ok": False, "reason": _unreadable(error)}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     try:
         res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True,
@@ -285,11 +296,30 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int]) -> dict:
     return out
 
 
+def check_chunk(jobs: list, concurrency: int = DEFAULT_CONCURRENCY) -> list[dict]:
+    """:func:`_check_one` of every job, in order, with up to ``concurrency`` remote reads in
+    flight while earlier files are checked (:func:`shardkit.fetch.iter_read`): the work of one
+    check process's chunk or of one Ray task."""
+    reads = iter_read((job[0] for job in jobs), concurrency)
+    return [_check_one(job, got) for job, got in zip(jobs, reads)]
+
+
+def chunk_size(jobs: list, size: int, workers: int, concurrency: int) -> int:
+    """Files per check chunk (process pool) or task (Ray): ``size`` for local files (small
+    chunks spread the work); for remote ones at least ``4 * concurrency`` (as far as ``jobs``
+    spread over ``workers`` allow), since a chunk's reads in flight never cross its end."""
+    if concurrency > 1 and any(is_url(job[0]) for job in jobs):
+        return max(size, min(4 * concurrency, -(-len(jobs) // workers)))
+    return size
+
+
 def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
-               engine: str = "local", ray_address: str | None = None) -> list[dict]:
+               engine: str = "local", ray_address: str | None = None,
+               concurrency: int = DEFAULT_CONCURRENCY) -> list[dict]:
     """Runs :func:`_check_one` over ``jobs`` in input order, in ``workers`` processes, or with
     ``engine="ray"`` as Ray tasks of a few dozen files each (:func:`shardkit.ray.engine.check_all`,
-    on the cluster at ``ray_address``; ``workers`` does not apply).
+    on the cluster at ``ray_address``; ``workers`` does not apply). Each process or task keeps
+    up to ``concurrency`` remote reads in flight (:func:`check_chunk`).
 
     A process pool that loses a worker (a decoder crashing the process) raises instead of hanging:
     ``ProcessPoolExecutor`` reports ``BrokenProcessPool``, turned into a SourceError here (Ray
@@ -298,21 +328,25 @@ def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
     if engine == "ray":
         from shardkit.ray import engine as ray_engine
 
-        return ray_engine.check_all(jobs, progress, desc=desc, address=ray_address)
+        return ray_engine.check_all(jobs, progress, desc=desc, address=ray_address,
+                                    concurrency=concurrency)
     results: list[dict] = []
     bar = tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress)
     try:
         if workers <= 1 or len(jobs) < 2:
-            for job in jobs:
-                results.append(_check_one(job))
+            reads = iter_read((job[0] for job in jobs), concurrency)
+            for job, got in zip(jobs, reads):
+                results.append(_check_one(job, got))
                 bar.update()
             return results
-        chunk = max(1, min(32, len(jobs) // (workers * 8)))
+        size = chunk_size(jobs, max(1, min(32, len(jobs) // (workers * 8))), workers,
+                          concurrency)
+        chunks = [jobs[k:k + size] for k in range(0, len(jobs), size)]
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
                                  initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
-            for res in pool.map(_check_one, jobs, chunksize=chunk):
-                results.append(res)
-                bar.update()
+            for res in pool.map(check_chunk, chunks, [concurrency] * len(chunks)):
+                results.extend(res)
+                bar.update(len(res))
         return results
     except BrokenProcessPool:
         raise SourceError(f"a check worker process died near file {len(results)} of {len(jobs)} "

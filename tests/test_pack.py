@@ -396,7 +396,7 @@ def test_a_crashing_check_worker_raises_instead_of_hanging(sample_dir, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
-def _die_in_worker(job):
+def _die_in_worker(*_args):
     os._exit(3)  # what a segfaulting decoder looks like to the pool
 
 

@@ -1,17 +1,20 @@
 """A CSV list whose rows are fsspec URLs (issue 12: SRC in object storage): files are read
 over HTTP from a server on localhost, for the local engine and for Ray, with the same result as
-the files on disk; a missing object is quarantined with its read error."""
+the files on disk; a missing object is quarantined with its read error. Reads are kept in
+flight (shardkit.fetch.iter_read): a server that counts the GETs it serves at once shows it."""
 import csv
 import functools
 import json
 import hashlib
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from shardkit.manifest import load_manifest, read_split_records
+from shardkit.fetch import iter_read
 from shardkit.pack import pack
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
@@ -21,6 +24,39 @@ NO_HOST = "http://127.0.0.1:1"  # nothing listens on port 1: a connection error,
 class _Quiet(SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
+
+
+class _Counting(_Quiet):
+    """Serves each GET after a 20 ms wait (an object store's first-byte latency) and records
+    the most GETs it was serving at once."""
+    lock = threading.Lock()
+    now = most = served = 0
+
+    def do_GET(self):
+        cls = type(self)
+        with cls.lock:
+            cls.now += 1
+            cls.most = max(cls.most, cls.now)
+        try:
+            time.sleep(0.02)
+            super().do_GET()
+        finally:
+            with cls.lock:
+                cls.now -= 1
+                cls.served += 1
+
+    @classmethod
+    def reset(cls):
+        cls.now = cls.most = cls.served = 0
+
+
+@pytest.fixture(scope="module")
+def counting_server():
+    handler = functools.partial(_Counting, directory=str(SAMPLE))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +137,53 @@ def test_http_rows_on_ray_equal_local_engine(tmp_path, server):
     shards = sorted(p.name for p in (tmp_path / "local" / "shards").iterdir())
     assert shards and all((tmp_path / "local" / "shards" / n).read_bytes()
                           == (tmp_path / "ray" / "shards" / n).read_bytes() for n in shards)
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_reads_stay_in_flight_in_order(tmp_path, counting_server, concurrency):
+    rel = [f.relative_to(SAMPLE).as_posix() for f in _files()[:24]]
+    local_missing = str(tmp_path / "gone.jpg")
+    locations = [f"{counting_server}/{r}" for r in rel]
+    locations[5] = f"{counting_server}/daisy/not-there.jpg"
+    locations.insert(10, local_missing)
+    locations.insert(11, str(SAMPLE / rel[0]))
+    _Counting.reset()
+    got = list(iter_read(locations, concurrency))
+    assert _Counting.most == concurrency and _Counting.served == 24  # 404 included
+    assert len(got) == 26
+    for loc, (data, error) in zip(locations, got):
+        if loc.endswith("not-there.jpg"):
+            assert data is None and isinstance(error, FileNotFoundError)
+        elif loc == local_missing:
+            assert data is None and isinstance(error, FileNotFoundError)
+        else:  # the bytes of that very file, in input order
+            file = Path(loc) if loc.startswith("/") else SAMPLE / loc.split("/", 3)[3]
+            assert error is None and data == file.read_bytes()
+
+
+def test_closing_early_leaves_no_read_running(counting_server):
+    _Counting.reset()
+    reads = iter_read([f"{counting_server}/{f.relative_to(SAMPLE).as_posix()}"
+                       for f in _files()], 4)
+    first = next(reads)
+    assert first[1] is None and first[0] == _files()[0].read_bytes()
+    reads.close()  # waits for the reads in flight; submits no more
+    assert _Counting.now == 0 and _Counting.served <= 1 + 4
+
+
+def test_concurrent_check_gives_the_serial_result(tmp_path, counting_server):
+    rel = [f.relative_to(SAMPLE).as_posix() for f in _files()]
+    src = _write_csv(tmp_path / "remote.csv", lambda r: f"{counting_server}/{r}",
+                     rel + ["daisy/not-there.jpg"])
+    opts = dict(progress=False, split_method="hash", near_duplicates="merge")
+    _Counting.reset()
+    pack(src, tmp_path / "serial", read_concurrency=1, **opts)
+    assert _Counting.most == 1
+    for workers in (1, 2):
+        _Counting.reset()
+        out = tmp_path / f"concurrent-{workers}"
+        pack(src, out, read_concurrency=6, workers=workers, **opts)
+        assert _Counting.most >= 6  # several GETs at once (two processes: up to 12)
+        for name in ("splits/train.jsonl", "splits/val.jsonl", "quarantine.jsonl"):
+            assert (out / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()
+        assert load_manifest(out)["splits"] == load_manifest(tmp_path / "serial")["splits"]

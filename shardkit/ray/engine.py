@@ -5,7 +5,8 @@ files and the manifest stay on the driver (:func:`shardkit.pack.pack`), so ``--e
 gives the local engine's answer for the same source, options and seed:
 
 - **check**: :func:`check_all` runs :func:`shardkit.pack_plan._check_one` over batches of up to
-  :data:`CHECK_BATCH` files per task and returns the records in input order;
+  :data:`CHECK_BATCH` files per task (remote files read with GETs in flight while earlier ones
+  are checked, :func:`shardkit.fetch.iter_read`) and returns the records in input order;
 - **write**: :func:`write_splits` cuts every split into the local sink's shards
   (:func:`shardkit.pack_write.shard_ranges` over the stored sizes known after the check) and
   writes each shard in one task through the same :class:`shardkit.formats.ShardSink` code (temp
@@ -45,7 +46,8 @@ logger = logging.getLogger("shardkit.ray")
 
 CHECK_BATCH = 64
 """Most files one check task takes (fewer for small sources, so every CPU gets work): a task
-costs Ray ~1-2 ms of scheduling, a file ~10-50 ms of decoding."""
+costs Ray ~1-2 ms of scheduling, a file ~10-50 ms of decoding. Remote files: at least 4 x the
+reads in flight (:func:`shardkit.pack_plan.chunk_size`)."""
 MAX_RETRIES = 3
 """Retries of a task whose worker process (or node) died (Ray's ``max_retries``)."""
 
@@ -139,28 +141,35 @@ def _get(ray, ref, what: str):
 
 
 # ----------------------------------------------------------------------------- 3: check
-def _check_batch(jobs: list) -> list[dict]:
-    from shardkit.pack_plan import _check_one
+def _check_batch(jobs: list, concurrency: int) -> list[dict]:
+    from shardkit.pack_plan import check_chunk
 
-    return [_check_one(job) for job in jobs]
+    return check_chunk(jobs, concurrency)
 
 
 def check_all(jobs: list, progress: bool, *, desc: str = "check",
-              address: str | None = None) -> list[dict]:
+              address: str | None = None, concurrency: int = 16) -> list[dict]:
     """:func:`shardkit.pack_plan._check_one` of every job (``(path, relpath, max_pixels,
     strict, want_hash, max_side, jpeg_quality)``), as Ray tasks of up to :data:`CHECK_BATCH`
-    files; the records in input order (as the local engine's)."""
+    files, each with up to ``concurrency`` remote reads in flight
+    (:func:`shardkit.pack_plan.check_chunk`); the records in input order (as the local
+    engine's)."""
     from tqdm import tqdm
+
+    from shardkit.pack_plan import chunk_size
 
     ray = ensure_ray(address)
     if not jobs:
         return []
-    size = max(1, min(CHECK_BATCH, math.ceil(len(jobs) / (4 * _cluster_cpus(ray)))))
+    cpus = _cluster_cpus(ray)
+    size = chunk_size(jobs, max(1, min(CHECK_BATCH, math.ceil(len(jobs) / (4 * cpus)))), cpus,
+                      concurrency)
     batches = [jobs[k:k + size] for k in range(0, len(jobs), size)]
     task = ray.remote(max_retries=MAX_RETRIES)(_check_batch)
     out: list[dict] = []
     with tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress) as bar:
-        for res in run_ordered(task, [(b,) for b in batches], weights=[len(b) for b in batches],
+        for res in run_ordered(task, [(b, concurrency) for b in batches],
+                               weights=[len(b) for b in batches],
                                bar=bar, describe=lambda i: f"files {batches[i][0][0]} .. "
                                                            f"{batches[i][-1][0]}"):
             out.extend(res)
