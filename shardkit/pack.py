@@ -400,19 +400,20 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         root = target.prepare()  # 5: OUT is written from here on
         write.write_quarantine(root, quarantine)
         splits = write.write_shards(root, source, label_idx, checked, outcome,       # 6
-                                    label_map.classes, opts)
+                                    label_map.classes, opts, upload=target.upload)
         packed_warnings = write.class_warnings(label_map.classes, splits)            # 7
         manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
                                         packed_warnings, opts,
                                         write.transcoded_counts(checked, outcome.keep))
-        interop.write_pack_metadata(root, manifest)  # what timm / DALI / HF readers look for
+        interop.write_pack_metadata(  # what timm / DALI / HF readers look for
+            root, manifest, members=None if target.upload is None else target.upload.members)
         with write.naming_file(root / "manifest.json"):
             manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
         target.commit()
     summary = PackSummary.from_manifest(
         out, manifest, quarantine, warnings=option_warnings + outcome.warnings + packed_warnings,
         cleaned=target.cleaned, replaced=target.replaced,
-        num_with_warnings=sum(bool(checked.results[i]["warnings"]) for i in outcome.keep))
+        num_with_warnings=sum(bool(checked.results.meta(i)["warnings"]) for i in outcome.keep))
     logger.debug("%s", summary.format_text())  # the command prints it; callers get it returned
     return summary
 

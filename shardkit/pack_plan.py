@@ -32,6 +32,7 @@ from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.labels import LabelMap
 from shardkit.fetch import DEFAULT_CONCURRENCY, iter_read
 from shardkit.manifest import is_url
+from shardkit.pack_records import CheckRecords
 
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
@@ -178,8 +179,10 @@ class CheckedFiles:
     """What step 3 found out about every file.
 
     Attributes:
-        results: one dict per item (aligned with ``ScannedSource.items``): ``ok`` and, when the
-            file was readable, ``sha256`` (hex) and ``size`` (bytes); accepted files add ``ext``,
+        results: one record per item (aligned with ``ScannedSource.items``), a
+            :class:`~shardkit.pack_records.CheckRecords` (columns inside; each ``results[i]``
+            is a dict): ``ok`` and, when the file was readable, ``sha256`` (hex) and ``size``
+            (bytes); accepted files add ``ext``,
             ``rule``, ``width``, ``height`` (pixels), ``warnings`` and, when normalised, ``data``
             (the bytes to store), ``degenerate`` (None or the reason from
             :func:`shardkit.neardup.degenerate_reason`) and ``phash`` (the 64-bit pHash as an
@@ -190,7 +193,7 @@ class CheckedFiles:
             ``size``]): missing files first, then rejects in scan order.
     """
 
-    results: list[dict]
+    results: CheckRecords
     keep: list[int]
     quarantine: list[dict]
 
@@ -213,7 +216,7 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
                     "checks", options.workers)
     jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash,
              options.max_side, options.jpeg_quality) for it in items]
-    results: list = [None] * len(items)
+    results = CheckRecords(len(items))  # columns, not a dict per file (pack_records)
     if source.ungrouped:
         checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
                              options.progress, desc="check (no group)", engine=options.engine,
@@ -224,7 +227,7 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
         images_without_group = [items[i].relpath for i in source.ungrouped if results[i]["ok"]]
         if images_without_group:
             raise source.no_group_error(images_without_group)
-    rest = [i for i, res in enumerate(results) if res is None]
+    rest = results.unset
     for i, res in zip(rest, _check_all([jobs[i] for i in rest], options.workers,
                                        options.progress, engine=options.engine,
                                        ray_address=options.ray_address,

@@ -22,6 +22,7 @@ from shardkit.split import SplitPlan, assign_splits
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
     from shardkit.pack_plan import CheckedFiles, ScannedSource
+    from shardkit.pack_records import CheckRecords
 
 __all__ = ["SplitOutcome", "PreviousSplits", "plan_split", "load_previous",
            "ratios_from_previous", "NO_GROUP_RULE_WARNING"]
@@ -178,7 +179,7 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
                          f"{list(options.split)}; use the same split names")
 
     def plan_for(idx):
-        samples = [(items[i].group, int(label_idx[i]), results[i]["sha256"]) for i in idx]
+        samples = [(items[i].group, int(label_idx[i]), results.meta(i)["sha256"]) for i in idx]
         pairs = _near_pairs(idx, results, options)
         if mode == "given":
             return pack_given.plan_given(items, samples, idx, source.given), pairs
@@ -199,9 +200,9 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
         bad = {keep[j] for c in plan.label_conflicts for j in c.indices}
         for i in sorted(bad):
             others = sorted({label_map.classes[label_idx[j]] for j in bad
-                             if results[j]["sha256"] == results[i]["sha256"]})
-            quarantined.append({"path": items[i].relpath, "sha256": results[i]["sha256"],
-                                "size": results[i]["size"],
+                             if results.meta(j)["sha256"] == results.meta(i)["sha256"]})
+            quarantined.append({"path": items[i].relpath, "sha256": results.meta(i)["sha256"],
+                                "size": results.meta(i)["size"],
                                 "reason": f"label_conflict: identical bytes labelled {others}"})
         keep = [i for i in keep if i not in bad]
         plan, pairs = plan_for(keep)
@@ -222,26 +223,26 @@ def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
             "moved_groups": plan.moved_groups,
             "new_groups": len(present - set(previous.group_to_split)),
             "gone_groups": len(set(previous.group_to_split) - present)}
-    degenerate = [{"path": items[i].relpath, "reason": results[i]["degenerate"]}
-                  for i in keep if results[i].get("degenerate")]
+    degenerate = [{"path": items[i].relpath, "reason": results.meta(i)["degenerate"]}
+                  for i in keep if results.meta(i).get("degenerate")]
     return SplitOutcome(plan=plan, keep=keep, quarantined=quarantined, conflicts=conflicts,
                         warnings=warnings, split_fields=fields, degenerate=degenerate)
 
 
-def _near_pairs(idx: list[int], results: list[dict], options: PackOptions):
+def _near_pairs(idx: list[int], results: CheckRecords, options: PackOptions):
     """``(k, 3)`` int64 array of near-duplicate pairs ``(a, b, distance)``, ``a < b`` positions
     in ``idx``, over the hashed (non-degenerate) items, leaving out pairs of identical bytes
     (those are joined anyway); empty when ``near_duplicates="off"``."""
     import numpy as np
 
-    hashed = [j for j, i in enumerate(idx) if results[i].get("phash") is not None]
+    hashed = [j for j, i in enumerate(idx) if results.meta(i).get("phash") is not None]
     if options.near_duplicates == "off" or len(hashed) < 2:
         return np.zeros((0, 3), np.int64)
-    hashes = np.array([results[idx[j]]["phash"] for j in hashed], dtype=np.uint64)
+    hashes = np.array([results.meta(idx[j])["phash"] for j in hashed], dtype=np.uint64)
     a, b, d = neardup.near_pairs(hashes, options.near_threshold)
     pos = np.asarray(hashed, dtype=np.int64)
     pairs = np.stack([pos[a], pos[b], d], axis=1) if len(a) else np.zeros((0, 3), np.int64)
-    same = [results[idx[x]]["sha256"] == results[idx[y]]["sha256"] for x, y, _ in pairs]
+    same = [results.meta(idx[x])["sha256"] == results.meta(idx[y])["sha256"] for x, y, _ in pairs]
     return pairs[~np.asarray(same, dtype=bool)] if len(pairs) else pairs
 
 

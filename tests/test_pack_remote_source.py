@@ -50,10 +50,14 @@ class _Counting(_Quiet):
         cls.now = cls.most = cls.served = 0
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 64  # the default 5 drops connections beyond it (a 1 s SYN retry)
+
+
 @pytest.fixture(scope="module")
 def counting_server():
     handler = functools.partial(_Counting, directory=str(SAMPLE))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd = _Server(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
