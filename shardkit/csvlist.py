@@ -31,11 +31,20 @@ __all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_
 def _read_csv(csv_path: str) -> tuple[list[str], list[dict[str, str]]]:
     try:
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+            return parse_csv(f, csv_path)
+    except (OSError, UnicodeDecodeError) as e:
         raise SourceError(f"cannot read CSV {csv_path!r}: {e}") from e
+
+
+def parse_csv(f, name: str) -> tuple[list[str], list[dict[str, str]]]:
+    """``(header, rows)`` of the CSV text file ``f`` (opened with ``newline=""``): header cells
+    and row keys stripped, empty cells as ``""``. SourceError naming ``name`` on a CSV error."""
+    try:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+    except csv.Error as e:
+        raise SourceError(f"cannot read CSV {name!r}: {e}") from e
     rows = [{(k or "").strip(): (v or "") for k, v in r.items()} for r in rows]
     return header, rows
 
@@ -82,6 +91,34 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
     csv_s = os.path.abspath(os.fspath(csv_path))
     base = os.path.abspath(os.fspath(root)) if root is not None else os.path.dirname(csv_s)
     header, rows = _read_csv(csv_s)
+    return scan_rows(csv_s, header, rows, base, _local_row(base), split_column)
+
+
+def _local_row(base: str):
+    """The row rule of :func:`scan_csv` for a path that is not a URL: ``locate(raw, item)`` adds
+    ``item`` (path and relpath from ``raw``) to the scan; returns False for a folder."""
+    def locate(raw: str, item: SourceItem, out: ScanResult) -> bool:
+        path = _disk_path(base, raw)
+        item = dataclasses.replace(item, path=path, relpath=_rel(base, path))
+        kind = _kind(path)
+        if kind == "dir":
+            return False
+        if kind == "broken":
+            out.missing.append(item)
+        elif kind == "other":
+            out.ignored.append((item.relpath, "not a regular file (device, socket or pipe)"))
+        else:
+            out.items.append(item)
+        return True
+    return locate
+
+
+def scan_rows(csv_s: str, header: list[str], rows: list[dict[str, str]], base: str, locate,
+              split_column: str | None) -> ScanResult:
+    """The rules of :func:`scan_csv` over parsed rows (:func:`parse_csv`) of the CSV named
+    ``csv_s`` (a path or URL), ``base`` its root; ``locate(raw, item, out)`` resolves a path
+    cell that is not a URL (:func:`_local_row`; :mod:`shardkit.scan_remote` has the remote
+    one) and returns False when it names a folder. Errors: as :func:`scan_csv`."""
     lacking = [c for c in ("path", "label") if c not in header]
     if lacking:
         raise SourceError(f"CSV {csv_s!r} lacks column(s) {lacking}: a header with path,label"
@@ -105,20 +142,11 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
             empty.append(f"line {n}")
             continue
         group = _nfc(row.get("group", "")).strip() or None
+        item = SourceItem(raw, raw, label, group, split)
         if is_url(raw):  # an object in remote storage: read (and found missing) at the check
-            out.items.append(SourceItem(raw, raw, label, group, split))
-            continue
-        path = _disk_path(base, raw)
-        item = SourceItem(path, _rel(base, path), label, group, split)
-        kind = _kind(path)
-        if kind == "dir":
-            folders.append(raw)
-        elif kind == "broken":
-            out.missing.append(item)
-        elif kind == "other":
-            out.ignored.append((item.relpath, "not a regular file (device, socket or pipe)"))
-        else:
             out.items.append(item)
+        elif not locate(raw, item, out):
+            folders.append(raw)
     if empty:
         what = "path, label or split" if split_column else "path or label"
         raise SourceError(f"CSV {csv_s!r}: rows with an empty {what}, {_listing(empty)}")
@@ -174,18 +202,22 @@ def _path_key(root: str | None):
 
     The key is :func:`_canonical`; an absolute path under ``root`` (as spelled, or once the
     folders of both are resolved through symlinks; the file itself is not resolved, so a
-    symlinked file keeps its own relpath) becomes relative to it. Other paths stay as they are
-    (a CSV source's files outside its root have absolute relpaths).
+    symlinked file keeps its own relpath) becomes relative to it, and so does a URL under a URL
+    ``root`` (an object-store prefix). Other paths stay as they are (a CSV source's files
+    outside its root have absolute relpaths; a URL stays as written, a URL row's relpath).
     """
     roots = [] if root is None else list(dict.fromkeys(
-        _canonical(r) for r in (root, os.path.realpath(root))))
+        _canonical(r) for r in ((root,) if is_url(root) else (root, os.path.realpath(root)))))
     real: dict[str, str] = {}  # folder -> canonical realpath, one lookup per folder
 
     def key(raw: str) -> str:
         k = _canonical(raw)
-        if not roots or not k.startswith("/"):
-            return k
+        url = is_url(raw.strip())
+        if not roots or not (k.startswith("/") or url):
+            return raw.strip() if url else k
         rel = _strip_root(k, roots)
+        if url:  # under a prefix root: its relpath; else the URL as written (a CSV's URL row)
+            return raw.strip() if rel is None else rel
         if rel is None:
             folder, name = posixpath.split(k)
             if folder not in real:
@@ -197,18 +229,22 @@ def _path_key(root: str | None):
 
 
 def _root_of(items: list[SourceItem], root: str | os.PathLike | None) -> str | None:
-    """``root`` as an absolute path, else the source root the items' paths and relpaths imply
-    (the first item with a relative relpath and an absolute path), else None."""
+    """``root`` as an absolute path (a URL as it is), else the source root the items' paths and
+    relpaths imply (the first item with a relative relpath and an absolute path or a URL), else
+    None."""
     if root is not None:
-        return os.path.abspath(os.fspath(root))
+        return os.fspath(root) if is_url(root) else os.path.abspath(os.fspath(root))
     for it in items:
         depth = len(PurePosixPath(it.relpath).parts)
-        if it.relpath.startswith("/") or not os.path.isabs(it.path) or not depth:
+        if it.relpath.startswith("/") or is_url(it.relpath) or not depth:
             continue
-        found = it.path
-        for _ in range(depth):
-            found = os.path.dirname(found)
-        return found
+        if is_url(it.path):  # an object of a prefix: the URL less the relpath's segments
+            return it.path.rsplit("/", depth)[0]
+        if os.path.isabs(it.path):
+            found = it.path
+            for _ in range(depth):
+                found = os.path.dirname(found)
+            return found
     return None
 
 
@@ -299,7 +335,7 @@ def _unmatched_example(csv_s: str, path_column: str, relpaths: list[str], root, 
         return None
     if path_column not in header or not relpaths:
         return None
-    path_key = _path_key(None if root is None else os.path.abspath(os.fspath(root)))
+    path_key = _path_key(_root_of([], root))
     taken = set(relpaths) | set(known or ())
     free = [(raw.strip(), key) for raw, key in ((r[path_column], path_key(r[path_column]))
                                                 for r in rows) if key and key not in taken]

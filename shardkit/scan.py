@@ -150,35 +150,58 @@ def _kind(path: str) -> str:
     return "other"
 
 
-def _entries(folder: str) -> list[os.DirEntry]:
-    try:
-        with os.scandir(folder) as it:
-            return sorted(it, key=lambda e: e.name)
-    except OSError as e:
-        raise SourceError(f"cannot list folder {folder!r}: {e}") from e
+class _LocalTree:
+    """The listing interface the folder walk runs over, for a local folder: ``os.scandir`` and
+    :func:`_kind`, symbolic links followed (a loop is found by realpath). A handle is a path.
+
+    :mod:`shardkit.scan_remote` gives the same interface over an object-store listing (handles
+    are its in-memory folders and objects): ``entries`` (sorted ``(name, handle)``; SourceError
+    when a folder cannot be listed), ``kind``, ``path`` (the item's path), ``ident`` (the loop
+    check's key), ``raw_rel`` (the relative path as spelled) and ``other_reason``.
+    """
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def entries(self, folder: str) -> list[tuple[str, str]]:
+        try:
+            with os.scandir(folder) as it:
+                return [(e.name, e.path) for e in sorted(it, key=lambda e: e.name)]
+        except OSError as e:
+            raise SourceError(f"cannot list folder {folder!r}: {e}") from e
+
+    kind = staticmethod(_kind)
+    path = staticmethod(os.path.abspath)
+    ident = staticmethod(os.path.realpath)
+
+    def raw_rel(self, handle: str) -> str:
+        return os.path.relpath(handle, self.root).replace(os.sep, "/")
+
+    @staticmethod
+    def other_reason(handle: str) -> str:
+        return "not a regular file (device, socket or pipe)"
 
 
-def _walk_class(folder: str, rel: str, label: str, stack: set[str], out: ScanResult,
+def _walk_class(tree, folder, rel: str, label: str, stack: set[str], out: ScanResult,
                 split: str | None = None) -> None:
-    stack = stack | {os.path.realpath(folder)}
-    for entry in _entries(folder):
-        relpath = _nfc(f"{rel}/{entry.name}")
-        reason = ignore_reason(entry.name)
-        kind = _kind(entry.path)
+    stack = stack | {tree.ident(folder)}
+    for name, handle in tree.entries(folder):
+        relpath = _nfc(f"{rel}/{name}")
+        reason = ignore_reason(name)
+        kind = tree.kind(handle)
         if reason is not None:
             out.ignored.append((relpath, reason))
         elif kind == "file":
-            out.items.append(SourceItem(os.path.abspath(entry.path), relpath, label, None, split))
+            out.items.append(SourceItem(tree.path(handle), relpath, label, None, split))
         elif kind == "dir":
-            if os.path.realpath(entry.path) in stack:
+            if tree.ident(handle) in stack:
                 out.ignored.append((relpath, "symlink loop (points to a folder being walked)"))
             else:
-                _walk_class(entry.path, relpath, label, stack, out, split)
+                _walk_class(tree, handle, relpath, label, stack, out, split)
         elif kind == "broken":
-            out.missing.append(SourceItem(os.path.abspath(entry.path), relpath, label, None,
-                                          split))
+            out.missing.append(SourceItem(tree.path(handle), relpath, label, None, split))
         else:
-            out.ignored.append((relpath, "not a regular file (device, socket or pipe)"))
+            out.ignored.append((relpath, tree.other_reason(handle)))
 
 
 def _check_unique(items: list[SourceItem], where: str) -> None:
@@ -192,53 +215,50 @@ def _check_unique(items: list[SourceItem], where: str) -> None:
                           f"{_listing(dups)}")
 
 
-def _top_entries(folder: str, rel: str, beside: str, out: ScanResult
-                 ) -> list[tuple[os.DirEntry, str]]:
-    """The folders in ``folder`` as ``(entry, NFC relpath)``; every other entry goes to
+def _top_entries(tree, folder, rel: str, beside: str, out: ScanResult) -> list[tuple]:
+    """The folders in ``folder`` as ``(name, handle, NFC relpath)``; every other entry goes to
     ``out.ignored`` (files with the reason "file beside ``beside`` (not a sample)")."""
     dirs = []
-    for entry in _entries(folder):
-        relname = _nfc(f"{rel}{entry.name}")
-        reason = ignore_reason(entry.name)
-        kind = _kind(entry.path)
+    for name, handle in tree.entries(folder):
+        relname = _nfc(f"{rel}{name}")
+        reason = ignore_reason(name)
+        kind = tree.kind(handle)
         if reason is not None:
             out.ignored.append((relname, reason))
         elif kind == "dir":
-            dirs.append((entry, relname))
+            dirs.append((name, handle, relname))
         elif kind == "file":
             out.ignored.append((relname, f"file beside {beside} (not a sample)"))
         elif kind == "broken":
             out.ignored.append((relname, f"broken symlink beside {beside}"))
         else:
-            out.ignored.append((relname, "not a regular file (device, socket or pipe)"))
+            out.ignored.append((relname, tree.other_reason(handle)))
     return dirs
 
 
-def _walk_classes(dirs, root_s: str, out: ScanResult, spellings: dict, split: str | None = None
-                  ) -> int:
+def _walk_classes(tree, dirs, out: ScanResult, spellings: dict, split: str | None = None) -> int:
     """Walks class folders ``dirs`` (from :func:`_top_entries`); returns how many hold files.
     Records each class's folder spellings in ``spellings`` (label -> {raw name: relpath})."""
     classes = 0
-    for entry, relname in dirs:
-        label = _nfc(entry.name).strip()
+    for name, handle, relname in dirs:
+        label = _nfc(name).strip()
         if not label:
-            raise SourceError(f"class folder {entry.path!r} has a blank name; rename it")
+            raise SourceError(f"class folder {tree.path(handle)!r} has a blank name; rename it")
         before = len(out.items) + len(out.missing)
-        _walk_class(entry.path, relname, label, {root_s}, out, split)
+        _walk_class(tree, handle, relname, label, {tree.root}, out, split)
         if len(out.items) + len(out.missing) == before:
             out.ignored.append((relname, "empty class folder (no files)"))
         else:
             classes += 1
-            raw = os.path.relpath(entry.path, root_s).replace(os.sep, "/")  # as on disk
-            spellings.setdefault(label, {}).setdefault(entry.name, raw)
+            spellings.setdefault(label, {}).setdefault(name, tree.raw_rel(handle))
     return classes
 
 
-def _has_subfolder(folder: str) -> bool:
+def _has_subfolder(tree, folder) -> bool:
     try:
-        with os.scandir(folder) as it:
-            return any(ignore_reason(e.name) is None and _kind(e.path) == "dir" for e in it)
-    except OSError:
+        return any(ignore_reason(name) is None and tree.kind(handle) == "dir"
+                   for name, handle in tree.entries(folder))
+    except (OSError, SourceError):
         return False
 
 
@@ -262,29 +282,50 @@ def scan_folder(root: str | os.PathLike, layout: str = "auto") -> ScanResult:
             name or two give one split; with ``"auto"``, every top folder holds only
             sub-folders and the tree is not split-first. The message names the root.
     """
-    if layout not in layout_mod.LAYOUTS:
-        raise ConfigError(f"layout={layout!r}; expected one of {layout_mod.LAYOUTS}")
+    check_layout(layout)
     root_s = os.path.abspath(os.fspath(root))
     if not os.path.isdir(root_s):
         raise SourceError(f"source folder {root_s!r} does not exist or is not a folder")
+    return scan_tree(_LocalTree(root_s), root_s, layout, f"source folder {root_s!r}")
+
+
+def check_layout(layout: str) -> None:
+    """Raises ConfigError unless ``layout`` is one of :data:`shardkit.layout.LAYOUTS`."""
+    if layout not in layout_mod.LAYOUTS:
+        raise ConfigError(f"layout={layout!r}; expected one of {layout_mod.LAYOUTS}")
+
+
+def scan_tree(tree, top_folder, layout: str, where: str) -> ScanResult:
+    """The folder rules of :func:`scan_folder` over a listing interface (see
+    :class:`_LocalTree`; :mod:`shardkit.scan_remote` has one for object-store prefixes).
+
+    Args:
+        tree: the listing interface; ``tree.root`` is the source root (``ScanResult.root``).
+        top_folder: the handle of the source root for ``tree.entries``.
+        layout: as :func:`scan_folder` (already checked).
+        where: names the source in errors (``"source folder '/data/x'"``).
+
+    Returns / Raises: as :func:`scan_folder`.
+    """
+    root_s = tree.root
     out = ScanResult(items=[], root=root_s, kind="folder")
     probe = ScanResult(items=[])
-    top = _top_entries(root_s, "", "the class folders", probe)
+    top = _top_entries(tree, top_folder, "", "the class folders", probe)
     split_first = layout == "split/class" or (
-        layout == "auto" and bool(top) and all(layout_mod.split_family(rel) for _, rel in top)
-        and any(_has_subfolder(e.path) for e, _ in top))
+        layout == "auto" and bool(top) and all(layout_mod.split_family(rel) for *_, rel in top)
+        and any(_has_subfolder(tree, handle) for _, handle, _ in top))
     spellings: dict[str, dict[str, str]] = {}
     if split_first:
         out.layout = "split/class"
-        top = _top_entries(root_s, "", "the split folders", out)
-        classes = _scan_splits(top, root_s, out, spellings)
+        top = _top_entries(tree, top_folder, "", "the split folders", out)
+        classes = _scan_splits(tree, top, where, out, spellings)
         expected = "root/<split>/<class>/<image>"
     else:
         out.ignored += probe.ignored
-        classes = _walk_classes(top, root_s, out, spellings)
+        classes = _walk_classes(tree, top, out, spellings)
         expected = "root/<class>/<image>"
     if classes == 0:
-        raise SourceError(f"source folder {root_s!r} has no class folder with files (expected "
+        raise SourceError(f"{where} has no class folder with files (expected "
                           f"{expected}; ignored entries: "
                           f"{_listing([r for r, _ in out.ignored]) if out.ignored else 'none'})")
     if layout == "auto" and not split_first:
@@ -293,19 +334,19 @@ def scan_folder(root: str | os.PathLike, layout: str = "auto") -> ScanResult:
     out.items.sort(key=lambda i: i.relpath)
     out.missing.sort(key=lambda i: i.relpath)
     out.ignored.sort()
-    _check_unique(out.items + out.missing, f"source folder {root_s!r}")
+    _check_unique(out.items + out.missing, where)
     return out
 
 
-def _scan_splits(top, root_s: str, out: ScanResult, spellings: dict) -> int:
+def _scan_splits(tree, top, where: str, out: ScanResult, spellings: dict) -> int:
     """Walks the split folders ``top`` of a split-first tree; returns the class folders found."""
-    mapping = layout_mod.map_split_names([rel for _, rel in top], f"source folder {root_s!r}")
+    mapping = layout_mod.map_split_names([rel for *_, rel in top], where)
     classes = 0
-    for entry, relname in top:
+    for _, handle, relname in top:
         split, start = mapping[relname], len(out.ignored)
-        dirs = _top_entries(entry.path, relname + "/",
+        dirs = _top_entries(tree, handle, relname + "/",
                             f"the class folders of split folder {relname!r}", out)
-        found = _walk_classes(dirs, root_s, out, spellings, split)
+        found = _walk_classes(tree, dirs, out, spellings, split)
         if found:
             out.given_splits[relname] = split
             classes += found
