@@ -60,6 +60,7 @@ def engine_rows(src: Path, cores: int, repeat: int) -> dict[str, list[float]]:
 def per_file_costs(src: Path, ray) -> dict:
     """Single-process costs per file (ms) and driver memory per file record (bytes)."""
     from shardkit import formats, pack_plan, pack_split
+    from shardkit.pack_records import CheckRecords
     from shardkit.pack_write import stored_size
 
     opts = _pack_options(src)
@@ -76,23 +77,29 @@ def per_file_costs(src: Path, ray) -> dict:
         results = [pack_plan._check_one(j) for j in jobs]
         best = min(best, time.perf_counter() - t0)
     del results
+    dicts = [pack_plan._check_one(j) for j in jobs]
     tracemalloc.start()  # what the driver holds per file: the scanned item and its record
-    results = [pack_plan._check_one(j) for j in jobs]
+    results = CheckRecords.from_list(dicts)
     items = pack_plan.scan_source(src, opts).items
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del items
-    checked = pack_plan.CheckedFiles(results=results, keep=[i for i, r in enumerate(results)
+    tracemalloc.start()  # the same records as the check's dicts (before issue 12's columns)
+    as_dicts = [pack_plan._check_one(j) for j in jobs]
+    held_dicts, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del as_dicts
+    checked = pack_plan.CheckedFiles(results=results, keep=[i for i, r in enumerate(dicts)
                                                             if r["ok"]], quarantine=[])
     t0 = time.perf_counter()
     pack_split.plan_split(source, label_map, label_idx, checked, opts, None)
     t_plan = time.perf_counter() - t0
-    nbytes = sum(stored_size(r) for r in results if r["ok"])
+    nbytes = sum(stored_size(r) for r in dicts if r["ok"])
     with tempfile.TemporaryDirectory(prefix="bench-engine-") as tmp:
         t0 = time.perf_counter()
         sink = formats.ShardSink(tmp, "train", "wds", max_samples=256,
                                  writer_options={"wds_cls": True})
-        for k, (it, r) in enumerate(zip(source.items, results)):
+        for k, (it, r) in enumerate(zip(source.items, dicts)):
             if r["ok"]:
                 sink.add(f"train_{k:08d}", Path(it.path).read_bytes(), r["ext"], 0)
         sink.close()
@@ -109,7 +116,8 @@ def per_file_costs(src: Path, ray) -> dict:
     return {"files": n, "mean_stored_bytes": nbytes / max(1, len(checked.keep)),
             "check_ms": 1e3 * best / n, "write_ms": 1e3 * t_write / len(checked.keep),
             "driver_scan_labels_ms": 1e3 * t_scan / n, "driver_split_plan_ms": 1e3 * t_plan / n,
-            "driver_record_bytes": held / n, "ray_task_ms": 1e3 * t_task}
+            "driver_record_bytes": held / n, "check_dict_bytes": held_dicts / n,
+            "ray_task_ms": 1e3 * t_task}
 
 
 def model_100m(costs: dict, nodes: list[int], cores: int, get_ms: float, list_ms: float,

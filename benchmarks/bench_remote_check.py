@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
                 if r == 0 and "concurrency 1" in name:
                     continue  # the slow serial rows need no warm-up
                 t0 = time.perf_counter()
-                res = pack_plan._check_all(_jobs(locs), workers, False, concurrency=conc)
+                res = list(pack_plan._check_all(_jobs(locs), workers, False, concurrency=conc))
                 dt = time.perf_counter() - t0
                 got = [x.get("sha256") for x in res]
                 want = want or got

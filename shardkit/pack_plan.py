@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tqdm import tqdm
 
@@ -224,7 +224,8 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
                              concurrency=options.read_concurrency)
         for i, res in zip(source.ungrouped, checked):
             results[i] = res
-        images_without_group = [items[i].relpath for i in source.ungrouped if results[i]["ok"]]
+        images_without_group = [items[i].relpath for i in source.ungrouped
+                                if results.meta(i)["ok"]]
         if images_without_group:
             raise source.no_group_error(images_without_group)
     rest = results.unset
@@ -235,7 +236,8 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
         results[i] = res
     quarantine = [{"path": m.relpath, "reason": "file not found"} for m in source.missing]
     keep: list[int] = []
-    for i, (it, res) in enumerate(zip(items, results)):
+    for i, it in enumerate(items):
+        res = results.meta(i)
         if res["ok"]:
             keep.append(i)
             continue
@@ -318,8 +320,9 @@ def chunk_size(jobs: list, size: int, workers: int, concurrency: int) -> int:
 
 def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
                engine: str = "local", ray_address: str | None = None,
-               concurrency: int = DEFAULT_CONCURRENCY) -> list[dict]:
-    """Runs :func:`_check_one` over ``jobs`` in input order, in ``workers`` processes, or with
+               concurrency: int = DEFAULT_CONCURRENCY) -> Iterator[dict]:
+    """Runs :func:`_check_one` over ``jobs`` and yields the records in input order (as they
+    complete, so the caller stores each at once), in ``workers`` processes, or with
     ``engine="ray"`` as Ray tasks of a few dozen files each (:func:`shardkit.ray.engine.check_all`,
     on the cluster at ``ray_address``; ``workers`` does not apply). Each process or task keeps
     up to ``concurrency`` remote reads in flight (:func:`check_chunk`).
@@ -331,29 +334,30 @@ def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
     if engine == "ray":
         from shardkit.ray import engine as ray_engine
 
-        return ray_engine.check_all(jobs, progress, desc=desc, address=ray_address,
-                                    concurrency=concurrency)
-    results: list[dict] = []
+        yield from ray_engine.check_all(jobs, progress, desc=desc, address=ray_address,
+                                        concurrency=concurrency)
+        return
+    done = 0
     bar = tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress)
     try:
         if workers <= 1 or len(jobs) < 2:
             reads = iter_read((job[0] for job in jobs), concurrency)
             for job, got in zip(jobs, reads):
-                results.append(_check_one(job, got))
+                yield _check_one(job, got)
                 bar.update()
-            return results
+            return
         size = chunk_size(jobs, max(1, min(32, len(jobs) // (workers * 8))), workers,
                           concurrency)
         chunks = [jobs[k:k + size] for k in range(0, len(jobs), size)]
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
                                  initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
             for res in pool.map(check_chunk, chunks, [concurrency] * len(chunks)):
-                results.extend(res)
+                yield from res
+                done += len(res)
                 bar.update(len(res))
-        return results
     except BrokenProcessPool:
-        raise SourceError(f"a check worker process died near file {len(results)} of {len(jobs)} "
-                          f"({jobs[min(len(results), len(jobs) - 1)][0]} or one of the next "
+        raise SourceError(f"a check worker process died near file {done} of {len(jobs)} "
+                          f"({jobs[min(done, len(jobs) - 1)][0]} or one of the next "
                           "files crashed a decoder); rerun with workers=1 to pinpoint it") from None
     finally:
         bar.close()

@@ -148,39 +148,46 @@ def _check_batch(jobs: list, concurrency: int) -> list[dict]:
 
 
 def check_all(jobs: list, progress: bool, *, desc: str = "check",
-              address: str | None = None, concurrency: int = 16) -> list[dict]:
+              address: str | None = None, concurrency: int = 16) -> Iterator[dict]:
     """:func:`shardkit.pack_plan._check_one` of every job (``(path, relpath, max_pixels,
     strict, want_hash, max_side, jpeg_quality)``), as Ray tasks of up to :data:`CHECK_BATCH`
     files, each with up to ``concurrency`` remote reads in flight
-    (:func:`shardkit.pack_plan.check_chunk`); the records in input order (as the local
-    engine's)."""
+    (:func:`shardkit.pack_plan.check_chunk`); yields the records in input order (as the local
+    engine), each batch's as soon as it and all before it are done."""
     from tqdm import tqdm
 
     from shardkit.pack_plan import chunk_size
 
     ray = ensure_ray(address)
     if not jobs:
-        return []
+        return
     cpus = _cluster_cpus(ray)
     size = chunk_size(jobs, max(1, min(CHECK_BATCH, math.ceil(len(jobs) / (4 * cpus)))), cpus,
                       concurrency)
     batches = [jobs[k:k + size] for k in range(0, len(jobs), size)]
     task = ray.remote(max_retries=MAX_RETRIES)(_check_batch)
-    out: list[dict] = []
     with tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress) as bar:
-        for res in run_ordered(task, [(b, concurrency) for b in batches],
-                               weights=[len(b) for b in batches],
-                               bar=bar, describe=lambda i: f"files {batches[i][0][0]} .. "
-                                                           f"{batches[i][-1][0]}"):
-            out.extend(res)
-    return out
+        stream = run_ordered(task, [(b, concurrency) for b in batches],
+                             weights=[len(b) for b in batches],
+                             bar=bar, describe=lambda i: f"files {batches[i][0][0]} .. "
+                                                         f"{batches[i][-1][0]}")
+        try:
+            for res in stream:
+                yield from res
+        finally:
+            stream.close()
 
 
 # ----------------------------------------------------------------------------- 6: write
 def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: int,
-                 rows: list, classes: list[str]) -> tuple[list[dict], dict]:
+                 rows: list, classes: list[str], upload_url: str | None = None
+                 ) -> tuple[list[dict], dict, object]:
     """Writes shard ``index`` of ``split`` from ``rows`` (``(key, item, result, label)`` in
-    split order); returns its split records and its manifest entry."""
+    split order); returns its split records, its manifest entry and, with ``upload_url`` (a
+    remote OUT), its members (:func:`shardkit.pack_remote_out.put_shard`: the shard is written
+    in a staging folder of this node, uploaded to ``upload_url`` and deleted; else None)."""
+    import shutil
+
     from shardkit import formats
     from shardkit.pack_write import _write_one
 
