@@ -53,8 +53,8 @@ from shardkit.errors import ConfigError, OutputExistsError, ShardkitError
 from shardkit.fsio import fsync_dir
 from shardkit.manifest import is_url
 
-__all__ = ["PackOutput", "open_output", "OutputLockedError", "DiskFullError", "owned_entries", "LOCK_NAME",
-           "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
+__all__ = ["PackOutput", "open_output", "OutputLockedError", "DiskFullError", "owned_entries",
+           "owned_name", "LOCK_NAME", "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
 
 logger = logging.getLogger("shardkit.pack")
 
@@ -230,15 +230,26 @@ def _read_holder(fd: int) -> str:
 # ----------------------------------------------------------------------------- the run
 def open_output(src: Path | str, out: Path | str, options) -> PackOutput:
     """The output side of a pack into ``out``: a local folder (:class:`PackOutput`) or a remote
-    fsspec URL (``wds`` only).
+    fsspec URL (:class:`shardkit.pack_remote_out.RemoteOutput`, ``wds`` only; its rules mirror
+    the ones above, without the lock).
 
     Raises:
         ConfigError: a remote ``out`` for a format other than ``wds``.
     """
     if is_url(out):
-        raise ConfigError(f"output {out} is a remote URL; packing to object storage is not "
-                          "supported yet: pack to a local folder and upload it")
+        from shardkit.pack_remote_out import RemoteOutput
+
+        return RemoteOutput(src, str(out), options)
     return PackOutput(src, Path(out), options.overwrite)
+
+
+def owned_name(rel: str) -> bool:
+    """Whether ``rel`` (a posix path relative to ``OUT``) has the name of a file a pack writes
+    (the module doc's owned names, by name alone: the lock file and the staging folder are not
+    included, and ``README.md`` matches whoever wrote it)."""
+    folder, _, name = rel.rpartition("/")
+    pattern = _owned_patterns().get(folder)
+    return pattern is not None and pattern.fullmatch(name) is not None
 
 
 class PackOutput:
@@ -254,7 +265,11 @@ class PackOutput:
         root: where the run writes (``OUT`` or ``OUT/.shardkit-new``); None before prepare.
         cleaned: owned leftovers removed before writing (relative to ``OUT``).
         replaced: files of the previous dataset overwritten or removed by the swap (overwrite).
+        upload: None: shards stay where the sink writes them (a remote output's is a
+            :class:`shardkit.pack_remote_out.ShardUpload`).
     """
+
+    upload = None
 
     def __init__(self, src: Path | str, out: Path, overwrite: bool):
         # a remote source (an fsspec URL) can neither hold OUT nor lie inside it

@@ -31,6 +31,7 @@ from shardkit.pack_plan import CheckedFiles, ScannedSource, SplitOutcome
 
 if TYPE_CHECKING:
     from shardkit.pack import PackOptions
+    from shardkit.pack_remote_out import ShardUpload
 
 __all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
            "shuffled_members", "shard_ranges", "stored_size", "class_warnings",
@@ -65,12 +66,17 @@ def write_quarantine(out: Path, entries: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------- 6: write
 def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked: CheckedFiles,
-                 outcome: SplitOutcome, classes: list[str], options: PackOptions
-                 ) -> dict[str, dict]:
+                 outcome: SplitOutcome, classes: list[str], options: PackOptions,
+                 upload: ShardUpload | None = None) -> dict[str, dict]:
     """Step 6 (and the split files of step 7): writes every split's shards, then its
     ``splits/<split>.jsonl`` + ``.index.npz``. Returns the manifest's ``splits`` section:
     ``{split: {"num_samples", "class_counts", "num_groups", "shards"}}``. ``classes``: the
     label map's class names (label ``k`` is ``classes[k]``).
+
+    ``upload`` (a pack into object storage, :mod:`shardkit.pack_remote_out`): every shard is
+    handed to ``upload(path, record, its split records)`` as soon as its sink closes it (the
+    sink's ``on_close``), which uploads it and deletes the local file; None keeps the shards in
+    ``out``.
 
     ``options.engine == "ray"``: each shard is written by a Ray task
     (:func:`shardkit.ray.engine.write_splits`) from the same :func:`shard_ranges` as the local
@@ -91,10 +97,11 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
             from shardkit.ray import engine as ray_engine
 
             written = ray_engine.write_splits(out, splits, source.items, label_idx,
-                                              checked.results, classes, options, bar)
+                                              checked.results, classes, options, bar,
+                                              upload=upload)
         else:
             written = (_write_split(out, name, members, source.items, label_idx,
-                                    checked.results, classes, options, bar)
+                                    checked.results, classes, options, bar, upload)
                        for name, members in splits)
         for (name, members), (records, shards) in zip(splits, written):
             with naming_file(out / "splits" / f"{name}.jsonl"):
@@ -150,16 +157,27 @@ def stored_size(res: dict) -> int:
 
 
 def _write_split(out: Path, name: str, members: list[int], items, label_idx, results, classes,
-                 options: PackOptions, bar) -> tuple[list[dict], list[dict]]:
+                 options: PackOptions, bar, upload: ShardUpload | None = None
+                 ) -> tuple[list[dict], list[dict]]:
     """Writes the shards of one split through :class:`shardkit.formats.ShardSink` (aborted on any
-    error); returns ``(split records, shard entries)``."""
+    error; each closed shard handed to ``upload``, see :func:`write_shards`); returns
+    ``(split records, shard entries)``."""
+    records: list[dict] = []
+    first = [0]  # records[first[0]:] are the samples of the shard being written
+
+    def on_close(path: Path, record: dict) -> None:
+        # from sink.add before the next shard's first record is appended, or from sink.close
+        upload(path, record, records[first[0]:])
+        first[0] = len(records)
+
     sink = formats.ShardSink(out, name, options.format, max_samples=options.shard_samples,
                              max_bytes=options.shard_byte_limit,
-                             writer_options=options.sink_writer_options)
+                             writer_options=options.sink_writer_options,
+                             on_close=None if upload is None else on_close)
     try:
-        records = [_write_one(sink, f"{name}_{n:08d}", items[i], results[i], label_idx[i], classes,
-                              bar)
-                   for n, i in enumerate(members)]
+        for n, i in enumerate(members):
+            records.append(_write_one(sink, f"{name}_{n:08d}", items[i], results[i],
+                                      label_idx[i], classes, bar))
         return records, sink.close()
     except BaseException as e:
         sink.abort()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from ..fsio import fsync_dir
@@ -27,10 +27,16 @@ class ShardSink:
         fmt: a format name registered in :data:`shardkit.formats.FORMATS`.
         max_samples: roll over after this many samples per shard (``None``: no limit).
         max_bytes: roll over before a shard's stored image bytes would exceed this (``None``: no limit).
+        on_close: called as ``on_close(path, record)`` with each finished shard's final path and
+            its record (see :meth:`close`) right after the atomic rename; the sink never reads
+            the file again, so the hook may move or delete it (a pack into object storage
+            uploads it and deletes the local copy: :mod:`shardkit.pack_remote_out`). An error it
+            raises propagates from :meth:`add` or :meth:`close`.
     """
 
     def __init__(self, out_dir, split: str, fmt: str, max_samples: int | None = None,
-                 max_bytes: int | None = None, writer_options: dict | None = None):
+                 max_bytes: int | None = None, writer_options: dict | None = None,
+                 on_close: Callable[[Path, dict], None] | None = None):
         for name, value in (("max_samples", max_samples), ("max_bytes", max_bytes)):
             if value is not None and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
@@ -40,6 +46,7 @@ class ShardSink:
         self.writer_options = writer_options or {}
         self.max_samples = max_samples
         self.max_bytes = max_bytes
+        self.on_close = on_close
         self.records: list[dict] = []
         self._writer: FormatWriter | None = None
         self._count = 0
@@ -91,6 +98,8 @@ class ShardSink:
             "bytes": final.stat().st_size,
             "sha256": sha256_file(final),
         })
+        if self.on_close is not None:
+            self.on_close(final, self.records[-1])
 
     def close(self) -> list[dict]:
         """Finishes the open shard and fsyncs ``OUT/shards/`` (so every rename is durable before

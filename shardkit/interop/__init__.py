@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from shardkit import manifest as manifest_mod
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, ShardCorruptError
 from shardkit.fsio import atomic_write_bytes
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
-from shardkit.interop.shards import ShardMembers, scan
+from shardkit.interop.shards import ShardMembers, dali_index_path, scan
 from shardkit.interop.timm_info import INFO_NAME, info_dict
 
 __all__ = ["write_pack_metadata", "export", "TOOLS", "TOOL_SPLIT_NAMES", "tool_split_names",
@@ -96,22 +96,35 @@ def _lacking_message(lacking: dict[str, str], members: ShardMembers) -> str:
 _NICE = {"timm": "timm", "dali": "DALI", "hf": "Hugging Face datasets"}
 
 
-def write_pack_metadata(root: Path, manifest: dict[str, Any]) -> list[Path]:
+def write_pack_metadata(root: Path, manifest: dict[str, Any],
+                        members: ShardMembers | None = None) -> list[Path]:
     """Writes the :data:`PACK_TOOLS` files (timm's ``_info.json``, DALI's ``.idx``) for the
     dataset being packed at ``root``; returns their paths.
 
     Called by :func:`shardkit.pack.pack` after the shards and split files, just before
-    ``manifest.json`` (``root`` is ``OUT`` or the staging folder of an overwrite). Returns
-    ``[]`` for ``lmdb`` / ``hdf5``. A tool whose labels the shards lack (:func:`missing_for`)
-    is left out with one INFO line on the ``shardkit.interop`` logger.
+    ``manifest.json`` (``root`` is ``OUT``, the staging folder of an overwrite, or the local
+    staging folder of a pack into object storage). Returns ``[]`` for ``lmdb`` / ``hdf5``. A
+    tool whose labels the shards lack (:func:`missing_for`) is left out with one INFO line on
+    the ``shardkit.interop`` logger. ``members``: the shards' members, each shard scanned
+    (:func:`shardkit.interop.shards.scan_shard`, with its DALI index) before it left ``root``
+    (:mod:`shardkit.pack_remote_out` uploads and deletes every shard as it is closed); None
+    scans the shards under ``root``.
 
     Raises:
-        ShardCorruptError: the shards just written do not match the split index (a bug).
-        OSError: from writing the files.
+        ShardCorruptError: the shards just written do not match the split index, or
+            ``members`` does not cover the manifest's shards (a bug). OSError: from writing.
     """
     if manifest.get("format") != "wds":
         return []
-    return _write(Path(root), manifest, PACK_TOOLS, strict=False)
+    if members is not None:
+        want = {dali_index_path(s["path"]) for info in manifest["splits"].values()
+                for s in info["shards"]}
+        packed = sum(info["num_samples"] for info in manifest["splits"].values())
+        if set(members.dali_index) != want or members.num_samples != packed:
+            raise ShardCorruptError(f"{root}: the scanned shards ({len(members.dali_index)}, "
+                                    f"{members.num_samples} samples) are not the manifest's "
+                                    f"({len(want)}, {packed} samples)")
+    return _write(Path(root), manifest, PACK_TOOLS, strict=False, members=members)
 
 
 def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
@@ -153,8 +166,10 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
         lock.release()
 
 
-def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool) -> list[Path]:
-    members = scan(root, manifest, dali_index="dali" in tools)
+def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool,
+           members: ShardMembers | None = None) -> list[Path]:
+    if members is None:
+        members = scan(root, manifest, dali_index="dali" in tools)
     lacking = {t: why for t in tools if (why := missing_for(t, members))}
     if strict and lacking:
         raise ConfigError(f"{root}: {_lacking_message(lacking, members)}")

@@ -15,11 +15,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from shardkit import manifest as manifest_mod
 from shardkit.errors import ShardCorruptError
 from shardkit.formats.wds import sample_members
 
-__all__ = ["ShardMembers", "scan", "DALI_INDEX_VERSION", "dali_index_path"]
+__all__ = ["ShardMembers", "scan", "scan_shard", "DALI_INDEX_VERSION", "dali_index_path"]
 
 logger = logging.getLogger("shardkit.interop")
 
@@ -54,9 +56,48 @@ class ShardMembers:
     other_exts: Counter = field(default_factory=Counter)
     dali_index: dict[str, str] = field(default_factory=dict)
 
+    def update(self, other: ShardMembers) -> None:
+        """Adds the counts and index texts of ``other`` (another shard's) to these."""
+        self.num_samples += other.num_samples
+        self.image_exts.update(other.image_exts)
+        self.other_exts.update(other.other_exts)
+        self.dali_index.update(other.dali_index)
+
     def every_sample_has(self, ext: str) -> bool:
         """True when every sample (and at least one) has a ``<key>.<ext>`` member."""
         return self.num_samples > 0 and self.other_exts.get(ext, 0) == self.num_samples
+
+
+def scan_shard(path: str | Path, shard_path: str, keys, offsets, sizes, *,
+               dali_index: bool = False) -> ShardMembers:
+    """The members of one local tar shard, checked against the split index's rows of it.
+
+    Args:
+        path: the shard file. shard_path: its path relative to the dataset root, as the
+            manifest lists it (``shards/train-000000.tar``; names the DALI index file).
+        keys, offsets, sizes: the split index's key, data offset and size (bytes) of every
+            sample in the shard (any order).
+        dali_index: also build the shard's DALI index text (see :func:`scan`).
+
+    Raises:
+        FileNotFoundError: no file at ``path``. ShardCorruptError: see
+            :func:`shardkit.formats.wds.sample_members`.
+    """
+    order = np.argsort(np.asarray(offsets, dtype=np.int64), kind="stable")  # tar order
+    keys = [keys[int(i)] for i in order]
+    members = sample_members(path, keys, np.asarray(offsets)[order], np.asarray(sizes)[order])
+    out = ShardMembers(num_samples=len(members))
+    lines = [f"{DALI_INDEX_VERSION} {len(members)}"]
+    for sample in members:
+        image, *others = sample
+        out.image_exts[image[0].partition(".")[2]] += 1
+        out.other_exts.update(name.partition(".")[2] for name, _, _ in others)
+        if dali_index:
+            lines.append(" ".join(f"{name.partition('.')[2]} {offset} {size} {name}"
+                                  for name, offset, size in sample))
+    if dali_index:
+        out.dali_index[dali_index_path(shard_path)] = "\n".join(lines) + "\n"
+    return out
 
 
 def scan(root: str | Path, manifest: dict, *, dali_index: bool = False) -> ShardMembers:
@@ -78,29 +119,18 @@ def scan(root: str | Path, manifest: dict, *, dali_index: bool = False) -> Shard
         index = manifest_mod.load_index(root, split, manifest)
         for k, shard in enumerate(info.get("shards", [])):
             rows = (index.shard == k).nonzero()[0]
-            rows = rows[index.offset[rows].argsort(kind="stable")]  # tar order
             keys = [index.key_at(int(i)) for i in rows]
             if len(keys) != shard["num_samples"]:
                 raise ShardCorruptError(f"shard {shard['path']}: the split index of {split!r} "
                                         f"lists {len(keys)} samples in it, the manifest "
                                         f"{shard['num_samples']}")
             try:
-                members = sample_members(root / shard["path"], keys, index.offset[rows],
-                                         index.size[rows])
+                out.update(scan_shard(root / shard["path"], shard["path"], keys,
+                                      index.offset[rows], index.size[rows],
+                                      dali_index=dali_index))
             except FileNotFoundError:
                 raise ShardCorruptError(f"shard {shard['path']} of split {split!r} is missing "
                                         f"in {root}") from None
-            lines = [f"{DALI_INDEX_VERSION} {len(members)}"]
-            for sample in members:
-                image, *others = sample
-                out.image_exts[image[0].partition(".")[2]] += 1
-                out.other_exts.update(name.partition(".")[2] for name, _, _ in others)
-                if dali_index:
-                    lines.append(" ".join(f"{name.partition('.')[2]} {offset} {size} {name}"
-                                          for name, offset, size in sample))
-            out.num_samples += len(members)
-            if dali_index:
-                out.dali_index[dali_index_path(shard["path"])] = "\n".join(lines) + "\n"
     logger.debug("scanned %d samples: images %s, other members %s", out.num_samples,
                  dict(out.image_exts), dict(out.other_exts))
     return out

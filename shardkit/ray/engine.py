@@ -198,20 +198,35 @@ def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: in
         def add(self, *a, **k):
             return index, super().add(*a, **k)[1]
 
-    sink = _OneShard(out, split, fmt, writer_options=writer_options)
+    staging, members, records = None, None, []
+    if upload_url is not None:  # no file system shared with the driver: this node's own
+        from shardkit.pack_remote_out import put_shard, staging_folder
+
+        staging = out = staging_folder("shardkit-shard-")
+
+        def on_close(path, record):
+            nonlocal members
+            members = put_shard(upload_url, path, record, records)
+
     try:
-        records = [_write_one(sink, key, it, res, label, classes, _NoBar)
-                   for key, it, res, label in rows]
-        shards = sink.close()
-    except BaseException as e:
-        sink.abort()
-        if isinstance(e, OSError) and (e.filename is None or Path(str(e.filename)).name
-                                       .startswith(".")):
-            e.filename = str(sink._final_path(index))
-        raise
+        sink = _OneShard(out, split, fmt, writer_options=writer_options,
+                         on_close=None if upload_url is None else on_close)
+        try:
+            records += [_write_one(sink, key, it, res, label, classes, _NoBar)
+                        for key, it, res, label in rows]
+            shards = sink.close()
+        except BaseException as e:
+            sink.abort()
+            if isinstance(e, OSError) and (e.filename is None or Path(str(e.filename)).name
+                                           .startswith(".")):
+                e.filename = str(sink._final_path(index))
+            raise
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     if len(shards) != 1:
         raise AssertionError(f"shard task {split}/{index} wrote {len(shards)} shards")
-    return records, shards[0]
+    return records, shards[0], members
 
 
 class _NoBar:
@@ -221,18 +236,21 @@ class _NoBar:
 
 
 def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_idx, results,
-                 classes: list[str], options: PackOptions, bar=None
+                 classes: list[str], options: PackOptions, bar=None, upload=None
                  ) -> Iterator[tuple[list[dict], list[dict]]]:
     """Writes the shards of every split (``(name, members in stored order)``) as Ray tasks, one
     per shard, all splits at once; yields ``(split records, shard entries)`` per split, in the
     order of ``splits``, as each split completes. ``bar`` counts files written (its postfix the
-    shards)."""
+    shards). ``upload`` (a :class:`shardkit.pack_remote_out.ShardUpload`, remote OUT): each
+    task writes its shard in its node's staging folder and uploads it to ``upload.url``
+    itself; the shards' members are summed into ``upload.members`` here."""
     from shardkit.pack_write import shard_ranges, stored_size
 
     ray = ensure_ray(options.ray_address)
     (Path(out) / "shards").mkdir(parents=True, exist_ok=True)  # as ShardSink, for empty splits
     classes_ref = ray.put(list(classes))
     writer_options = dict(options.sink_writer_options)
+    url = None if upload is None else upload.url
     args, owner, weights = [], [], []
     for s, (name, members) in enumerate(splits):
         ranges = shard_ranges([stored_size(results[i]) for i in members],
@@ -240,7 +258,8 @@ def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_id
         for k, (a, b) in enumerate(ranges):
             rows = [(f"{name}_{n:08d}", items[i], results[i], label_idx[i])
                     for n, i in zip(range(a, b), members[a:b])]
-            args.append((str(out), name, options.format, writer_options, k, rows, classes_ref))
+            args.append((str(out), name, options.format, writer_options, k, rows, classes_ref,
+                         url))
             owner.append(s)
             weights.append(b - a)
     task = ray.remote(max_retries=MAX_RETRIES)(_write_shard)
@@ -248,7 +267,7 @@ def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_id
     for s in owner:
         per_split[s] += 1
     done_shards = 0
-    pending: list = []  # (records, shard) of the split being collected
+    pending: list = []  # (records, shard, members) of the split being collected
     stream = run_ordered(task, args, weights=weights, bar=bar,
                          describe=lambda i: f"shard {args[i][4]} of split {args[i][1]!r}")
     try:
@@ -257,6 +276,10 @@ def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_id
             done_shards += len(pending)
             if bar is not None:
                 bar.set_postfix(shards=done_shards, refresh=False)
-            yield [r for recs, _ in pending for r in recs], [shard for _, shard in pending]
+            if upload is not None:
+                for _, _, members in pending:
+                    upload.members.update(members)
+            yield ([r for recs, _, _ in pending for r in recs],
+                   [shard for _, shard, _ in pending])
     finally:
         stream.close()

@@ -1,0 +1,255 @@
+"""OUT as an fsspec URL (issue 12): ``shardkit pack SRC s3://bucket/ds`` writes through a local
+staging folder and uploads each shard as its sink closes it, ``manifest.json`` last. Tested on a
+local S3 server (moto, the ``s3_server`` fixture) with the embedded flowers sample: the objects
+are the bytes of a pack into a local folder, ``make_loader`` reads the same samples from both,
+OUT's rules (finished dataset, overwrite, leftovers, a user's objects, failures) hold, and Ray
+tasks upload their own shards."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from shardkit import pack_remote_out, pack_plan
+from shardkit.errors import ConfigError, OutputExistsError
+from shardkit.manifest import load_index, load_manifest
+from shardkit.pack import pack, pack_command
+from shardkit.pack_out import owned_name
+from shardkit.pack_remote_out import UploadError
+from shardkit.stream import make_loader
+
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
+OPTS = dict(progress=False, near_duplicates="off", metadata=SAMPLE / "metadata.csv",
+            group_column="group_flickr_user")
+USER = {"notes/todo.txt": b"my notes\n", "shards/mine.txt": b"mine\n",
+        "README.md": b"# my dataset\n"}  # a user's own objects under OUT: never touched
+
+
+def _objects(fs, url: str) -> dict[str, bytes]:
+    """``{path relative to url: bytes}`` of every object under ``url``."""
+    base = url.split("://", 1)[1]
+    fs.invalidate_cache()
+    return {p[len(base) + 1:]: fs.cat_file(p) for p in fs.find(base)}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in folder.rglob("*") if p.is_file()}
+
+
+def _shards(objects: dict) -> list[str]:
+    return sorted(r for r in objects if r.startswith("shards/") and r.endswith(".tar"))
+
+
+@pytest.fixture(scope="module")
+def local_packs(tmp_path_factory):
+    """The sample packed into local folders, 20 and 50 samples per shard."""
+    root = tmp_path_factory.mktemp("local")
+    for n in (20, 50):
+        pack(SAMPLE, root / f"n{n}", shard_samples=n, **OPTS)
+    return {n: root / f"n{n}" for n in (20, 50)}
+
+
+def _epoch(root) -> dict[int, tuple[str, int, np.ndarray]]:
+    """``{sample index: (key, label, pixels)}`` of one eval epoch of ``root``'s val split."""
+    index = load_index(root, "val")
+    loader = make_loader(root, "val", 8, train=False, image_size=64, num_workers=0,
+                         return_meta=True)
+    out = {}
+    for images, labels, meta in loader:
+        for i, y, x in zip(meta["index"].tolist(), labels.tolist(), images):
+            out[i] = (index.key_at(i), y, x.numpy())
+    return out
+
+
+def test_s3_pack_is_the_local_pack_byte_for_byte_and_loads_alike(s3_server, local_packs,
+                                                                  tmp_path, monkeypatch):
+    url = s3_server.bucket() + "/flowers"
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(staging))  # $TMPDIR of this run
+    on_disk = []  # local tar files in the staging folder at each shard upload
+    upload = pack_remote_out.upload_file
+
+    def counting(fs, local, rpath, where):
+        if rpath.endswith(".tar"):
+            on_disk.append(sorted(p.name for p in staging.rglob("*.tar")))
+        return upload(fs, local, rpath, where)
+
+    monkeypatch.setattr(pack_remote_out, "upload_file", counting)
+    summary = pack(SAMPLE, url + "/", shard_samples=20, **OPTS)
+    assert str(summary.out) == url and summary.format_text().startswith(f"packed {url} ")
+    got, want = _objects(s3_server.fs(), url), _files(local_packs[20])
+    # every file, manifest included (it has no output path or timing field), the same bytes
+    shards = _shards(want)
+    assert sorted(got) == sorted(want) and len(shards) == 12  # 9 train, 1 val, 2 test
+    assert [r for r in got if got[r] != want[r]] == []
+    manifest = json.loads(got["manifest.json"])
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            assert hashlib.sha256(got[shard["path"]]).hexdigest() == shard["sha256"]
+    assert "shards/_info.json" in got and "shards/val-000000.idx" in got  # timm, DALI
+    # one shard on the local disk at a time (one writer), then the staging folder is gone
+    assert len(on_disk) == len(shards) and all(len(names) <= 1 for names in on_disk)
+    assert list(staging.iterdir()) == []
+    remote, local = _epoch(url), _epoch(local_packs[20])
+    assert len(remote) == manifest["splits"]["val"]["num_samples"] > 0
+    assert remote.keys() == local.keys()
+    for i in remote:
+        assert remote[i][:2] == local[i][:2] and np.array_equal(remote[i][2], local[i][2])
+
+
+def _put_user_objects(fs, url: str) -> None:
+    fs.pipe({f"{url}/{rel}": data for rel, data in USER.items()})
+
+
+def test_finished_dataset_overwrite_and_leftovers(s3_server, local_packs):
+    fs, url = s3_server.fs(), s3_server.bucket() + "/ds"
+    _put_user_objects(fs, url)
+    pack(SAMPLE, url, shard_samples=20, **OPTS)
+    before = _objects(fs, url)
+    with pytest.raises(OutputExistsError, match=f"{url} already holds a packed dataset"):
+        pack(SAMPLE, url, shard_samples=50, **OPTS)
+    assert _objects(fs, url) == before  # refused before anything was written
+    summary = pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
+    got = _objects(fs, url)
+    assert {r: d for r, d in got.items() if r not in USER} == _files(local_packs[50])
+    assert {r: got[r] for r in USER} == USER  # the user's objects, README.md included
+    stale = sorted(set(_shards(before)) - set(_shards(got)))
+    assert len(stale) == 12 - 6 and set(stale) <= set(summary.replaced)  # 4 train, 1, 1
+    assert not {r[:-4] + ".idx" for r in stale} & set(got)  # their DALI indexes went too
+    assert "manifest.json" in summary.replaced
+    # a killed run: owned objects, no manifest -> deleted before the next run writes
+    fs.rm(url.split("://")[1] + "/manifest.json")
+    fs.pipe(f"{url}/shards/train-000099.tar", b"left over")
+    summary = pack(SAMPLE, url, shard_samples=50, **OPTS)
+    assert "shards/train-000099.tar" in summary.cleaned and "manifest.json" not in summary.cleaned
+    got = _objects(fs, url)
+    assert {r: d for r, d in got.items() if r not in USER} == _files(local_packs[50])
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_lmdb_and_hdf5_to_a_url_are_refused(s3_server, fmt):
+    fs, url = s3_server.fs(), s3_server.bucket() + "/ds"
+    with pytest.raises(ConfigError, match=f"output {url} is a remote URL and --format {fmt}.*"
+                                          "pack them to a local folder, or use --format wds"):
+        pack(SAMPLE, url, format=fmt, **OPTS)
+    assert _objects(fs, url) == {}
+
+
+def test_missing_bucket_fails_before_the_scan(s3_server, monkeypatch):
+    scanned = []
+    monkeypatch.setattr(pack_plan, "scan_source", lambda *a: scanned.append(a))
+    with pytest.raises(ConfigError, match="output s3://no-such-bucket/ds cannot be written "
+                                          r"\(FileNotFoundError"):
+        pack(SAMPLE, "s3://no-such-bucket/ds", **OPTS)
+    assert scanned == []
+
+
+def _owned(objects: dict) -> list[str]:
+    return [r for r in objects if owned_name(r)]
+
+
+def test_a_run_that_fails_while_writing_leaves_no_owned_object(s3_server, tmp_path,
+                                                               monkeypatch):
+    fs = s3_server.fs()
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE, src)
+    gone = sorted(src.rglob("*.jpg"))[-1]
+    check = pack_plan.check_files
+
+    def check_then_delete(*a, **k):  # the file disappears after its check
+        checked = check(*a, **k)
+        gone.unlink()
+        return checked
+
+    monkeypatch.setattr(pack_plan, "check_files", check_then_delete)
+    url = s3_server.bucket() + "/ds"
+    _put_user_objects(fs, url)
+    with pytest.raises(FileNotFoundError, match=gone.name):
+        pack(src, url, shard_samples=20, **{**OPTS, "metadata": None, "group_column": None})
+    assert _objects(fs, url) == USER
+    # an overwrite whose upload fails half way: the old dataset was unfinished from the first
+    # write on, so nothing owned is left, and the user's objects are
+    monkeypatch.undo()
+    pack(SAMPLE, url, shard_samples=20, **OPTS)
+    assert len(_owned(_objects(fs, url))) > 20
+    calls = []
+
+    def failing(fs, local, rpath, where):
+        calls.append(rpath)
+        if len(calls) == 4:
+            raise UploadError(f"cannot upload {local} to {where}: simulated")
+        return upload(fs, local, rpath, where)
+
+    upload = pack_remote_out.upload_file
+    monkeypatch.setattr(pack_remote_out, "upload_file", failing)
+    with pytest.raises(UploadError, match="simulated"):
+        pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
+    assert len(calls) == 4 and _objects(fs, url) == USER
+
+
+def test_an_upload_of_other_size_is_an_error(s3_server, monkeypatch):
+    fs, url = s3_server.fs(), s3_server.bucket() + "/ds"
+    store = pack_remote_out.remote_fs(url)[0]  # fsspec's cached instance, the one pack uses
+    put = store.put_file
+
+    def short(lpath, rpath, **kw):  # a store that drops the last byte of shard 1
+        if rpath.endswith("train-000001.tar"):
+            return store.pipe_file(rpath, Path(lpath).read_bytes()[:-1])
+        return put(lpath, rpath, **kw)
+
+    monkeypatch.setattr(store, "put_file", short)
+    with pytest.raises(UploadError) as err:
+        pack(SAMPLE, url, shard_samples=20, **OPTS)
+    got, want = map(int, re.search(r"train-000001.tar holds (\d+) bytes after the upload, "
+                                   r"the local file \S+ (\d+):", str(err.value)).groups())
+    assert got == want - 1 > 0
+    assert _objects(fs, url) == {}
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="pack_summary.PackSummary.format_text joins OUT with '/' (a Path "
+                          "operator): a URL OUT with quarantined files raises TypeError")
+def test_quarantined_files_with_a_url_out(s3_server, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE / "daisy", src / "daisy")
+    shutil.copytree(SAMPLE / "roses", src / "roses")
+    (src / "daisy" / "broken.jpg").write_bytes(b"not a jpeg")
+    url = s3_server.bucket() + "/ds"
+    summary = pack(src, url, progress=False, near_duplicates="off")
+    assert f"{url}/quarantine.jsonl" in summary.format_text()
+
+
+@pytest.mark.ray
+def test_ray_tasks_upload_the_local_engines_objects(s3_server, local_packs):
+    ray = pytest.importorskip("ray")
+    fs = s3_server.fs()
+    url = s3_server.bucket() + "/ray"
+    started = not ray.is_initialized()  # this test's own runtime; the S3 env is set already
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        pack(SAMPLE, url, shard_samples=20, engine="ray", **OPTS)
+    finally:
+        if started:
+            ray.shutdown()
+    got, want = _objects(fs, url), _files(local_packs[20])
+    assert sorted(got) == sorted(want) and [r for r in got if got[r] != want[r]] == []
+
+
+def test_cli_packs_to_s3(s3_server):
+    url = s3_server.bucket() + "/cli"
+    result = CliRunner().invoke(pack_command, [str(SAMPLE), url, "--shard-samples", "50",
+                                               "--near-duplicates", "off", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"packed {url} (format wds, 5 classes)")
+    assert load_manifest(url)["source"]["num_packed"] == 200
+    bad = CliRunner().invoke(pack_command, [str(SAMPLE), url + "2", "--format", "lmdb"])
+    assert bad.exit_code == 2 and "Error: ConfigError: output" in bad.output
