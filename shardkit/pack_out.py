@@ -35,6 +35,10 @@ Rules (a pack never destroys what it did not write):
 
 Disk-full errors (``ENOSPC``, ``EDQUOT``) while writing become :class:`DiskFullError`: one line
 naming the file, after the run's files were removed.
+
+A remote ``OUT`` (an fsspec URL, ``wds`` only; :func:`open_output`) follows the same rules by
+name in :mod:`shardkit.pack_remote_out`, except that no lock is possible there and an overwrite
+deletes the old ``manifest.json`` when writing starts instead of building beside it.
 """
 from __future__ import annotations
 

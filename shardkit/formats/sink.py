@@ -26,7 +26,8 @@ class ShardSink:
         split: split name, used in shard file names.
         fmt: a format name registered in :data:`shardkit.formats.FORMATS`.
         max_samples: roll over after this many samples per shard (``None``: no limit).
-        max_bytes: roll over before a shard's stored image bytes would exceed this (``None``: no limit).
+        max_bytes: roll over before a shard's stored image bytes would exceed this (``None``: no
+            limit).
         on_close: called as ``on_close(path, record)`` with each finished shard's final path and
             its record (see :meth:`close`) right after the atomic rename; the sink never reads
             the file again, so the hook may move or delete it (a pack into object storage
