@@ -1,11 +1,13 @@
 """Given splits in a pack: which splits a source gives (step 1) and the plan keeping them (4).
 
-A source *gives* splits when it is a split-first tree (``SRC/<split>/<class>/...``, see
-:mod:`shardkit.layout`) or when ``split_column`` names a column of the ``.csv`` source or of
-``metadata``. With ``split`` unset (``PackOptions.split_auto``) or ``"given"`` the packer keeps
-them (:func:`shardkit.split.given_splits`: nothing moves; identical bytes and shared groups
-across them are warnings, and ``shardkit check`` still fails on them); with ratios it pools
-every file and re-splits by group, and says so. Used by :mod:`shardkit.pack_plan`.
+A source *gives* splits when it is a split-first tree (``SRC/<split>/<class>/...``, a folder or
+an object-store prefix, see :mod:`shardkit.layout`) or when ``split_column`` names a column of
+the ``.csv`` source (local or remote) or of ``metadata``. With ``split`` unset
+(``PackOptions.split_auto``) or ``"given"`` the packer keeps them
+(:func:`shardkit.split.given_splits`: nothing moves; identical bytes and shared groups across
+them are warnings, and ``shardkit check`` still fails on them); with ratios it pools every file
+and re-splits by group, and says so. Used by :mod:`shardkit.pack_plan`. ``src`` is a local
+path or, for a remote source, its URL (``str``).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from shardkit import layout, scan
 from shardkit.errors import ConfigError, ShardkitError
+from shardkit.manifest import is_url
 from shardkit.split import SplitPlan, given_splits
 
 if TYPE_CHECKING:
@@ -54,8 +57,9 @@ def read_given(src, result: ScanResult, options: PackOptions
                  "column": column, "mapping": mapping}
         lacking = bool(missing)
     elif column is not None and result.kind != "csv":
+        what = "an object-store prefix" if is_url(src) else "a folder"
         raise ConfigError(f"--split-column {column!r} reads a column of a .csv SRC or of "
-                          f"--metadata; {src} is a folder: pass --metadata CSV")
+                          f"--metadata; {src} is {what}: pass --metadata CSV")
     elif result.given_splits:
         given = ({"from": "column", "csv": str(src), "column": column} if column else
                  {"from": "folders"})

@@ -82,20 +82,21 @@ def _shard_hashes(out: Path) -> dict[str, list[str]]:
     return {s: [sh["sha256"] for sh in v["shards"]] for s, v in load_manifest(out)["splits"].items()}
 
 
-def _same_pack(remote: Path, local: Path, rule_csv: tuple[str, str] | None = None) -> None:
-    """Records, shard hashes and quarantine equal; the manifest equal apart from the source
-    (and the group rule's CSV, ``rule_csv`` = (remote, local), for a CSV list's group column)."""
+def _same_pack(remote: Path, local: Path, renamed: dict[str, str] | None = None) -> None:
+    """Records, shard hashes and quarantine equal; the manifest equal apart from its source
+    section and the CSV names in ``renamed`` (remote pack's name -> local pack's name)."""
     assert _records(remote) == _records(local)
     assert _shard_hashes(remote) == _shard_hashes(local)
     assert all((remote / sh).read_bytes() == (local / sh).read_bytes() for sh in (
         s["path"] for v in load_manifest(local)["splits"].values() for s in v["shards"]))
     assert _quarantine(remote) == _quarantine(local)
-    a, b = load_manifest(remote), load_manifest(local)
-    if rule_csv is not None:
-        assert (a["split"]["group_rule"].pop("csv"), b["split"]["group_rule"].pop("csv")) == \
-            rule_csv
-    assert {k: v for k, v in a.items() if k != "source"} == \
-        {k: v for k, v in b.items() if k != "source"}
+    a, b = ({k: v for k, v in load_manifest(out).items() if k != "source"}
+            for out in (remote, local))
+    text = json.dumps(a)
+    for name, local_name in (renamed or {}).items():
+        assert json.dumps(name) in text
+        text = text.replace(json.dumps(name), json.dumps(local_name))
+    assert json.loads(text) == b
 
 
 def test_prefix_packs_like_the_folder(flowers, packs):
@@ -167,6 +168,36 @@ def test_cli_group_by_on_a_prefix(flowers, packs, tmp_path):
     assert 10 <= len(groups) <= 90 and all(len(g) == 2 and g.isdigit() for g in groups)
 
 
+def test_metadata_split_column_on_a_prefix(flowers, packs, tmp_path):
+    """--metadata with --split-column on a prefix: rows as relpaths or as the objects' full
+    URLs (both joined to the prefix's relpaths), splits kept as given."""
+    local, url = flowers
+    with open(SAMPLE / "metadata.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    meta = tmp_path / "meta.csv"
+    with open(meta, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "group_flickr_user", "subset"])
+        w.writerows((f"{url}/{r['path']}" if k % 2 else r["path"], r["group_flickr_user"],
+                     "validation" if r["group_flickr_user"] < "f" else "train")
+                    for k, r in enumerate(rows))
+    opts = dict(metadata=meta, group_column="group_flickr_user", split_column="subset")
+    with pytest.raises(ConfigError, match=r"--split-column 'subset' reads a column of a \.csv "
+                       r"SRC or of --metadata; s3://.* is an object-store prefix"):
+        pack(url, tmp_path / "bad", **OPTS, split_column="subset")
+    remote_out = packs(url, **opts)
+    manifest = load_manifest(remote_out)
+    assert manifest["split"]["mode"] == "given"
+    assert manifest["split"]["given"]["mapping"] == {"train": "train", "validation": "val"}
+    want = {r["path"]: "val" if r["group_flickr_user"] < "f" else "train" for r in rows}
+    got = {r["path"]: s for s, rs in _records(remote_out).items() for r in rs}
+    assert got == want and len(got) == 200
+    local_meta = tmp_path / "local-meta.csv"  # the same rows, relative: the same pack locally
+    local_meta.write_text(meta.read_text().replace(f"{url}/", ""))
+    _same_pack(remote_out, packs(local, **{**opts, "metadata": local_meta}),
+               {str(meta): str(local_meta)})
+
+
 def test_remote_csv_list_packs_like_the_local_csv(s3_server, flowers, tmp_path):
     local, _ = flowers
     with open(SAMPLE / "metadata.csv", newline="") as f:
@@ -181,7 +212,7 @@ def test_remote_csv_list_packs_like_the_local_csv(s3_server, flowers, tmp_path):
     s3_server.fs().pipe({f"{url}/list.csv": listing.read_bytes()})
     pack(f"{url}/list.csv", tmp_path / "remote", **OPTS)
     pack(listing, tmp_path / "local", **OPTS)
-    _same_pack(tmp_path / "remote", tmp_path / "local", (f"{url}/list.csv", str(listing)))
+    _same_pack(tmp_path / "remote", tmp_path / "local", {f"{url}/list.csv": str(listing)})
     assert load_manifest(tmp_path / "remote")["source"]["kind"] == "csv"
     records = [r for rs in _records(tmp_path / "remote").values() for r in rs]
     assert sorted(r["path"] for r in records) == sorted(f"flowers/{r['path']}" for r in rows)
