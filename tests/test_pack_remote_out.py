@@ -6,6 +6,7 @@ OUT's rules (finished dataset, overwrite, leftovers, a user's objects, failures)
 tasks upload their own shards."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import re
@@ -16,11 +17,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from shardkit import pack_remote_out, pack_plan
+from shardkit import pack_plan, pack_remote_out, pack_write
 from shardkit.errors import ConfigError, OutputExistsError
 from shardkit.manifest import load_index, load_manifest
 from shardkit.pack import pack, pack_command
-from shardkit.pack_out import owned_name
+from shardkit.pack_out import DiskFullError, owned_name
 from shardkit.pack_remote_out import UploadError
 from shardkit.stream import make_loader
 
@@ -193,6 +194,20 @@ def test_a_run_that_fails_while_writing_leaves_no_owned_object(s3_server, tmp_pa
     with pytest.raises(UploadError, match="simulated"):
         pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
     assert len(calls) == 4 and _objects(fs, url) == USER
+
+
+def test_a_full_staging_disk_names_tmpdir(s3_server, monkeypatch):
+    fs, url = s3_server.fs(), s3_server.bucket() + "/ds"
+    _put_user_objects(fs, url)
+
+    def full(root, entries):
+        raise OSError(errno.ENOSPC, "No space left on device", str(root / "quarantine.jsonl"))
+
+    monkeypatch.setattr(pack_write, "write_quarantine", full)
+    with pytest.raises(DiskFullError, match=r"while writing /\S+/quarantine.jsonl in the local "
+                                            f"staging folder of the upload to {url}; .*TMPDIR"):
+        pack(SAMPLE, url, **OPTS)
+    assert _objects(fs, url) == USER
 
 
 def test_an_upload_of_other_size_is_an_error(s3_server, monkeypatch):
