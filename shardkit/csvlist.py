@@ -7,8 +7,10 @@ Metadata joins (``--metadata M.csv`` with ``--group-column`` / ``--split-column`
 path up as the file's relpath under the source root after :func:`_path_key`: "\\" read as "/",
 NFC, empty and "." segments dropped (``./daisy//x.jpg`` is ``daisy/x.jpg``), and an absolute
 path under the root made relative to it (as written by ``find "$PWD/SRC"``, also when ``$PWD``
-reaches the root through a symlink). Rows that still match no file are shown next to a file
-without a row in :func:`lacking_metadata_error`.
+reaches the root through a symlink), and so is a full URL under an object-store prefix root
+(``s3://bucket/flowers/daisy/a.jpg`` is ``daisy/a.jpg`` of SRC ``s3://bucket/flowers``). Rows
+that still match no file are shown next to a file without a row in
+:func:`lacking_metadata_error`.
 """
 from __future__ import annotations
 

@@ -41,6 +41,10 @@ error, never silently put in a group of its own. :func:`match_split_metadata` re
 from a metadata column the same way.
 
 Results are sorted by ``relpath`` (code point order), so scans are deterministic.
+
+The folder rules run over a small listing interface (:func:`scan_tree`, local folders through
+:class:`_LocalTree`); :mod:`shardkit.scan_remote` runs the same rules over the one listing of an
+object-store prefix (``s3://bucket/flowers``).
 """
 from __future__ import annotations
 
@@ -55,7 +59,8 @@ from dataclasses import dataclass, field
 from shardkit import layout as layout_mod
 from shardkit.errors import ConfigError, SourceError
 
-__all__ = ["SourceItem", "ScanResult", "scan_folder", "scan_csv", "compile_group_regex",
+__all__ = ["SourceItem", "ScanResult", "scan_folder", "scan_tree", "scan_csv",
+           "compile_group_regex",
            "apply_group_regex", "apply_group_metadata", "match_group_regex",
            "match_group_metadata", "match_split_metadata", "unmatched_regex_error",
            "lacking_metadata_error", "ignore_reason"]

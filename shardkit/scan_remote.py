@@ -67,7 +67,8 @@ def scan_url(url: str, layout: str = "auto", split_column: str | None = None) ->
     Args:
         url: fsspec URL; a trailing ``/`` is dropped.
         layout: ``"auto"``, ``"class"`` or ``"split/class"`` (prefixes only).
-        split_column: the given split column of a ``.csv`` list (as :func:`scan_csv`).
+        split_column: the given split column of a ``.csv`` list (as
+            :func:`shardkit.csvlist.scan_csv`).
 
     Returns:
         ScanResult, as :func:`shardkit.scan.scan_folder` (prefix) or

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import importlib.util
 import json
 import shutil
 import threading
@@ -79,7 +80,8 @@ def _quarantine(out: Path) -> list[dict]:
 
 
 def _shard_hashes(out: Path) -> dict[str, list[str]]:
-    return {s: [sh["sha256"] for sh in v["shards"]] for s, v in load_manifest(out)["splits"].items()}
+    splits = load_manifest(out)["splits"]
+    return {s: [sh["sha256"] for sh in v["shards"]] for s, v in splits.items()}
 
 
 def _same_pack(remote: Path, local: Path, renamed: dict[str, str] | None = None) -> None:
@@ -269,6 +271,24 @@ def test_empty_prefix_and_missing_bucket_are_one_line_errors(s3_server, tmp_path
     assert "\n" not in str(e.value) and not (tmp_path / "a").exists()
 
 
+def test_no_credentials_names_the_cause(s3_server, monkeypatch):
+    import s3fs
+
+    url = f"{s3_server.bucket()}/flowers"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.setenv(name, "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()  # a cached instance holds the credentials
+    try:
+        with pytest.raises(SourceError, match=rf"^cannot list source prefix '{url}': "
+                           "NoCredentialsError: Unable to locate credentials$"):
+            scan_url(url)
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
 def test_prefix_junk_only_and_bad_layout(s3_server):
     url = f"{s3_server.bucket()}/junk"
     _put(s3_server, f"{url}/LICENSE.txt", b"CC-BY")
@@ -283,11 +303,8 @@ def test_prefix_junk_only_and_bad_layout(s3_server):
 
 
 def test_unknown_protocol_package_is_a_config_error():
-    try:
-        import gcsfs  # noqa: F401
+    if importlib.util.find_spec("gcsfs") is not None:
         pytest.skip("gcsfs is installed: nothing is missing")
-    except ImportError:
-        pass
     with pytest.raises(ConfigError, match=r"source 'gs://bucket/flowers': the gs:// filesystem "
                        r"needs a package .*pip install gcsfs"):
         scan_url("gs://bucket/flowers")
