@@ -13,6 +13,7 @@ import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import fsspec
 import pytest
 from click.testing import CliRunner
 
@@ -134,6 +135,8 @@ def test_scan_url_items_are_urls_relpaths_as_on_disk(flowers):
         p.relative_to(local).as_posix() for p in local.glob("*/*") if p.is_file()
         and not p.name.startswith(".") and p.parent.name != "__MACOSX")
     assert all(it.path == f"{url}/{it.relpath}" for it in result.items)
+    fs, path = fsspec.core.url_to_fs(url)  # the instance scan_url used: no listing kept
+    assert not [k for k in fs.dircache if k.startswith(path)]
     assert {it.label for it in result.items} == {"daisy", "dandelion", "roses", "sunflowers",
                                                  "tulips"}
 
