@@ -103,17 +103,24 @@ def join(root: str | os.PathLike, rel: str) -> str:
 
 def read_location(location: str) -> bytes:
     """The bytes of a local path or of a remote fsspec URL (``https://``, ``s3://``, ...; the
-    filesystem's own package must be installed, e.g. s3fs). Raises OSError (FileNotFoundError
-    for a missing object) or the filesystem's own error."""
+    filesystem's own package must be installed, e.g. s3fs). A remote object is read with one
+    GET (``cat_file``; ``fsspec.open`` would first send a HEAD for the size, and s3fs's
+    ``cat_file`` does too unless ``max_concurrency=1``: a second round trip per file). Raises
+    OSError (FileNotFoundError for a missing object) or the filesystem's own error."""
     return _read_bytes(location)
+
+
+_ONE_REQUEST = {"s3": {"max_concurrency": 1}, "s3a": {"max_concurrency": 1}}
+"""Storage options, per protocol, under which ``cat_file`` of a whole object is one GET."""
 
 
 def _read_bytes(location: str) -> bytes:
     if is_url(location):
         import fsspec
 
-        with fsspec.open(location, "rb") as f:
-            return f.read()
+        protocol = location.partition("://")[0].lower()
+        fs, path = fsspec.core.url_to_fs(location, **_ONE_REQUEST.get(protocol, {}))
+        return fs.cat_file(path)
     with open(location, "rb") as f:
         return f.read()
 

@@ -252,15 +252,17 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     return CheckedFiles(results=results, keep=keep, quarantine=quarantine)
 
 
-def _unreadable(e: BaseException) -> str:
-    """The quarantine reason of a read that raised ``e``."""
-    if isinstance(e, FileNotFoundError):  # fsspec's HTTP raises it for any failure: say which
+def _unreadable(e: BaseException, location: str) -> str:
+    """The quarantine reason of a read of ``location`` that raised ``e``."""
+    if isinstance(e, FileNotFoundError):  # fsspec may raise it for other failures: say which
         cause = e.__cause__ or e.__context__
         if cause is not None and not isinstance(cause, FileNotFoundError):
             return f"unreadable: {type(cause).__name__}: {cause}"
+        if e.strerror is None and location.lower().startswith(("http://", "https://")):
+            return "unreadable: not found (HTTP 404)"  # fsspec's HTTP: a bare one is a 404
         return f"unreadable: {e.strerror or 'not found'}"
-    if isinstance(e, OSError):
-        return f"unreadable: {e.strerror or f'{type(e).__name__}: {e}'}"
+    if isinstance(e, OSError) and type(e).__module__ == "builtins" and e.strerror:
+        return f"unreadable: {e.strerror}"  # a local file: "Permission denied"
     return f"unreadable: {type(e).__name__}: {e}"  # a remote filesystem's own error
 
 
@@ -277,7 +279,7 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int],
     path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job
     data, error = _read(path) if got is None else got  # a local file, or an fsspec URL
     if error is not None:
-        return {"ok": False, "reason": _unreadable(error)}
+        return {"ok": False, "reason": _unreadable(error, path)}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     try:
         res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True,

@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardkit import manifest as manifest_mod
+
 __all__ = ["PackSummary", "printable", "reason_kind"]
 
 
@@ -26,7 +28,7 @@ class PackSummary:
     ``reason``); ``kept_from`` the manifest's ``split.kept_from`` (``--split-from``) or None.
     """
 
-    out: Path
+    out: Path | str  # a local folder, or the URL of a pack into object storage
     format: str
     classes: list[str]
     num_files: int
@@ -49,7 +51,7 @@ class PackSummary:
     kept_from: dict | None = None
 
     @classmethod
-    def from_manifest(cls, out: Path, manifest: dict, quarantine: list[dict], *,
+    def from_manifest(cls, out: Path | str, manifest: dict, quarantine: list[dict], *,
                       warnings: list[str], cleaned: list[str], num_with_warnings: int,
                       replaced: list[str] | None = None) -> PackSummary:
         """The summary of a pack that wrote ``manifest`` and ``quarantine`` to ``out``."""
@@ -83,7 +85,7 @@ class PackSummary:
         lines.append(f"  scanned {self.num_files} = packed {self.num_packed} + quarantined "
                      f"{self.num_quarantined}" + (f" ({reasons})" if reasons else ""))
         if self.num_quarantined:
-            lines.append(f"    rejected files, one reason each: {self.out / 'quarantine.jsonl'}")
+            lines.append(f"    rejected files, one reason each: {manifest_mod.join(self.out, 'quarantine.jsonl')}")
         rules = ", ".join(f"{r}={n}" for r, n in self.transcoded.items())
         lines.append(f"  transcoded: {sum(self.transcoded.values())} samples"
                      + (f" ({rules})" if rules else "") + "; the others are stored as the "

@@ -229,9 +229,6 @@ def test_an_upload_of_other_size_is_an_error(s3_server, monkeypatch):
     assert _objects(fs, url) == {}
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="pack_summary.PackSummary.format_text joins OUT with '/' (a Path "
-                          "operator): a URL OUT with quarantined files raises TypeError")
 def test_quarantined_files_with_a_url_out(s3_server, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(SAMPLE / "daisy", src / "daisy")
@@ -240,6 +237,9 @@ def test_quarantined_files_with_a_url_out(s3_server, tmp_path):
     url = s3_server.bucket() + "/ds"
     summary = pack(src, url, progress=False, near_duplicates="off")
     assert f"{url}/quarantine.jsonl" in summary.format_text()
+    assert summary.num_quarantined == 1 and summary.out == url
+    lines = s3_server.fs().cat(f"{url}/quarantine.jsonl").decode().splitlines()
+    assert [json.loads(line)["path"] for line in lines] == ["daisy/broken.jpg"]
 
 
 @pytest.mark.ray
