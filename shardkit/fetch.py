@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 
 from shardkit.manifest import is_url, read_location
 
-__all__ = ["iter_read", "DEFAULT_CONCURRENCY"]
+__all__ = ["iter_read", "read_one", "DEFAULT_CONCURRENCY"]
 
 DEFAULT_CONCURRENCY = 16
 """Reads of remote files in flight per check worker (a process, or a Ray task). With a first-byte
@@ -30,19 +30,24 @@ latency of ~30 ms and ~1-2 ms of CPU per file, ~16 reads in flight keep one core
 help when the latency is higher (cross-region) or the files larger."""
 
 
-def _read(location: str) -> tuple[bytes | None, BaseException | None]:
+def read_one(location: str | None) -> tuple[bytes | None, BaseException | None]:
+    """``(bytes, None)`` of one location, or ``(None, the exception its read raised)``;
+    ``(None, None)`` for None."""
+    if location is None:
+        return None, None
     try:
         return read_location(location), None
     except Exception as e:  # noqa: BLE001 - handed to the caller, which names the cause
         return None, e
 
 
-def iter_read(locations: Iterable[str], concurrency: int = DEFAULT_CONCURRENCY
+def iter_read(locations: Iterable[str | None], concurrency: int = DEFAULT_CONCURRENCY
               ) -> Iterator[tuple[bytes | None, BaseException | None]]:
     """``(data, None)`` or ``(None, error)`` for every location, in input order.
 
     Args:
-        locations: local paths and/or remote fsspec URLs (``s3://``, ``gs://``, ``https://``).
+        locations: local paths and/or remote fsspec URLs (``s3://``, ``gs://``, ``https://``);
+            None: nothing to read there (yields ``(None, None)``).
         concurrency: most remote reads in flight (>= 1; 1 reads one at a time). Local paths are
             always read in the caller's thread, when their turn comes.
 
@@ -56,20 +61,21 @@ def iter_read(locations: Iterable[str], concurrency: int = DEFAULT_CONCURRENCY
     it = iter(locations)
     if concurrency <= 1:
         for loc in it:
-            yield _read(loc)
+            yield read_one(loc)
         return
     pool = ThreadPoolExecutor(concurrency, thread_name_prefix="shardkit-read")
     pending: collections.deque = collections.deque()  # (location, future or None for local)
 
     def refill() -> None:
         for loc in itertools.islice(it, max(0, concurrency - len(pending))):
-            pending.append((loc, pool.submit(_read, loc) if is_url(loc) else None))
+            remote = loc is not None and is_url(loc)
+            pending.append((loc, pool.submit(read_one, loc) if remote else None))
 
     try:
         refill()
         while pending:
             loc, fut = pending.popleft()
             refill()  # keep the window full while the caller works on this one
-            yield _read(loc) if fut is None else fut.result()
+            yield read_one(loc) if fut is None else fut.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

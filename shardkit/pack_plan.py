@@ -273,11 +273,11 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int],
     normalised; never returns pixels (they would cross the process boundary). ``got``: the
     file's ``(bytes, read error)`` already read by :func:`shardkit.fetch.iter_read` (None: read
     it here)."""
-    from shardkit.fetch import _read
+    from shardkit.fetch import read_one
     from shardkit.images import check_image
 
     path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job
-    data, error = _read(path) if got is None else got  # a local file, or an fsspec URL
+    data, error = read_one(path) if got is None else got  # a local file, or an fsspec URL
     if error is not None:
         return {"ok": False, "reason": _unreadable(error, path)}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}

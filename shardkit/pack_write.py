@@ -25,6 +25,7 @@ from tqdm import tqdm
 from shardkit import __version__, formats
 from shardkit import manifest as manifest_mod
 from shardkit.errors import ShardkitError, SourceError
+from shardkit.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.labels import LabelMap
 from shardkit.pack_out import QUARANTINE_NAME
 from shardkit.pack_plan import CheckedFiles, ScannedSource, SplitOutcome
@@ -174,10 +175,12 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
                              max_bytes=options.shard_byte_limit,
                              writer_options=options.sink_writer_options,
                              on_close=None if upload is None else on_close)
+    reads = source_reads(((items[i].path, results.meta(i)) for i in members),
+                         options.read_concurrency)
     try:
-        for n, i in enumerate(members):
+        for n, (i, got) in enumerate(zip(members, reads)):
             records.append(_write_one(sink, f"{name}_{n:08d}", items[i], results[i],
-                                      label_idx[i], classes, bar))
+                                      label_idx[i], classes, bar, got))
         return records, sink.close()
     except BaseException as e:
         sink.abort()
@@ -186,13 +189,27 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
             e.filename = str(out / "shards" / formats.base.shard_name(
                 name, len(sink.records), sink.writer_cls.suffix))
         raise
+    finally:
+        reads.close()
 
 
-def _write_one(sink, key: str, it, res: dict, label: int, classes, bar) -> dict:
-    """Stores one checked sample through ``sink``; returns its split record (docs/DESIGN.md)."""
+def source_reads(pairs, concurrency: int = DEFAULT_CONCURRENCY):
+    """The ``(bytes, error)`` of every ``(path, check record)`` in ``pairs`` whose stored bytes
+    are the source's (rule ``"original"``), ``(None, None)`` for the others, in order, with up
+    to ``concurrency`` remote reads in flight (:func:`shardkit.fetch.iter_read`): the write step
+    of a source in object storage is not one GET at a time."""
+    return iter_read((path if rec["rule"] == "original" else None for path, rec in pairs),
+                     concurrency)
+
+
+def _write_one(sink, key: str, it, res: dict, label: int, classes, bar, got=None) -> dict:
+    """Stores one checked sample through ``sink``; returns its split record (docs/DESIGN.md).
+    ``got``: the source's ``(bytes, read error)`` from :func:`source_reads` (None: read here)."""
     data = res.get("data")
     if data is None:  # stored as the original bytes: re-read, and make sure they did not change
-        data = manifest_mod.read_location(it.path)
+        data, error = got if got is not None and got != (None, None) else read_one(it.path)
+        if error is not None:
+            raise error
         if hashlib.sha256(data).hexdigest() != res["sha256"]:
             raise SourceError(f"{it.path} changed while packing (its sha256 differs from the "
                               "checked file); rerun the pack")

@@ -175,6 +175,23 @@ def test_closing_early_leaves_no_read_running(counting_server):
     assert _Counting.now == 0 and _Counting.served <= 1 + 4
 
 
+def test_the_write_step_reads_in_flight_too(tmp_path, counting_server, monkeypatch):
+    from shardkit import pack_write
+
+    rel = [f.relative_to(SAMPLE).as_posix() for f in _files()]
+    src = _write_csv(tmp_path / "remote.csv", lambda r: f"{counting_server}/{r}", rel)
+    write_quarantine = pack_write.write_quarantine
+
+    def reset_then_write(*a, **k):  # called right before the shards are written
+        _Counting.reset()
+        return write_quarantine(*a, **k)
+
+    monkeypatch.setattr(pack_write, "write_quarantine", reset_then_write)
+    pack(src, tmp_path / "out", read_concurrency=5, progress=False, split={"train": 1.0},
+         near_duplicates="off")
+    assert _Counting.served == 40 and _Counting.most == 5  # the write step's re-reads only
+
+
 def test_concurrent_check_gives_the_serial_result(tmp_path, counting_server):
     rel = [f.relative_to(SAMPLE).as_posix() for f in _files()]
     src = _write_csv(tmp_path / "remote.csv", lambda r: f"{counting_server}/{r}",

@@ -180,16 +180,17 @@ def check_all(jobs: list, progress: bool, *, desc: str = "check",
 
 # ----------------------------------------------------------------------------- 6: write
 def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: int,
-                 rows: list, classes: list[str], upload_url: str | None = None
-                 ) -> tuple[list[dict], dict, object]:
+                 rows: list, classes: list[str], upload_url: str | None = None,
+                 concurrency: int = 16) -> tuple[list[dict], dict, object]:
     """Writes shard ``index`` of ``split`` from ``rows`` (``(key, item, result, label)`` in
-    split order); returns its split records, its manifest entry and, with ``upload_url`` (a
+    split order; sources re-read with up to ``concurrency`` remote reads in flight,
+    :func:`shardkit.pack_write.source_reads`); returns its split records, its manifest entry and, with ``upload_url`` (a
     remote OUT), its members (:func:`shardkit.pack_remote_out.put_shard`: the shard is written
     in a staging folder of this node, uploaded to ``upload_url`` and deleted; else None)."""
     import shutil
 
     from shardkit import formats
-    from shardkit.pack_write import _write_one
+    from shardkit.pack_write import _write_one, source_reads
 
     class _OneShard(formats.ShardSink):  # the sink's rules, at a fixed shard index
         def _final_path(self, _):
@@ -212,8 +213,12 @@ def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: in
         sink = _OneShard(out, split, fmt, writer_options=writer_options,
                          on_close=None if upload_url is None else on_close)
         try:
-            records += [_write_one(sink, key, it, res, label, classes, _NoBar)
-                        for key, it, res, label in rows]
+            reads = source_reads(((it.path, res) for _, it, res, _ in rows), concurrency)
+            try:
+                records += [_write_one(sink, key, it, res, label, classes, _NoBar, got)
+                            for (key, it, res, label), got in zip(rows, reads)]
+            finally:
+                reads.close()
             shards = sink.close()
         except BaseException as e:
             sink.abort()
@@ -259,7 +264,7 @@ def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_id
             rows = [(f"{name}_{n:08d}", items[i], results[i], label_idx[i])
                     for n, i in zip(range(a, b), members[a:b])]
             args.append((str(out), name, options.format, writer_options, k, rows, classes_ref,
-                         url))
+                         url, options.read_concurrency))
             owner.append(s)
             weights.append(b - a)
     task = ray.remote(max_retries=MAX_RETRIES)(_write_shard)
