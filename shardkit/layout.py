@@ -147,9 +147,11 @@ def two_level_error(root: str, shape: Mapping[str, Counter]) -> SourceError:
     """The error for a tree whose top folders hold only sub-folders (no file directly).
 
     Args:
-        root: the source folder.
+        root: the source folder, or the URL of an object-store prefix.
         shape: top folder -> Counter of files per sub-folder.
     """
+    from shardkit.manifest import is_url
+
     parts = []
     for top, subs in list(shape.items())[:_SHOWN]:
         inner = ", ".join(f"{s}/ ({n} files)" for s, n in list(subs.items())[:_SHOWN])
@@ -157,7 +159,7 @@ def two_level_error(root: str, shape: Mapping[str, Counter]) -> SourceError:
         parts.append(f"{top}/{{{inner}{more}}}")
     more_top = f", ... {len(shape) - _SHOWN} more" if len(shape) > _SHOWN else ""
     return SourceError(
-        f"source folder {root!r} is two levels deep and not split-first (top folders not all "
+        f"source {'prefix' if is_url(root) else 'folder'} {root!r} is two levels deep and not split-first (top folders not all "
         f"named train/val/test...): its top folders hold only sub-folders, no files, so they "
         f"would become the classes; shape: {', '.join(parts)}{more_top}. Say which it is: "
         "--layout class (layout='class') makes each top folder a class holding the files of "

@@ -354,8 +354,12 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
     """Packs an ImageFolder tree or a ``.csv`` list into shards with leak-free split manifests.
 
     Args:
-        src: folder (``<class>/<file>``) or ``.csv`` list (see :func:`shardkit.scan.scan_csv`).
-        out: output folder (layout in ``docs/DESIGN.md``).
+        src: folder (``<class>/<file>``) or ``.csv`` list (see :func:`shardkit.scan.scan_csv`),
+            local or as an fsspec URL: an object-store prefix (``s3://bucket/flowers``, listed
+            once, :func:`shardkit.scan_remote.scan_url`) or a remote ``.csv``.
+        out: output folder (layout in ``docs/DESIGN.md``), or an fsspec URL for ``wds``
+            (``s3://bucket/ds``: shards uploaded as they are written, ``manifest.json`` last;
+            :mod:`shardkit.pack_remote_out`).
         options: a :class:`PackOptions`; default ``PackOptions()``.
         **kwargs: fields of :class:`PackOptions` (``format``, ``split``, ``seed``, ``group_by``,
             ``metadata``, ``group_column``, ``labels``, ``shard_samples``, ``shard_bytes``,
@@ -522,7 +526,8 @@ def _source_arg(ctx, param, value: str) -> Path | str:
 @click.option("--overwrite", is_flag=True,
               help="Replace a finished dataset in OUT: the new one is built beside it (in "
                    "OUT/.shardkit-new, so the disk needs room for both) and swapped in at the "
-                   "end; until then the old one stays valid.")
+                   "end; until then the old one stays valid. An OUT in object storage has no "
+                   "swap: its old manifest.json is deleted when writing starts.")
 @click.option("--wds-cls/--no-wds-cls", default=True, show_default=True,
               help="Write a '<key>.cls' tar member (the label) beside each image (wds), as "
                    "timm, DALI and webdataset readers expect.")
@@ -540,7 +545,8 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_me
                  engine, ray_address, read_concurrency, overwrite, wds_cls, wds_json,
                  on_label_conflict, fail_fast,
                  no_progress):
-    """Pack SRC (an ImageFolder tree or a .csv list) into shards in OUT.
+    """Pack SRC (an ImageFolder tree or a .csv list; local, or an s3:// / gs:// / https://
+    prefix or .csv) into shards in OUT (a folder, or an object-store URL for wds).
 
     Exit 0 with the summary on stdout; 2 with one "Error: <ErrorType>: <message>" line on
     stderr when the pack cannot run or nothing could be packed (OUT is left as it was)."""

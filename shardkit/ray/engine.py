@@ -22,9 +22,12 @@ ended, so nothing writes into ``OUT`` after the pack cleaned up. The manifest is
 driver last (a driver that dies leaves ``OUT`` without one). Progress (files checked, files and
 shards written, with rates) is a tqdm bar on the driver.
 
-Requirements: every Ray node imports the same shardkit, reads the source paths and writes
-``OUT`` at the driver's paths (one machine, or a shared file system). fsspec URLs as SRC or OUT
-are not supported yet. Ray itself: ``pip install 'shardkit[ray]'``.
+Requirements: every Ray node imports the same shardkit and reads the source: local paths at the
+driver's paths (one machine, or a shared file system), or fsspec URLs (an object-store prefix or
+URL rows: each task reads its own files, with reads in flight). A local ``OUT`` must be at the
+driver's path on every node; an ``OUT`` in object storage (``wds``) needs nothing shared: each
+task writes its shard in a staging folder of its own node and uploads it
+(:mod:`shardkit.pack_remote_out`). Ray itself: ``pip install 'shardkit[ray]'``.
 """
 from __future__ import annotations
 
