@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 
-from shardkit.errors import ShardkitError
+from shardkit import manifest as manifest_mod
+from shardkit.errors import ManifestError, ShardkitError
 from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
 
 __all__ = ["verify", "VerifyReport", "verify_command", "RECORD_FIELDS"]
@@ -59,7 +62,7 @@ class VerifyReport:
             could be read: ``max_side`` and the number of downscaled samples per split.
     """
 
-    root: Path
+    root: Path | str
     problems: list[str] = field(default_factory=list)
     num_shards: int = 0
     num_samples: int = 0
@@ -107,7 +110,9 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
     """Verifies a packed dataset against its manifest (see the module docstring for the checks).
 
     Args:
-        root: dataset folder (``OUT`` of ``shardkit pack``).
+        root: dataset folder (``OUT`` of ``shardkit pack``), or the fsspec URL of a ``wds``
+            dataset in object storage (each shard is fetched whole into a temporary folder,
+            checked, and deleted).
         decode: also decode the normalised (non-``original``) samples with Pillow.
 
     Returns:
@@ -117,11 +122,15 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
         ManifestError: ``manifest.json`` is missing, unreadable, not a JSON object or of another
             schema version (nothing can be verified).
     """
-    from shardkit import formats, manifest as manifest_mod
+    from shardkit import formats
     from shardkit.doctor.reading import load_manifest_dict, read_rows, stored_resolution
 
-    root = Path(manifest_mod.local_path(root))
+    remote = manifest_mod.is_url(root)  # a wds pack in object storage: shards fetched one by one
+    root = os.fspath(root).rstrip("/") if remote else Path(manifest_mod.local_path(root))
     man = load_manifest_dict(root)
+    if remote and man["format"] != "wds":
+        raise ManifestError(f"{root}: a {man['format']} dataset cannot be verified from a URL "
+                            "(only wds tar shards are read remotely); download it first")
     report = VerifyReport(root=root)
     read: dict[str, list[dict]] = {}
     for split, info in man["splits"].items():
@@ -150,10 +159,34 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
                          key=per_shard[extra][0]["key"])
         for idx, shard in enumerate(shards):
             report.num_shards += 1
-            _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []), decode,
-                          formats)
+            if remote:
+                _verify_remote_shard(report, root, man, split, idx, shard,
+                                     per_shard.get(idx, []), decode, formats)
+            else:
+                _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []),
+                              decode, formats)
     report.stored = stored_resolution(man, read)
     return report
+
+
+def _verify_remote_shard(report, root: str, man, split, idx, shard, recs, decode, formats
+                         ) -> None:
+    """:func:`_verify_shard` of a shard in object storage: fetched whole into a temporary folder
+    (one GET; the shards are checked one at a time, so the disk holds one), then checked there."""
+    import fsspec
+
+    url = manifest_mod.join(root, shard["path"])
+    with tempfile.TemporaryDirectory(prefix="shardkit-verify-") as tmp:
+        local = Path(tmp) / shard["path"]
+        local.parent.mkdir(parents=True)
+        try:
+            fs, path = fsspec.core.url_to_fs(url)
+            fs.get_file(path, str(local))
+        except FileNotFoundError:
+            report._fail(f"split {split!r} shard {shard['path']}: missing (no object at {url})",
+                         shard=shard["path"])
+            return
+        _verify_shard(report, Path(tmp), man, split, idx, shard, recs, decode, formats)
 
 
 def _check_index_checksums(report, split, records, index) -> None:
@@ -252,10 +285,12 @@ def _downscale_problem(rec: dict, size: tuple[int, int], man: dict) -> str | Non
 
 
 @click.command("verify")
-@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("root", callback=lambda ctx, param, v: v if manifest_mod.is_url(v) else
+                click.Path(exists=True, file_okay=False, path_type=Path).convert(v, param, ctx))
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
 def verify_command(root: Path, no_decode: bool) -> None:
-    """Re-hash the shards of ROOT and check every sample against the manifest.
+    """Re-hash the shards of ROOT (a folder, or the URL of a wds pack in object storage) and
+    check every sample against the manifest.
 
     Exit 0 when every check holds; 1 when damage was found (one FAIL line per problem); 2 when
     ROOT is not a readable dataset (one "Error: ..." line on stderr).

@@ -268,3 +268,26 @@ def test_cli_packs_to_s3(s3_server):
     assert load_manifest(url)["source"]["num_packed"] == 200
     bad = CliRunner().invoke(pack_command, [str(SAMPLE), url + "2", "--format", "lmdb"])
     assert bad.exit_code == 2 and "Error: ConfigError: output" in bad.output
+
+
+def test_verify_reads_a_pack_in_object_storage(s3_server, tmp_path):
+    from shardkit.verify import verify, verify_command
+
+    url = s3_server.bucket() + "/v"
+    pack(SAMPLE, url, shard_samples=50, **OPTS)
+    report = verify(url)
+    assert report.ok and report.num_shards == 6 and report.num_samples == 200  # 4+1+1
+    result = CliRunner().invoke(verify_command, [url])
+    assert result.exit_code == 0, result.output
+    fs = s3_server.fs()
+    tars = sorted(p for p in fs.find(url + "/shards") if p.endswith(".tar"))
+    shard = tars[1]
+    data = bytearray(fs.cat(shard))
+    data[len(data) // 2] ^= 0xFF  # one flipped bit inside a sample's bytes
+    fs.pipe(shard, bytes(data))
+    fs.rm(tars[-1])
+    report = verify(url)
+    problems = "\n".join(report.problems)
+    assert not report.ok and "sha256" in problems and "missing (no object at s3://" in problems
+    result = CliRunner().invoke(verify_command, [url])
+    assert result.exit_code == 1 and "FAIL" in result.output
