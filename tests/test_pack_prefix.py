@@ -328,3 +328,20 @@ def test_prefix_on_ray_equals_local_engine(flowers, packs, tmp_path):
             ray.shutdown()
     _same_pack(tmp_path / "ray", local_engine)
     assert load_manifest(tmp_path / "ray")["source"] == load_manifest(local_engine)["source"]
+
+
+def test_parallel_listing_equals_one_find(s3_server):
+    from shardkit import scan_remote
+
+    bucket = s3_server.bucket()
+    keys = {"p/daisy/1.jpg": b"a", "p/daisy/": b"", "p/daisy/sub/2.jpg": b"b", "p/LICENSE": b"x",
+            "p/rose": b"clash", "p/rose/3.jpg": b"c", "p/__MACOSX/._x": b"m", "p/empty/": b"",
+            "p/tulip/deep/er/x.jpg": b"x", "px/other.jpg": b"o"}
+    keys.update({f"p/many/{k:04d}.jpg": b"." for k in range(1500)})  # past one 1,000-key page
+    s3_server.fs().pipe({f"{bucket}/{k}": v for k, v in keys.items()})
+    base = bucket[len("s3://"):] + "/p"
+    want = s3_server.fs().find(base, detail=True)
+    got = scan_remote._list(s3_server.fs(), base)
+    assert len(want) == len(keys) - 1 and sorted(got) == sorted(want)  # not px/
+    assert {k: v["size"] for k, v in got.items()} == {k: v["size"] for k, v in want.items()}
+    assert scan_remote._list(s3_server.fs(), base + "-missing") == {}
