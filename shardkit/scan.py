@@ -71,7 +71,7 @@ _SYSTEM_FILES = {"thumbs.db": "Windows thumbnail cache (Thumbs.db)",
 _LIST_LIMIT = 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceItem:
     """One sample candidate.
 
