@@ -26,7 +26,10 @@ holds about one open shard per writer. The rules mirror :mod:`shardkit.pack_out`
 - **Fresh OUT**: owned leftovers of a killed run (owned names, no manifest) are deleted when
   writing starts. **overwrite**: when writing starts the old ``manifest.json`` is deleted FIRST
   (the old dataset no longer looks finished: object stores cannot swap a folder, and building
-  beside it would mean copying every shard), shards are written over the old names, and the old
+  beside it would mean copying every shard), then every other file that describes the old
+  shards (split files, quarantine, timm's ``_info.json``, DALI's ``.idx``, the card), since
+  other readers take those as the dataset while its shards are replaced one by one; shards are
+  written over the old names, and the old
   dataset's owned objects that the new one did not rewrite are deleted after the new manifest.
   Until writing starts (scan, check, split) the old dataset stays complete.
 - **A run that fails** (an exception, a failed or short upload, a full staging disk) deletes
@@ -152,6 +155,11 @@ class ShardUpload:
         self.members.update(put_shard(self.url, path, record, records))
 
 
+def _is_shard(rel: str) -> bool:
+    """True for a shard file (``shards/<split>-NNNNNN.tar``), not an index of shards."""
+    return rel.startswith("shards/") and rel.endswith(".tar")
+
+
 class RemoteOutput:
     """The output side of a pack into an fsspec URL (see the module doc); the context manager
     :func:`shardkit.pack_out.open_output` returns for a remote ``OUT``, with the interface of
@@ -274,7 +282,14 @@ class RemoteOutput:
         existing = self.owned()
         if existing[:1] == [MANIFEST_NAME]:  # overwrite: unfinished from here on
             self._delete([MANIFEST_NAME])
-            self._old = existing
+            # then every file that describes the old shards (split files, timm's _info.json,
+            # DALI's .idx, the card): other readers take them as the dataset, and the shards
+            # are about to be replaced one by one (a killed run must not look like a dataset
+            # to them either); the old shards stay until commit deletes those not rewritten
+            derived = [r for r in existing[1:] if not _is_shard(r)]
+            self._delete(derived)
+            self._old = [r for r in existing if r != MANIFEST_NAME and r not in derived]
+            self.replaced = [MANIFEST_NAME] + derived
         else:
             self._delete(existing)
             self.cleaned = existing
@@ -326,7 +341,7 @@ class RemoteOutput:
             logger.warning("could not delete %d object(s) of the previous dataset in %s (%s: "
                            "%s); they are not part of the new dataset", len(stale), self.out,
                            type(e).__name__, e)
-        self.replaced = sorted(r for r in self._old if r in new) + stale
+        self.replaced = sorted(self.replaced + [r for r in self._old if r in new] + stale)
         logger.info("uploaded %d file(s) and the manifest to %s%s", len(files), self.out,
                     f"; {len(self.replaced)} object(s) of the old dataset overwritten or "
                     "deleted" if self._old else "")

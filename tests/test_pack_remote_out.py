@@ -291,3 +291,27 @@ def test_verify_reads_a_pack_in_object_storage(s3_server, tmp_path):
     assert not report.ok and "sha256" in problems and "missing (no object at s3://" in problems
     result = CliRunner().invoke(verify_command, [url])
     assert result.exit_code == 1 and "FAIL" in result.output
+
+
+def test_overwrite_removes_what_other_readers_take_for_the_dataset_first(s3_server, monkeypatch):
+    """A killed overwrite must not leave the old _info.json / .idx / split files beside shards
+    that the new run has begun to replace (timm and DALI would read a mix as one dataset)."""
+    from shardkit import pack_remote_out
+
+    fs, url = s3_server.fs(), s3_server.bucket() + "/ow"
+    pack(SAMPLE, url, shard_samples=20, **OPTS)
+    old = _objects(fs, url)
+    assert {"shards/_info.json", "splits/train.jsonl", "shards/train-000000.idx"} <= set(old)
+    seen = []
+    put_shard = pack_remote_out.put_shard
+
+    def snapshot_then_put(*a, **k):  # what a kill at the first shard upload would leave
+        if not seen:
+            seen.append(_objects(fs, url))
+        return put_shard(*a, **k)
+
+    monkeypatch.setattr(pack_remote_out, "put_shard", snapshot_then_put)
+    pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
+    left = seen[0]
+    assert left and all(r.startswith("shards/") and r.endswith(".tar") for r in left), left
+    assert {r: left[r] for r in left} == {r: old[r] for r in left}  # old shards, untouched yet
