@@ -121,13 +121,15 @@ def per_file_costs(src: Path, ray) -> dict:
 
 
 def model_100m(costs: dict, nodes: list[int], cores: int, get_ms: float, list_ms: float,
-               node_gbps: float, files: float = 1e8) -> list[dict]:
+               node_gbps: float, files: float = 1e8, read_concurrency: int = 16,
+               list_chains: int = 16) -> list[dict]:
     """Hours per bound for ``files`` on each node count (see benchmarks/README.md)."""
     out = []
     per_core_s = (costs["check_ms"] + costs["write_ms"]) / 1e3
     for n in nodes:
-        listing = files / 1000 * list_ms / 1e3          # one ListObjectsV2 page at a time
-        get = files * get_ms / 1e3 / (n * cores)        # one GET in flight per task (now)
+        listing = files / 1000 * list_ms / 1e3 / list_chains  # top folders listed in parallel
+        # every file is read twice (check, then write), each with reads in flight per task
+        get = 2 * files * get_ms / 1e3 / (n * cores * read_concurrency)
         cpu = files * per_core_s / (n * cores)
         upload = files * costs["mean_stored_bytes"] * 8 / (n * node_gbps * 1e9)
         driver = files * (costs["driver_scan_labels_ms"] + costs["driver_split_plan_ms"]) / 1e3
@@ -152,6 +154,11 @@ def main(argv=None) -> dict:
                     help="assumed time of one 1000-key listing page")
     ap.add_argument("--node-gbps", type=float, default=10.0, help="assumed upload per node")
     ap.add_argument("--model-cores", type=int, default=32, help="cores per node in the model")
+    ap.add_argument("--read-concurrency", type=int, default=16,
+                    help="reads in flight per check/write task (pack --read-concurrency)")
+    ap.add_argument("--list-chains", type=int, default=16,
+                    help="listing chains at once (scan_remote.LIST_CONCURRENCY; needs at least "
+                         "as many top folders, e.g. classes)")
     args = ap.parse_args(argv)
 
     import ray
@@ -178,7 +185,8 @@ def main(argv=None) -> dict:
         print(f"{name:<24} {med:7.2f} {n / med:8.1f} {base / med:21.2f}x")
     print("per file (one core): " + ", ".join(f"{k} {v:.3g}" for k, v in costs.items()))
     model = model_100m(costs, [1, 10, 100], args.model_cores, args.get_ms, args.list_ms,
-                       args.node_gbps)
+                       args.node_gbps, read_concurrency=args.read_concurrency,
+                       list_chains=args.list_chains)
     print(f"100 M files, {args.model_cores} cores/node (hours per bound; GET {args.get_ms} ms, "
           f"list {args.list_ms} ms/1000 keys, {args.node_gbps} Gb/s per node assumed):")
     for row in model:
@@ -188,6 +196,8 @@ def main(argv=None) -> dict:
               "cores": cores, "ray_startup_s": t_start, "repeat": args.repeat,
               "results": results, "per_file": costs,
               "model_assumptions": {"get_ms": args.get_ms, "list_ms": args.list_ms,
+                                    "read_concurrency": args.read_concurrency,
+                                    "list_chains": args.list_chains,
                                     "node_gbps": args.node_gbps, "cores": args.model_cores},
               "model_100m": model, "python": sys.version.split()[0],
               "ray": ray.__version__, "load_avg_1m": os.getloadavg()[0]}
