@@ -256,7 +256,27 @@ def owned_name(rel: str) -> bool:
     return pattern is not None and pattern.fullmatch(name) is not None
 
 
-class PackOutput:
+class OutputRun:
+    """The ``with`` protocol of a pack's output side (:class:`PackOutput`, and
+    :class:`shardkit.pack_remote_out.RemoteOutput`): ``open()`` on entry; on an exception,
+    ``rollback()`` then ``close()``, a full disk re-raised as ``_disk_full(exc)``."""
+
+    def __enter__(self):
+        return self.open()
+
+    def __exit__(self, kind, exc, tb) -> None:
+        full = (self._disk_full(exc) if isinstance(exc, OSError) and exc.errno in _DISK_FULL
+                and not isinstance(exc, DiskFullError) else None)
+        try:
+            if exc is not None:
+                self.rollback()
+        finally:
+            self.close()
+        if full is not None:
+            raise full from exc
+
+
+class PackOutput(OutputRun):
     """The output side of one pack run; a context manager around the whole run.
 
     ``open()`` (``__enter__``) checks the rules before the scan and locks an existing ``OUT``;
@@ -412,20 +432,6 @@ class PackOutput:
                 self.out.rmdir()
             except OSError:
                 pass
-
-    def __enter__(self) -> PackOutput:
-        return self.open()
-
-    def __exit__(self, kind, exc, tb) -> None:
-        full = (self._disk_full(exc) if isinstance(exc, OSError) and exc.errno in _DISK_FULL
-                and not isinstance(exc, DiskFullError) else None)
-        try:
-            if exc is not None:
-                self.rollback()
-        finally:
-            self.close()
-        if full is not None:
-            raise full from exc
 
     def _disk_full(self, exc: OSError) -> DiskFullError:
         kept = ("the previous dataset in OUT is unchanged" if self.staging else

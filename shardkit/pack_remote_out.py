@@ -44,7 +44,6 @@ folder of that node (:func:`shardkit.ray.engine.write_splits`); the driver uploa
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -59,7 +58,7 @@ from shardkit.errors import ConfigError, OutputExistsError, ShardCorruptError, S
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME
 from shardkit.interop.shards import ShardMembers, scan_shard
 from shardkit.manifest import MANIFEST_NAME, is_url, json_bytes
-from shardkit.pack_out import DiskFullError, owned_name
+from shardkit.pack_out import DiskFullError, OutputRun, owned_name
 
 __all__ = ["RemoteOutput", "ShardUpload", "UploadError", "put_shard", "remote_fs",
            "upload_file", "staging_folder", "PROBE_NAME"]
@@ -68,7 +67,6 @@ logger = logging.getLogger("shardkit.pack")
 
 PROBE_NAME = ".shardkit-pack.probe"
 """The object :meth:`RemoteOutput.open` puts and deletes under ``OUT`` to check it is writable."""
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class UploadError(ShardkitError):
@@ -160,7 +158,7 @@ def _is_shard(rel: str) -> bool:
     return rel.startswith("shards/") and rel.endswith(".tar")
 
 
-class RemoteOutput:
+class RemoteOutput(OutputRun):
     """The output side of a pack into an fsspec URL (see the module doc); the context manager
     :func:`shardkit.pack_out.open_output` returns for a remote ``OUT``, with the interface of
     :class:`shardkit.pack_out.PackOutput`.
@@ -367,22 +365,8 @@ class RemoteOutput:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> RemoteOutput:
-        return self.open()
-
-    def __exit__(self, kind, exc, tb) -> None:
-        full = None
-        if isinstance(exc, OSError) and exc.errno in _DISK_FULL and \
-                not isinstance(exc, DiskFullError):
-            full = DiskFullError(exc.errno, f"no space left on device while writing "
-                                 f"{exc.filename or 'a file'} in the local staging folder of "
-                                 f"the upload to {self.out}; its objects were deleted: point "
-                                 "TMPDIR at a disk with room for one shard per writer and "
-                                 "rerun", exc.filename)
-        try:
-            if exc is not None:
-                self.rollback()
-        finally:
-            self.close()
-        if full is not None:
-            raise full from exc
+    def _disk_full(self, exc: OSError) -> DiskFullError:
+        return DiskFullError(exc.errno, f"no space left on device while writing "
+                             f"{exc.filename or 'a file'} in the local staging folder of the "
+                             f"upload to {self.out}; its objects were deleted: point TMPDIR at a "
+                             "disk with room for one shard per writer and rerun", exc.filename)
