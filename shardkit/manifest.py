@@ -13,6 +13,7 @@ of one (any format; :func:`local_path`), or a remote fsspec URL (``http://``, ``
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -110,8 +111,22 @@ def read_location(location: str) -> bytes:
     return _read_bytes(location)
 
 
-_ONE_REQUEST = {"s3": {"max_concurrency": 1}, "s3a": {"max_concurrency": 1}}
-"""Storage options, per protocol, under which ``cat_file`` of a whole object is one GET."""
+@functools.lru_cache(maxsize=None)
+def _one_request(protocol: str) -> dict:
+    """Storage options under which ``cat_file`` of a whole object is one GET: s3fs's
+    ``max_concurrency=1`` (when its version has the option), else none."""
+    if protocol not in ("s3", "s3a"):
+        return {}
+    import inspect
+
+    import fsspec
+
+    try:
+        init = fsspec.get_filesystem_class(protocol).__init__
+    except ImportError:
+        return {}  # url_to_fs names the missing package
+    return {"max_concurrency": 1} if "max_concurrency" in inspect.signature(init).parameters \
+        else {}
 
 
 def _read_bytes(location: str) -> bytes:
@@ -119,7 +134,7 @@ def _read_bytes(location: str) -> bytes:
         import fsspec
 
         protocol = location.partition("://")[0].lower()
-        fs, path = fsspec.core.url_to_fs(location, **_ONE_REQUEST.get(protocol, {}))
+        fs, path = fsspec.core.url_to_fs(location, **_one_request(protocol))
         return fs.cat_file(path)
     with open(location, "rb") as f:
         return f.read()

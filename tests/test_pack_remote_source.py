@@ -28,7 +28,7 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 class _Counting(_Quiet):
     """Serves each GET after a 20 ms wait (an object store's first-byte latency) and records
-    the most GETs it was serving at once."""
+    the most GETs waiting at once."""
     lock = threading.Lock()
     now = most = served = 0
 
@@ -39,11 +39,11 @@ class _Counting(_Quiet):
             cls.most = max(cls.most, cls.now)
         try:
             time.sleep(0.02)
-            super().do_GET()
-        finally:
-            with cls.lock:
+        finally:  # counted out before the response is sent: a client that got it may at once
+            with cls.lock:  # send its next GET, which must not count as one more at once
                 cls.now -= 1
                 cls.served += 1
+        super().do_GET()
 
     @classmethod
     def reset(cls):
