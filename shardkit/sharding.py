@@ -238,6 +238,10 @@ class EpochPlan:
         batch_size: samples per batch (>= 1); the last batch may be short unless ``drop_last``.
         drop_last: drop a final short batch.
         epoch, rank: for RNG derivation (:func:`sample_rng`).
+        places: int64 ``(m,)`` or None: the place of each yielded sample in the rank's order
+            before :func:`stream_order` cut it into per-worker ranges (None: no such cut, the
+            place is the index). A sample's random draws are keyed by its place
+            (:meth:`place`), so they do not depend on how many streams (workers) read it.
     """
 
     positions: np.ndarray
@@ -246,6 +250,12 @@ class EpochPlan:
     drop_last: bool = False
     epoch: int = 0
     rank: int = 0
+    places: np.ndarray | None = None
+
+    def place(self, j: int) -> int:
+        """The RNG place of the ``j``-th yielded sample (``sample_rng(seed, epoch, rank,
+        place)``): ``j`` itself unless the plan was cut into streams."""
+        return j if self.places is None else int(self.places[j])
 
     @property
     def num_batches(self) -> int:
@@ -279,7 +289,9 @@ def plan_epoch(n: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, epo
     """:func:`epoch_order` then :func:`rank_plan`, with the batch rule: an :class:`EpochPlan`.
 
     ``streams > 1`` reorders the rank's positions with :func:`stream_order` (contiguous ranges
-    per worker; the plan still depends only on ``streams``, not on ``num_workers``).
+    per worker; the plan still depends only on ``streams``, not on ``num_workers``); each
+    sample keeps its place in the uncut order for its random draws (``EpochPlan.places``), so
+    its crop is the same for any number of streams.
 
     Raises:
         ConfigError: any invalid argument (see the functions above).
@@ -289,7 +301,9 @@ def plan_epoch(n: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, epo
                         block=block)
     positions, valid = rank_plan(order, rank, world_size, even)
     _check_int("batch_size", batch_size, 1)
+    places = None
     if streams != 1:
-        perm = stream_order(len(positions), batch_size, streams, drop_last)
-        positions, valid = positions[perm], valid[perm]
-    return EpochPlan(positions, valid, int(batch_size), bool(drop_last), int(epoch), int(rank))
+        places = stream_order(len(positions), batch_size, streams, drop_last)
+        positions, valid = positions[places], valid[places]
+    return EpochPlan(positions, valid, int(batch_size), bool(drop_last), int(epoch), int(rank),
+                     places)

@@ -310,3 +310,24 @@ def test_read_split_errors(packed, tmp_path):
         read_split(packed, "nope")
     with pytest.raises(ManifestError, match="not a finished"):
         read_split(tmp_path, "train")
+
+
+def test_read_split_of_a_remote_pack_is_make_loaders_for_any_num_workers(packed):
+    """Over HTTP the order is shard-block order, cut per loader worker; read_split and
+    make_loader with 0 or 2 workers still give every sample the same pixels."""
+    from test_remote import _serve
+
+    with _serve(packed) as (url, _):
+        rows = read_split(url, "train", decode="train", seed=3, epoch=1,
+                          image_size=32).take_all()
+        want = {int(r["index"]): r["image"] for r in rows}
+        assert len(want) == 161
+        for num_workers in (0, 2):
+            loader = make_loader(url, "train", 16, image_size=32, seed=3,
+                                 num_workers=num_workers, return_meta=True)
+            loader.set_epoch(1)
+            got = {i: x for images, _, meta in loader
+                   for i, x in zip(meta["index"].tolist(),
+                                   images.permute(0, 2, 3, 1).numpy())}
+            assert got.keys() == want.keys()
+            assert all(np.array_equal(got[i], want[i]) for i in want), num_workers

@@ -145,7 +145,8 @@ class ShardDataset(_Iterable):
         pos = int(plan.positions[j])
         data = src.read(pos)
         if self.transform is not None:
-            image = self.transform(data, sample_rng(self.sampling.seed, plan.epoch, plan.rank, j))
+            image = self.transform(data, sample_rng(self.sampling.seed, plan.epoch, plan.rank,
+                                                      plan.place(j)))
         elif self.decode:
             image = src.decode(data, pos, self.decoder)
             dec = src.decoder(self.decoder)
@@ -338,7 +339,7 @@ class BatchDataset(_Iterable):
             pos = int(positions[i])
             try:
                 row = rows[i]
-                rng = sample_rng(seed, epoch, rank, sl.start + i)
+                rng = sample_rng(seed, epoch, rank, plan.place(sl.start + i))
                 if cache is None:
                     out = tf(read(pos), rng, out=row)
                     if out is not None and out is not row:  # the factory's transforms fill `row`
@@ -393,7 +394,8 @@ class BatchDataset(_Iterable):
         for i, pos in enumerate(positions.tolist()):
             try:
                 data = bytes(src.read(pos))
-                rng = sample_rng(self.sampling.seed, plan.epoch, plan.rank, sl.start + i)
+                rng = sample_rng(self.sampling.seed, plan.epoch, plan.rank,
+                                 plan.place(sl.start + i))
                 box, flip, _ = tf.crop_box(data, rng)
             except SAMPLE_ERRORS as e:
                 skipped.append(src.handle_error(e, pos))
