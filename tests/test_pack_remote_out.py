@@ -315,3 +315,26 @@ def test_overwrite_removes_what_other_readers_take_for_the_dataset_first(s3_serv
     left = seen[0]
     assert left and all(r.startswith("shards/") and r.endswith(".tar") for r in left), left
     assert {r: left[r] for r in left} == {r: old[r] for r in left}  # old shards, untouched yet
+
+
+def test_check_stats_inspect_read_a_pack_in_object_storage(s3_server, tmp_path):
+    """After a pack into S3 the doctor commands read it where it is (fresh-user review: they
+    refused a URL as a missing folder); stats saves nothing there unless told, and then says
+    why it cannot."""
+    from shardkit.doctor.cli import check_command, stats_command
+
+    url = s3_server.bucket() + "/doc"
+    pack(SAMPLE, url, shard_samples=50, **OPTS)
+    local = tmp_path / "local"
+    pack(SAMPLE, local, shard_samples=50, **OPTS)
+    runner = CliRunner()
+    got = runner.invoke(stats_command, [url, "--max-samples", "40", "--no-progress"])
+    want = runner.invoke(stats_command, [str(local), "--max-samples", "40", "--no-save",
+                                         "--no-progress"])
+    assert got.exit_code == 0 == want.exit_code, got.output
+    assert got.output.splitlines()[:3] == want.output.splitlines()[:3]  # the same mean/std
+    assert "saved" not in got.output
+    bad = runner.invoke(stats_command, [url, "--save", "--no-progress"])
+    assert bad.exit_code == 2 and "drop --save" in bad.output
+    result = runner.invoke(check_command, [url, "--no-transforms", "--no-progress"])
+    assert result.exit_code == 0 and "NO EXACT LEAK" in result.output, result.output

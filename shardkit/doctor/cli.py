@@ -28,7 +28,7 @@ from shardkit.doctor.inspection import (augment_grid, format_augment_grid, forma
                                         inspect_dataset)
 from shardkit.doctor.reading import load_manifest_dict
 from shardkit.doctor.stats import compute_stats, format_class_hues
-from shardkit.errors import ShardkitError
+from shardkit.errors import ConfigError, ShardkitError
 
 __all__ = ["CommandError", "run_command", "progress_default", "inspect_command", "check_command",
            "stats_command"]
@@ -78,7 +78,17 @@ def _load_transform_config(path: Path | None, root: Path):
     return run_command(load_transform_config, path, run_command(load_manifest_dict, root))
 
 
-_OUT = click.argument("out", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def _dataset_arg(ctx, param, value: str):
+    """OUT: the URL of a wds pack in object storage as it is, else a local folder that must
+    exist."""
+    from shardkit.manifest import is_url
+
+    if is_url(value):
+        return value.rstrip("/")
+    return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
+
+
+_OUT = click.argument("out", callback=_dataset_arg)
 _DECODER = click.option("--decoder", default="auto", show_default=True,
                         help="Decoder registry name (shardkit.decode).")
 _TCFG = click.option("--transform-config", type=click.Path(exists=True, path_type=Path),
@@ -185,13 +195,21 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 @click.option("--split", default="train", show_default=True)
 @click.option("--max-samples", type=click.IntRange(min=1), default=None,
               help="Use only the first N samples of the split (pack-time shuffled order).")
-@click.option("--save/--no-save", default=True, show_default=True,
-              help="Store the result in manifest.json under stats/<split>.")
+@click.option("--save/--no-save", default=None,
+              help="Store the result in manifest.json under stats/<split> [default: save, "
+                   "except for a dataset in object storage, whose manifest is not rewritten].")
 @_PROGRESS
 @_DECODER
 def stats_command(out, split, max_samples, save, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
     saved in the manifest."""
+    from shardkit.manifest import is_url
+
+    if save and is_url(out):
+        raise CommandError(ConfigError(f"--save rewrites manifest.json, which shardkit does not "
+                                       f"do in object storage ({out}): drop --save (the "
+                                       "statistics are printed)"))
+    save = not is_url(out) if save is None else save
     result = run_command(compute_stats, out, split, max_samples=max_samples, decoder=decoder,
                          save=save, progress=progress_default(progress))
     click.echo(f"{split}: {result['num_samples']} samples")
