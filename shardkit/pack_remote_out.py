@@ -35,7 +35,8 @@ holds about one open shard per writer. The rules mirror :mod:`shardkit.pack_out`
 - **A run that fails** (an exception, a failed or short upload, a full staging disk) deletes
   every owned object under ``OUT``: what it uploaded and, with overwrite, what was left of the
   old dataset (no longer finished). A killed run leaves owned objects without a manifest, which
-  the next run deletes, and its staging folder in ``$TMPDIR``.
+  the next run deletes, and its staging folder in ``$TMPDIR``, which the next pack into object
+  storage on this machine removes (:func:`staging_folder`: its pid is gone).
 - **No lock.** Plain object stores have no lock that a killed packer releases, so one packer
   per ``OUT`` is the user's job: two packs into one URL at once can interleave their objects.
 
@@ -89,8 +90,26 @@ def remote_fs(url: str):
 
 
 def staging_folder(prefix: str = "shardkit-pack-") -> Path:
-    """A new local staging folder (``tempfile.mkdtemp``: in ``$TMPDIR``, else ``/tmp``)."""
-    return Path(tempfile.mkdtemp(prefix=prefix))
+    """A new local staging folder ``<prefix><pid>-<random>`` (``tempfile.mkdtemp``: in
+    ``$TMPDIR``, else ``/tmp``). Folders of this machine's earlier packs whose process is gone
+    (killed: a ``with`` block never removed them) are removed first and logged."""
+    root = Path(tempfile.gettempdir())
+    for old in root.glob(f"{prefix}*-*"):
+        pid = old.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            logger.info("removed %s, the staging folder of a killed pack (pid %s)", old, pid)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def upload_file(fs, local: Path, rpath: str, url: str) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -338,3 +340,30 @@ def test_check_stats_inspect_read_a_pack_in_object_storage(s3_server, tmp_path):
     assert bad.exit_code == 2 and "drop --save" in bad.output
     result = runner.invoke(check_command, [url, "--no-transforms", "--no-progress"])
     assert result.exit_code == 0 and "NO EXACT LEAK" in result.output, result.output
+
+
+def test_a_killed_packs_staging_folder_is_removed_by_the_next(s3_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile.tempdir = None  # read TMPDIR again
+    try:
+        gone = _dead_pid()
+        killed = tmp_path / f"shardkit-pack-{gone}-abc123"
+        (killed / "shards").mkdir(parents=True)
+        (killed / "shards" / "train-000005.tar").write_bytes(b"x" * 100)
+        alive = tmp_path / f"shardkit-pack-{os.getpid()}-def456"  # a pack still running
+        alive.mkdir()
+        mine = tmp_path / "shardkit-pack-notes"  # not a staging name: never touched
+        mine.mkdir()
+        pack(SAMPLE, s3_server.bucket() + "/st", shard_samples=50, **OPTS)
+        assert not killed.exists() and alive.is_dir() and mine.is_dir()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, mine.name])
+    finally:
+        tempfile.tempdir = None
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
