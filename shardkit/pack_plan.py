@@ -279,7 +279,10 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int],
     path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job
     data, error = read_one(path) if got is None else got  # a local file, or an fsspec URL
     if error is not None:
-        return {"ok": False, "reason": _unreadable(error, path)}
+        reason = _unreadable(error, path)
+        if path != relpath and is_url(path) and path not in reason:  # which URL was tried
+            reason += f" ({path})"
+        return {"ok": False, "reason": reason}
     out = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     try:
         res = check_image(data, max_pixels=max_pixels, strict=strict, keep_pixels=True,

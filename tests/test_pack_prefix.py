@@ -222,6 +222,13 @@ def test_remote_csv_list_packs_like_the_local_csv(s3_server, flowers, tmp_path):
     records = [r for rs in _records(tmp_path / "remote").values() for r in rs]
     assert sorted(r["path"] for r in records) == sorted(f"flowers/{r['path']}" for r in rows)
     assert len(records) == 50
+    # a relative row whose object is missing is quarantined naming the URL that was tried
+    s3_server.fs().pipe({f"{url}/list2.csv": listing.read_bytes()
+                         + b"flowers/daisy/not-there.jpg,daisy,nobody\n"})
+    pack(f"{url}/list2.csv", tmp_path / "remote2", **OPTS)
+    lines = (tmp_path / "remote2" / "quarantine.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["path"] == "flowers/daisy/not-there.jpg"
+    assert json.loads(lines[0])["reason"].endswith(f"({url}/flowers/daisy/not-there.jpg)")
 
 
 class _Quiet(SimpleHTTPRequestHandler):
