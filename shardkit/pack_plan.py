@@ -30,7 +30,7 @@ from tqdm import tqdm
 from shardkit import layout, neardup, pack_given, scan
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.labels import LabelMap
-from shardkit.fetch import DEFAULT_CONCURRENCY, iter_read
+from shardkit.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.manifest import is_url
 from shardkit.pack_records import CheckRecords
 
@@ -273,7 +273,6 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int],
     normalised; never returns pixels (they would cross the process boundary). ``got``: the
     file's ``(bytes, read error)`` already read by :func:`shardkit.fetch.iter_read` (None: read
     it here)."""
-    from shardkit.fetch import read_one
     from shardkit.images import check_image
 
     path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality = job

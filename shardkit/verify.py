@@ -284,9 +284,14 @@ def _downscale_problem(rec: dict, size: tuple[int, int], man: dict) -> str | Non
     return None
 
 
+def _dataset_arg(ctx, param, value):
+    from shardkit.doctor.cli import dataset_arg  # late: it imports every doctor command
+
+    return dataset_arg(ctx, param, value)
+
+
 @click.command("verify")
-@click.argument("root", callback=lambda ctx, param, v: v if manifest_mod.is_url(v) else
-                click.Path(exists=True, file_okay=False, path_type=Path).convert(v, param, ctx))
+@click.argument("root", callback=lambda ctx, param, v: _dataset_arg(ctx, param, v))
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
 def verify_command(root: Path, no_decode: bool) -> None:
     """Re-hash the shards of ROOT (a folder, or the URL of a wds pack in object storage) and

@@ -78,9 +78,9 @@ def _load_transform_config(path: Path | None, root: Path):
     return run_command(load_transform_config, path, run_command(load_manifest_dict, root))
 
 
-def _dataset_arg(ctx, param, value: str):
-    """OUT: the URL of a wds pack in object storage as it is, else a local folder that must
-    exist."""
+def dataset_arg(ctx, param, value: str):
+    """Click callback of a dataset argument (OUT, ROOT): the URL of a wds pack in object
+    storage as it is, else a local folder that must exist."""
     from shardkit.manifest import is_url
 
     if is_url(value):
@@ -88,7 +88,7 @@ def _dataset_arg(ctx, param, value: str):
     return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
 
 
-_OUT = click.argument("out", callback=_dataset_arg)
+_OUT = click.argument("out", callback=dataset_arg)
 _DECODER = click.option("--decoder", default="auto", show_default=True,
                         help="Decoder registry name (shardkit.decode).")
 _TCFG = click.option("--transform-config", type=click.Path(exists=True, path_type=Path),
