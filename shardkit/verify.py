@@ -291,7 +291,7 @@ def _dataset_arg(ctx, param, value):
 
 
 @click.command("verify")
-@click.argument("root", callback=lambda ctx, param, v: _dataset_arg(ctx, param, v))
+@click.argument("root", callback=_dataset_arg)
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
 def verify_command(root: Path, no_decode: bool) -> None:
     """Re-hash the shards of ROOT (a folder, or the URL of a wds pack in object storage) and
