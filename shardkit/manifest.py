@@ -162,10 +162,12 @@ def load_manifest(root: str | os.PathLike) -> dict:
     location = join(root, MANIFEST_NAME)
     try:
         manifest = json.loads(_read_bytes(location))
-    except FileNotFoundError:
-        raise ManifestError(f"{location} not found: {root} is not a finished shardkit dataset "
-                            "(run `shardkit pack`; an interrupted pack leaves no manifest)"
-                            ) from None
+    except FileNotFoundError as e:
+        cause = e.__cause__  # a remote store's own words: NoSuchBucket is not NoSuchKey
+        why = f" ({type(cause).__name__}: {e})" if is_url(location) and cause is not None else ""
+        raise ManifestError(f"{location} not found{why}: {root} is not a finished shardkit "
+                            "dataset (run `shardkit pack`; an interrupted pack leaves no "
+                            "manifest)") from None
     except (OSError, ValueError) as e:
         raise ManifestError(f"cannot read {location}: {e}") from e
     if not isinstance(manifest, dict):

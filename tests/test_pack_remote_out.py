@@ -367,3 +367,13 @@ def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_a_missing_bucket_is_named_when_reading(s3_server):
+    from shardkit.errors import ManifestError
+
+    with pytest.raises(ManifestError, match=r"not found \(NoSuchBucket: The specified bucket "
+                                            r"does not exist\)"):
+        load_manifest("s3://no-such-bucket-shardkit/ds")
+    with pytest.raises(ManifestError, match=r"not found \(NoSuchKey: "):
+        load_manifest(s3_server.bucket() + "/never-packed")
