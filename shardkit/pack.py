@@ -418,6 +418,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         out, manifest, quarantine, warnings=option_warnings + outcome.warnings + packed_warnings,
         cleaned=target.cleaned, replaced=target.replaced,
         num_with_warnings=sum(bool(checked.results.meta(i)["warnings"]) for i in outcome.keep))
+    checked.results.close()  # its temporary file of normalised bytes (a failed run: at GC)
     logger.debug("%s", summary.format_text())  # the command prints it; callers get it returned
     return summary
 

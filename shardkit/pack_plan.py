@@ -383,7 +383,7 @@ def exit_with_parent(parent_pid: int) -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
-                if os.getppid() != first_parent or not _alive(parent_pid):
+                if os.getppid() != first_parent or not pid_alive(parent_pid):
                     os._exit(1)  # the parent died before the prctl took effect
                 return
         except (OSError, AttributeError):
@@ -392,7 +392,8 @@ def exit_with_parent(parent_pid: int) -> None:
                      name="shardkit-parent-watch").start()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists on this machine (also when it is another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -405,7 +406,7 @@ def _alive(pid: int) -> bool:
 def _watch_parent(parent_pid: int, first_parent: int) -> None:
     while True:
         time.sleep(0.5)
-        if os.getppid() != first_parent or not _alive(parent_pid):
+        if os.getppid() != first_parent or not pid_alive(parent_pid):
             os._exit(1)
 
 

@@ -60,6 +60,7 @@ from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME
 from shardkit.interop.shards import ShardMembers, scan_shard
 from shardkit.manifest import MANIFEST_NAME, is_url, json_bytes
 from shardkit.pack_out import DiskFullError, OutputRun, owned_name
+from shardkit.pack_plan import pid_alive
 
 __all__ = ["RemoteOutput", "ShardUpload", "UploadError", "put_shard", "remote_fs",
            "upload_file", "staging_folder", "PROBE_NAME"]
@@ -96,20 +97,11 @@ def staging_folder(prefix: str = "shardkit-pack-") -> Path:
     root = Path(tempfile.gettempdir())
     for old in root.glob(f"{prefix}*-*"):
         pid = old.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)) and old.is_dir():
+        if pid.isdigit() and not pid_alive(int(pid)) and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
             logger.info("removed %s, the staging folder of a killed pack (pid %s)", old, pid)
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def upload_file(fs, local: Path, rpath: str, url: str) -> None:

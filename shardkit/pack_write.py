@@ -207,7 +207,7 @@ def _write_one(sink, key: str, it, res: dict, label: int, classes, bar, got=None
     ``got``: the source's ``(bytes, read error)`` from :func:`source_reads` (None: read here)."""
     data = res.get("data")
     if data is None:  # stored as the original bytes: re-read, and make sure they did not change
-        data, error = got if got is not None and got != (None, None) else read_one(it.path)
+        data, error = got if got is not None else read_one(it.path)
         if error is not None:
             raise error
         if hashlib.sha256(data).hexdigest() != res["sha256"]:
@@ -249,7 +249,7 @@ def class_warnings(classes: list[str], split_manifest: dict[str, dict]) -> list[
 def transcoded_counts(checked: CheckedFiles, keep: list[int]) -> dict[str, int]:
     """``{rule: number of packed samples}`` for the packed samples (``keep``) that were stored
     transcoded, i.e. whose normalisation ``rule`` is not ``"original"``; sorted by rule."""
-    counts = Counter(checked.results[i]["rule"] for i in keep)
+    counts = Counter(checked.results.meta(i)["rule"] for i in keep)  # no stored bytes read
     counts.pop("original", None)
     return dict(sorted(counts.items()))
 

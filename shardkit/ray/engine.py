@@ -144,12 +144,6 @@ def _get(ray, ref, what: str):
 
 
 # ----------------------------------------------------------------------------- 3: check
-def _check_batch(jobs: list, concurrency: int) -> list[dict]:
-    from shardkit.pack_plan import check_chunk
-
-    return check_chunk(jobs, concurrency)
-
-
 def check_all(jobs: list, progress: bool, *, desc: str = "check",
               address: str | None = None, concurrency: int = 16) -> Iterator[dict]:
     """:func:`shardkit.pack_plan._check_one` of every job (``(path, relpath, max_pixels,
@@ -159,7 +153,7 @@ def check_all(jobs: list, progress: bool, *, desc: str = "check",
     engine), each batch's as soon as it and all before it are done."""
     from tqdm import tqdm
 
-    from shardkit.pack_plan import chunk_size
+    from shardkit.pack_plan import check_chunk, chunk_size
 
     ray = ensure_ray(address)
     if not jobs:
@@ -168,7 +162,7 @@ def check_all(jobs: list, progress: bool, *, desc: str = "check",
     size = chunk_size(jobs, max(1, min(CHECK_BATCH, math.ceil(len(jobs) / (4 * cpus)))), cpus,
                       concurrency)
     batches = [jobs[k:k + size] for k in range(0, len(jobs), size)]
-    task = ray.remote(max_retries=MAX_RETRIES)(_check_batch)
+    task = ray.remote(max_retries=MAX_RETRIES)(check_chunk)
     with tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress) as bar:
         stream = run_ordered(task, [(b, concurrency) for b in batches],
                              weights=[len(b) for b in batches],
