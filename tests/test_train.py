@@ -828,3 +828,111 @@ def test_unknown_model_names_the_closest_timm_models():
     with pytest.raises(ConfigError, match=r"'hrnet_w18_smal' is not a timm model; similar names: "
                                           r"hrnet_w18_small, "):
         build_model("hrnet_w18_smal", 5)
+
+
+# ----------------------------------------------------------------------------- resume edges
+_TINY = dict(model="test_resnet", image_size=32, batch_size=32, epochs=1, warmup_steps=1,
+             eval_every=5)
+
+
+def test_run_killed_before_its_first_checkpoint_restarts(packed_sample, tmp_path):
+    """A run folder holding config.yaml but no checkpoint (a run killed in its first epoch)
+    has nothing to keep: a plain rerun starts over there, and so does --resume on it (it used
+    to be "already holds a run, pass --resume" followed by "no checkpoint")."""
+    data = packed_sample("wds")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: test_resnet\n")   # what a killed run leaves
+    done = train(_run_config(data, run, max_steps=2, **_TINY))
+    assert done["step"] == 2 and (run / "checkpoints" / "last.pt").is_file()
+    (run / "checkpoints" / "last.pt").unlink()
+    (run / "checkpoints" / "best.pt").unlink(missing_ok=True)
+    again = train(_run_config(data, run, max_steps=1, resume=str(run), **_TINY))
+    assert again["step"] == 1 and [h["step"] for h in again["history"]] == [1]
+    # with a checkpoint the folder is a run to keep: a fresh run is still refused
+    with pytest.raises(OutputExistsError, match="--resume"):
+        train(_run_config(data, run, **_TINY))
+
+
+def _saved_checkpoint(packed_sample, tmp_path) -> tuple[Path, Path]:
+    data = packed_sample("wds")
+    run = tmp_path / "base"
+    train(_run_config(data, run, max_steps=1, **_TINY))
+    return data, run
+
+
+@pytest.fixture(scope="module")
+def saved_run(packed_sample, tmp_path_factory) -> tuple[Path, Path]:
+    """(dataset, run folder) of a one-step run; read only by the tests that use it."""
+    return _saved_checkpoint(packed_sample, tmp_path_factory.mktemp("ckpt-base"))
+
+
+def test_resume_onto_a_dataset_with_other_classes_is_refused(saved_run, tmp_path):
+    from shardkit.train.checkpoint import check_resume_classes, load_checkpoint
+
+    data, run = saved_run
+    classes = load_checkpoint(run / "checkpoints" / "last.pt", ("classes",))["classes"]
+    assert classes == ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
+    # the same dataset re-packed with another class order (manifest edited as a re-pack would)
+    moved = tmp_path / "repacked"
+    shutil.copytree(data, moved)
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["classes"] = classes[1:] + classes[:1]
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ResumeMismatchError, match="5 labels name other classes .label 0: "
+                       "'daisy' vs 'dandelion'"):
+        check_resume_classes(classes, manifest["classes"], moved)
+    with pytest.raises(ResumeMismatchError, match="the checkpoint has 5 classes, .* has 4"):
+        check_resume_classes(classes, classes[:4], moved)
+    with pytest.raises(ResumeMismatchError, match="re-packed with another class list"):
+        train(_run_config(data, tmp_path / "r2", max_steps=2, resume=str(run), **_TINY)
+              .replace(data=str(moved)))
+
+
+@pytest.mark.parametrize("damage,field", [
+    (lambda c: c.pop("config"), "no 'config'"),
+    (lambda c: c.pop("model"), "no 'model'"),
+    (lambda c: c.update(model={"w": 3}), "'model' is dict, expected a state_dict"),
+    (lambda c: c.pop("optimizer"), "no 'optimizer'"),
+    (lambda c: c.update(step="7"), "'step' is str, expected an int >= 0"),
+    (lambda c: c.update(epoch=-1), "'epoch' is int, expected an int >= 0"),
+    (lambda c: c.update(classes="abcde"), "'classes' is str, expected a list of class names"),
+    (lambda c: c.pop("rng"), "no 'rng'"),
+    (lambda c: c.update(history=None), "'history' is NoneType"),
+    (lambda c: c.update(best={"value": 1}), "'best' is dict, expected a dict with monitor"),
+])
+def test_malformed_checkpoint_at_resume_is_one_line_naming_the_field(saved_run, tmp_path,
+                                                                    damage, field):
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    tmp = tmp_path
+    data, run = saved_run
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    damage(ckpt)
+    bad = tmp / "bad.pt"
+    torch.save(ckpt, bad)
+    result = CliRunner().invoke(main, ["-q", "train", "--data", str(data), "--out",
+                                       str(tmp / "run"), "--config", "cpu-smoke", "--model",
+                                       "test_resnet", "--image-size", "32", "--batch-size", "32",
+                                       "--epochs", "1", "--warmup-steps", "1",
+                                       "--resume", str(bad)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    (line,) = result.output.splitlines()
+    assert line.startswith("Error: CheckpointError: ") and field in line and "bad.pt" in line
+
+
+def test_checkpoint_whose_weights_do_not_fit_is_one_error(saved_run, tmp_path):
+    from shardkit.errors import CheckpointError
+
+    data, run = saved_run
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    name = next(k for k, v in ckpt["model"].items() if v.ndim == 4)
+    ckpt["model"][name] = torch.zeros(1, 1, 1, 1)
+    torch.save(ckpt, tmp_path / "shape.pt")
+    with pytest.raises(CheckpointError, match="its 'model' does not fit this run "
+                       r"\(RuntimeError: Error\(s\) in loading state_dict"):
+        train(_run_config(data, tmp_path / "r", max_steps=2, resume=str(tmp_path / "shape.pt"),
+                          **_TINY))

@@ -21,6 +21,7 @@ anything in it runs (:func:`safe_load`). Written with :func:`shardkit.fsio.atomi
 """
 from __future__ import annotations
 
+import logging
 import pickle
 import random
 import re
@@ -35,10 +36,11 @@ from ..fsio import atomic_write_with
 from .config import SCHEDULE_FIELDS, TrainConfig
 
 __all__ = ["save_checkpoint", "load_checkpoint", "safe_load", "resolve_resume",
-           "check_resume_config", "rng_state", "set_rng_state", "CHECKPOINT_FORMAT",
-           "ResumeMismatchError", "check_run_folder"]
+           "check_resume_config", "check_resume_classes", "rng_state", "set_rng_state",
+           "CHECKPOINT_FORMAT", "ResumeMismatchError", "check_run_folder", "RESUME_FIELDS"]
 
 CHECKPOINT_FORMAT = "shardkit-train-checkpoint"
+log = logging.getLogger(__name__)
 
 
 class ResumeMismatchError(ConfigError):
@@ -111,32 +113,114 @@ def safe_load(path: str | Path, what: str = "checkpoint"):
                               f"({type(e).__name__}: {detail[:160]})") from None
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """Reads a shardkit training checkpoint onto the CPU, safely (:func:`safe_load`).
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _optional_dict(value) -> bool:
+    return value is None or isinstance(value, dict)
+
+
+RESUME_FIELDS = {
+    "model": ("a state_dict (dict of tensors)", lambda v: isinstance(v, dict) and bool(v)
+              and all(isinstance(t, torch.Tensor) for t in v.values())),
+    "optimizer": ("an optimizer state_dict (dict)", lambda v: isinstance(v, dict)),
+    "scheduler": ("a scheduler state_dict (dict)", lambda v: isinstance(v, dict)),
+    "scaler": ("a GradScaler state_dict or None", _optional_dict),
+    "epoch": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "epoch_done": ("a bool", lambda v: isinstance(v, bool)),
+    "epoch_batches": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "step": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "loader": ("a loader state (dict) or None", _optional_dict),
+    "config": ("the run's TrainConfig (dict)", lambda v: isinstance(v, dict)),
+    "classes": ("a list of class names (str)", lambda v: isinstance(v, (list, tuple)) and bool(v)
+                and all(isinstance(c, str) for c in v)),
+    "best": ("a dict with monitor/value/epoch/step, or None",
+             lambda v: v is None or (isinstance(v, dict)
+                                     and {"monitor", "value", "epoch", "step"} <= set(v))),
+    "bad_evals": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "history": ("a list of metrics entries", lambda v: isinstance(v, (list, tuple))),
+    "rng": ("RNG states with python, numpy and torch", lambda v: isinstance(v, dict)
+            and {"python", "numpy", "torch"} <= set(v)),
+}
+"""The fields ``--resume`` reads from a training checkpoint: name -> (what is expected, test).
+Every one is checked before any is used, so a malformed file is one error naming them all."""
+
+
+def load_checkpoint(path: str | Path, fields=("model",)) -> dict:
+    """Reads a shardkit training checkpoint onto the CPU, safely (:func:`safe_load`), and checks
+    that it holds ``fields`` (names of :data:`RESUME_FIELDS`; the final test reads only
+    ``model``, ``--resume`` reads every one) with the expected types.
 
     Raises:
-        CheckpointError: ``path`` is missing, unsafe or unreadable (see :func:`safe_load`), or
-            is not a shardkit training checkpoint.
+        CheckpointError: ``path`` is missing, unsafe or unreadable (see :func:`safe_load`), is
+            not a shardkit training checkpoint, or lacks a field or holds one of the wrong type
+            (one line naming every such field and what was expected).
     """
     payload = safe_load(path)
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not a shardkit training checkpoint (no "
                               f"format={CHECKPOINT_FORMAT!r}); use --pretrained for plain weights")
+    problems = []
+    for name in fields:
+        expected, ok = RESUME_FIELDS[name]
+        if name not in payload:
+            problems.append(f"no {name!r} ({expected})")
+        elif not ok(payload[name]):
+            problems.append(f"{name!r} is {type(payload[name]).__name__}, expected {expected}")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} is damaged or incomplete: "
+                              + "; ".join(problems))
     return payload
 
 
-def resolve_resume(resume: str | Path) -> Path:
-    """A checkpoint file as given, or ``<run folder>/checkpoints/last.pt``.
+def resolve_resume(resume: str | Path) -> Path | None:
+    """A checkpoint file as given, or ``<run folder>/checkpoints/last.pt``; ``None`` for a run
+    folder that holds a run but no checkpoint yet (a run killed before its first checkpoint:
+    there is nothing to resume, so the run starts over there, with a warning).
 
     Raises:
-        ConfigError: neither exists.
+        ConfigError: no checkpoint and no run at ``resume``.
     """
     path = Path(resume)
     if path.is_dir():
+        if not (path / "checkpoints" / "last.pt").is_file() and _unstarted_run(path):
+            log.warning("--resume %s: the run there has no checkpoint yet (it stopped before "
+                        "its first one); starting it over", resume)
+            return None
         path = path / "checkpoints" / "last.pt"
     if not path.is_file():
         raise ConfigError(f"--resume {resume}: no checkpoint at {path}")
     return path
+
+
+def _unstarted_run(out: Path) -> bool:
+    """``out`` holds a run's ``config.yaml`` but no checkpoint of it: nothing to keep."""
+    ckpts = out / "checkpoints"
+    return (out / "config.yaml").is_file() and not (ckpts.is_dir() and any(ckpts.glob("*.pt")))
+
+
+def check_resume_classes(checkpoint_classes, dataset_classes, data) -> None:
+    """Refuses to resume onto a dataset whose class list differs from the checkpoint's (a
+    re-packed dataset with another class order or count would train the head on wrong labels
+    without a word).
+
+    Raises:
+        ResumeMismatchError: names the count, and the first positions that differ.
+    """
+    saved, now = list(checkpoint_classes), list(dataset_classes)
+    if saved == now:
+        return
+    if len(saved) != len(now):
+        detail = f"the checkpoint has {len(saved)} classes, {data} has {len(now)}"
+    else:
+        diffs = [f"label {i}: {a!r} vs {b!r}" for i, (a, b) in enumerate(zip(saved, now))
+                 if a != b]
+        detail = (f"{len(diffs)} labels name other classes ({', '.join(diffs[:3])}"
+                  f"{', ...' if len(diffs) > 3 else ''})")
+    raise ResumeMismatchError(f"cannot resume: {detail}; the dataset was re-packed with "
+                              "another class list (resume on the original dataset, or start a "
+                              "new run with --pretrained CHECKPOINT)")
 
 
 def check_resume_config(config: TrainConfig, saved: dict) -> None:
@@ -150,11 +234,18 @@ def check_resume_config(config: TrainConfig, saved: dict) -> None:
 
 
 def check_run_folder(out: Path, resuming: bool) -> None:
-    """Refuses to start a fresh run in a folder that already holds one.
+    """Refuses to start a fresh run in a folder that already holds one. A folder whose run
+    never wrote a checkpoint (killed in its first epoch) holds nothing to keep: the run starts
+    over there, with a warning.
 
     Raises:
-        OutputExistsError: ``out/config.yaml`` exists and this is not a resume.
+        OutputExistsError: ``out/config.yaml`` exists beside a checkpoint and this is not a
+            resume.
     """
+    if not resuming and _unstarted_run(out):
+        log.warning("run folder %s holds a run without a checkpoint (it stopped before its "
+                    "first one); starting over there", out)
+        return
     if not resuming and (out / "config.yaml").exists():
         raise OutputExistsError(f"run folder {out} already holds a run (config.yaml); pass "
                                 f"--resume {out} to continue it or choose another --out")

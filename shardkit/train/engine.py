@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 
 from ..augment import AugmentSpec, BatchMix, mix_rng
-from ..errors import ConfigError, LoaderError, ShardkitError
+from ..errors import CheckpointError, ConfigError, LoaderError, ShardkitError
 from ..fsio import atomic_write_bytes
-from .checkpoint import (check_resume_config, check_run_folder, load_checkpoint, resolve_resume,
+from .checkpoint import (RESUME_FIELDS, check_resume_classes, check_resume_config,
+                         check_run_folder, load_checkpoint, resolve_resume,
                          rng_state, save_checkpoint, set_rng_state)
 from .config import TrainConfig, save_config
 from .data import (eval_loader, fixed_batches, make_normalizer, resolve_mean_std,
@@ -95,7 +96,8 @@ class Trainer:
         self.info, self.device = info, device
         self.out = Path(config.out)
         resume_path = resolve_resume(config.resume) if config.resume else None
-        self.resume = load_checkpoint(resume_path) if resume_path else None
+        self.resume = (load_checkpoint(resume_path, tuple(RESUME_FIELDS)) if resume_path
+                       else None)
         if self.resume is not None:
             check_resume_config(config, self.resume["config"])
         check_run_folder(self.out, resuming=self.resume is not None)
@@ -108,6 +110,8 @@ class Trainer:
         self.config = config
         self.manifest = load_manifest(config.data)
         self.classes = list(self.manifest["classes"])
+        if self.resume is not None:
+            check_resume_classes(self.resume["classes"], self.classes, config.data)
         self.num_classes = len(self.classes)
         splits = self.manifest["splits"]
         self.val_split, self.test_split = resolve_splits(config, splits, info.is_main)
@@ -189,11 +193,19 @@ class Trainer:
 
     def _load_resume(self) -> None:
         ckpt = self.resume
-        self.plain.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        if ckpt.get("scaler"):
-            self.scaler.load_state_dict(ckpt["scaler"])
+        parts = [("model", self.plain), ("optimizer", self.optimizer),
+                 ("scheduler", self.scheduler)] + ([("scaler", self.scaler)]
+                                                   if ckpt.get("scaler") else [])
+        for name, target in parts + [("rng", None)]:
+            try:  # load_state_dict raises RuntimeError / KeyError / ValueError on a bad dict
+                if target is None:
+                    set_rng_state(ckpt["rng"])
+                else:
+                    target.load_state_dict(ckpt[name])
+            except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise CheckpointError(f"checkpoint {self.config.resume}: its {name!r} does not "
+                                      f"fit this run ({type(e).__name__}: {first[:200]})") from None
         self.step, self.epoch, self.epoch_done = ckpt["step"], ckpt["epoch"], ckpt["epoch_done"]
         self.epoch_batches = ckpt["epoch_batches"]
         self.best = ckpt["best"]
@@ -202,7 +214,6 @@ class Trainer:
                                      ckpt["bad_evals"])
         self.history = list(ckpt["history"])
         self.loader_state = ckpt["loader"]
-        set_rng_state(ckpt["rng"])
 
     # ----------------------------------------------------------------- loop
     def run(self) -> dict:
