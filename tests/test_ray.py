@@ -331,3 +331,49 @@ def test_read_split_of_a_remote_pack_is_make_loaders_for_any_num_workers(packed)
                                    images.permute(0, 2, 3, 1).numpy())}
             assert got.keys() == want.keys()
             assert all(np.array_equal(got[i], want[i]) for i in want), num_workers
+
+
+LOCAL_DRIVER = r"""
+import sys, psutil
+from shardkit.ray.engine import ensure_ray
+ensure_ray()
+print(" ".join(str(p.pid) for p in psutil.Process().children(recursive=True)), flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_local_runtime_ends_with_a_killed_driver():
+    """A local Ray runtime that shardkit started ends with its driver, kill -9 included: Ray
+    itself left its dashboard and runtime-env agents running (seen 20 s later); the reaper
+    (shardkit.ray.reaper) ends every process of that runtime within poll + grace seconds."""
+    import psutil
+
+    from shardkit.ray import reaper
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-c", LOCAL_DRIVER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip(), "the driver did not start Ray"
+        started = []
+        for pid in map(int, line.split()):
+            try:
+                p = psutil.Process(pid)
+                started.append((p, " ".join(p.cmdline())))
+            except psutil.NoSuchProcess:
+                pass
+        names = " ".join(cmd for _, cmd in started)
+        assert "raylet" in names and "gcs_server" in names, names
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + reaper.POLL_S + reaper.GRACE_S + 10
+        alive = started
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [(p, cmd) for p, cmd in alive
+                     if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, [cmd[:80] for _, cmd in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -59,7 +59,8 @@ def ensure_ray(address: str | None = None):
     """The ``ray`` module, connected: the running Ray of this process if there is one, else
     ``ray.init(address)`` (``None``: ``RAY_ADDRESS`` if set, else a new local Ray using every
     CPU, never a cluster another process started here; it stays up for later packs and ends
-    with the process, or ``ray.shutdown()``).
+    with the process, or ``ray.shutdown()``; a kill -9 of this process included: every process
+    of that runtime is ended by :mod:`shardkit.ray.reaper`).
 
     Raises:
         ConfigError: Ray is not installed (names the extra to install).
@@ -73,13 +74,26 @@ def ensure_ray(address: str | None = None):
         # "local": a new runtime, never one that another process left running on this machine
         # (plain ray.init() would join the last cluster started here)
         address = address or os.environ.get("RAY_ADDRESS") or "local"
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+        before = _children()
+        context = ray.init(address=address, include_dashboard=False,
+                           logging_level=logging.WARNING)
+        if address == "local":  # a runtime started here ends with this process, kill -9 too
+            from .reaper import start
+
+            start(os.getpid(), context.address_info.get("session_dir"),
+                  sorted(_children() - before))
         logger.info("connected to Ray at %s (%s CPUs)", address,
                     ray.cluster_resources().get("CPU"))
     elif address is not None:
         logger.info("Ray is already initialised in this process; ray_address=%s is not used",
                     address)
     return ray
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children()}
 
 
 def _cluster_cpus(ray) -> int:
