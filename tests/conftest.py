@@ -298,3 +298,8 @@ def s3_server():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-mutants", type=int, default=None,
+                     help="mutants for tests/test_fuzz.py (default: its CI count)")
