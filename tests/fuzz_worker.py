@@ -35,6 +35,9 @@ import numpy as np
 
 # --------------------------------------------------------------------------- mutations
 SPLITS = ("train", "val", "test")
+OUTSIDE_TAG = "[names a file outside]"
+"""Marks a mutation whose manifest entry points outside the folder, at identical copies of the
+shards: a reader that follows it would serve the packed pixels, so only refusing it passes."""
 INTERESTING = [None, "", "abc", -1, 0, 1, 3, 53, "53", 2**31, 2**63, 1e10, -1e300, 0.5, True,
                [], {}, [1, 2], {"a": 1}, "../outside", "/etc/passwd", "a" * 10000]
 
@@ -126,6 +129,8 @@ def mutate_json(rng: random.Random, path: Path, outside: Path) -> str:
     elif op == "path" and isinstance(old, str):
         parent[key] = _inject_path(rng, old, outside)
         desc = f"{'.'.join(map(str, target))} = {parent[key]!r}"
+        if key == "path" and parent[key] not in ("", "shards/."):
+            desc += " " + OUTSIDE_TAG
     elif op == "swap" and isinstance(parent, dict) and len(parent) > 1:
         other = rng.choice([k for k in parent if k != key])
         parent[key], parent[other] = parent[other], parent[key]
@@ -147,6 +152,9 @@ def mutate_json(rng: random.Random, path: Path, outside: Path) -> str:
         if parent[key] == "../outside":
             parent[key] = _inject_path(rng, str(old), outside)
         desc = f"{'.'.join(map(str, target))} = {str(parent[key])[:40]!r}"
+        if key == "path" and isinstance(parent[key], str) and (
+                "outside" in parent[key] or parent[key].startswith("/")):
+            desc += " " + OUTSIDE_TAG
     path.write_text(json.dumps(obj))
     return desc
 
@@ -302,6 +310,12 @@ def snapshot(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
+def CliRunner():
+    from click.testing import CliRunner as Runner
+
+    return Runner()
+
+
 def run_command(runner, args: list[str]) -> dict:
     from shardkit.cli import main
 
@@ -328,18 +342,18 @@ def run_command(runner, args: list[str]) -> dict:
             "seconds": round(time.perf_counter() - start, 3)}
 
 
-def run_loader(ds: Path, truth: dict, size: int) -> dict:
+def run_loader(ds: Path, truth: dict, size: int, splits=SPLITS, cache: str = "none") -> dict:
     from shardkit.errors import ShardkitError
     from shardkit.stream import make_loader
 
     problems, raised, start = [], None, time.perf_counter()
-    for split in SPLITS:
+    for split in splits:
         seen = {}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 with make_loader(ds, split, 8, train=False, num_workers=0, image_size=size,
-                                 return_meta=True) as loader:
+                                 return_meta=True, cache=cache) as loader:
                     for images, labels, meta in loader:
                         for j, i in enumerate(meta["index"].tolist()):
                             seen.setdefault(str(i), []).append(
@@ -368,13 +382,7 @@ def run_loader(ds: Path, truth: dict, size: int) -> dict:
             "seconds": round(time.perf_counter() - start, 3)}
 
 
-def run_mutant(number: int, seed: int, bases: dict, work: Path) -> dict:
-    from click.testing import CliRunner
-
-    rng = random.Random(f"{seed}:{number}")
-    fmt = rng.choice(sorted(bases))
-    base = Path(bases[fmt]["path"])
-    truth = json.loads(Path(bases[fmt]["truth"]).read_text())
+def _home(number: int, base: Path, work: Path) -> tuple[Path, Path, Path]:
     home = work / f"m{number}"
     shutil.rmtree(home, ignore_errors=True)
     ds, outside = home / "ds", home / "outside"
@@ -383,39 +391,108 @@ def run_mutant(number: int, seed: int, bases: dict, work: Path) -> dict:
     for p in (base / "shards").iterdir():  # identical copies: reading one outside would "work"
         shutil.copyfile(p, outside / p.name)
     (outside / "passwd").write_text("root:x:0:0\n")
+    return home, ds, outside
+
+
+def dataset_mutant(rng, home: Path, ds: Path, outside: Path, truth: dict, size: int) -> tuple:
+    """A mutated dataset: every command and the loader."""
     mutation = mutate(rng, ds, outside)
-    before_outside = snapshot(outside)
-    before_home = sorted(p.name for p in home.iterdir())
     runner = CliRunner()
-    results = []
-    size = int(bases[fmt]["image_size"])
-    cwd = os.getcwd()
-    os.chdir(home)  # commands that write a default output folder write it here, not in tests/
-    try:
-        results.append(run_command(runner, ["verify", str(ds)]))
-        results.append(run_loader(ds, truth, size))
-        results.append(run_command(runner, ["check", str(ds), "--no-transforms"]))
-        results.append(run_command(runner, ["stats", str(ds), "--split", "train"]))
-        results.append(run_command(runner, ["inspect", str(ds), "--split", "train", "--n", "2",
-                                            "--out", str(home / "inspect")]))
-        results.append(run_command(runner, ["cache", "build", str(ds), "--split", "val",
-                                            "--cache", f"disk:{home / 'cache'}",
-                                            "--no-progress", "--num-workers", "0"]))
-        results.append(run_command(runner, ["export", str(ds)]))
-    finally:
-        os.chdir(cwd)
-    problems = [f"{r['args']}: {p}" for r in results for p in r["problems"]]
+    results = [run_command(runner, ["verify", str(ds)]), run_loader(ds, truth, size),
+               run_command(runner, ["check", str(ds), "--no-transforms"]),
+               run_command(runner, ["stats", str(ds), "--split", "train"]),
+               run_command(runner, ["inspect", str(ds), "--split", "train", "--n", "2",
+                                    "--out", str(home / "inspect")]),
+               run_command(runner, ["cache", "build", str(ds), "--split", "val", "--cache",
+                                    f"disk:{home / 'cache'}", "--no-progress",
+                                    "--num-workers", "0"]),
+               run_command(runner, ["export", str(ds)])]
+    problems = []
     verify, loader = results[0], results[1]
     if verify["exit"] == 0 and (loader["raised"] or loader["problems"]):
         problems.append(f"verify said OK but the loader did not serve the packed samples "
                         f"({loader['raised'] or loader['problems'][0][:120]})")
-    injected = "outside" in mutation or "symlink" in mutation
-    if injected and verify["exit"] == 0:
-        problems.append("verify said OK on a dataset naming a file outside its folder")
+    if OUTSIDE_TAG in mutation and verify["exit"] == 0:
+        problems.append("verify said OK on a dataset whose manifest names a file outside its "
+                        "folder")
+    return mutation, results, problems
+
+
+def cache_mutant(rng, home: Path, ds: Path, outside: Path, truth: dict, size: int) -> tuple:
+    """A disk cache of the val split, filled from the intact dataset, then mutated: the loader
+    over it serves the packed pixels or raises, and ``cache build`` ends with a verdict."""
+    cache = home / "cache"
+    runner = CliRunner()
+    first = run_command(runner, ["cache", "build", str(ds), "--split", "val", "--cache",
+                                 f"disk:{cache}", "--no-progress", "--num-workers", "0"])
+    files = sorted(p for p in cache.rglob("*") if p.is_file())
+    if first["exit"] != 0 or not files:
+        return "cache: not built", [first], [f"cache build of an intact dataset: exit "
+                                             f"{first['exit']} ({first['tail']})"]
+    victim = rng.choice(files)
+    mutation = f"cache {victim.relative_to(cache).as_posix()}: {mutate_bytes(rng, victim)}"
+    results = [run_loader(ds, truth, size, ("val",), cache=f"disk:{cache}"),
+               run_command(runner, ["cache", "build", str(ds), "--split", "val", "--cache",
+                                    f"disk:{cache}", "--no-progress", "--num-workers", "0"]),
+               run_loader(ds, truth, size, ("val",), cache=f"disk:{cache}")]
+    return mutation, results, []
+
+
+def checkpoint_mutant(rng, home: Path, ds: Path, outside: Path, truth: dict, size: int,
+                      checkpoint: Path) -> tuple:
+    """A mutated training checkpoint at ``train --resume``: a verdict or one Error line."""
+    import torch
+
+    bad = home / "resume.pt"
+    shutil.copyfile(checkpoint, bad)
+    if rng.random() < 0.4:
+        mutation = f"checkpoint: {mutate_bytes(rng, bad)}"
+    else:
+        ckpt = torch.load(bad, weights_only=True)
+        key = rng.choice(sorted(ckpt))
+        op = rng.choice(["delete", "value", "value"])
+        if op == "delete":
+            del ckpt[key]
+            mutation = f"checkpoint: deleted {key}"
+        else:
+            ckpt[key] = rng.choice(INTERESTING[:16] + [torch.zeros(3)])
+            mutation = f"checkpoint: {key} = {str(ckpt[key])[:30]!r}"
+        torch.save(ckpt, bad)
+    results = [run_command(CliRunner(), [
+        "train", "--data", str(ds), "--out", str(home / "run"), "--config", "cpu-smoke",
+        "--model", "test_resnet", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
+        "--max-steps", "1", "--num-workers", "0", "--warmup-steps", "0", "--resume", str(bad)])]
+    return mutation, results, []
+
+
+def run_mutant(number: int, seed: int, bases: dict, work: Path) -> dict:
+    rng = random.Random(f"{seed}:{number}")
+    fmt = rng.choice(sorted(f for f in bases if f != "checkpoint"))
+    base = Path(bases[fmt]["path"])
+    truth = json.loads(Path(bases[fmt]["truth"]).read_text())
+    size = int(bases[fmt]["image_size"])
+    home, ds, outside = _home(number, base, work)
+    kind = rng.random()
+    cwd = os.getcwd()
+    os.chdir(home)  # commands that write a default output folder write it here, not in tests/
+    try:
+        before_outside = snapshot(outside)
+        before_home = sorted(p.name for p in home.iterdir())
+        if kind < 0.06 and "checkpoint" in bases:
+            fmt = "checkpoint"
+            mutation, results, problems = checkpoint_mutant(
+                rng, home, ds, outside, truth, size, Path(bases["checkpoint"]["path"]))
+        elif kind < 0.16:
+            mutation, results, problems = cache_mutant(rng, home, ds, outside, truth, size)
+        else:
+            mutation, results, problems = dataset_mutant(rng, home, ds, outside, truth, size)
+    finally:
+        os.chdir(cwd)
+    problems = [f"{r['args']}: {p}" for r in results for p in r["problems"]] + problems
     if snapshot(outside) != before_outside:
         problems.append("a file outside the dataset folder was written")
     extra = sorted(set(p.name for p in home.iterdir()) - set(before_home)
-                   - {"inspect", "cache"})
+                   - {"inspect", "cache", "run", "resume.pt"})
     if extra:
         problems.append(f"written beside the dataset: {extra}")
     summary = {r["args"]: r.get("exit", r.get("raised") and "raised" or "ok") for r in results}
