@@ -39,6 +39,7 @@ from pathlib import Path
 import click
 
 from shardkit import manifest as manifest_mod
+from shardkit.cli_errors import one_line_errors
 from shardkit.errors import ManifestError, ShardkitError
 from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
 
@@ -293,6 +294,7 @@ def _dataset_arg(ctx, param, value):
 @click.command("verify")
 @click.argument("root", callback=_dataset_arg)
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
+@one_line_errors
 def verify_command(root: Path, no_decode: bool) -> None:
     """Re-hash the shards of ROOT (a folder, or the URL of a wds pack in object storage) and
     check every sample against the manifest.
