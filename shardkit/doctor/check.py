@@ -386,11 +386,13 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_json_report(report: dict[str, Any], path: str | Path) -> Path:
-    """Write ``report`` as JSON (an infinite ratio is written as the string ``"inf"``)."""
+    """Write ``report`` as UTF-8 JSON (an infinite ratio is written as the string ``"inf"``;
+    see :func:`shardkit.manifest.json_bytes` for names that are not valid UTF-8)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_json_safe(report), indent=2, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+    from shardkit.manifest import json_bytes  # text that is not UTF-8 (file names): escaped
+
+    path.write_bytes(json_bytes(_json_safe(report), indent=2) + b"\n")
     return path
 
 

@@ -32,7 +32,7 @@ from shardkit.doctor.inspection import (augment_grid, format_augment_grid, forma
                                         inspect_dataset)
 from shardkit.doctor.reading import load_manifest_dict
 from shardkit.doctor.stats import compute_stats, format_class_hues
-from shardkit.cli_errors import CommandError, one_line_errors
+from shardkit.cli_errors import CommandError, one_line_errors, printable_text
 from shardkit.errors import ConfigError, ShardkitError
 
 __all__ = ["CommandError", "run_command", "progress_default", "inspect_command", "check_command",
@@ -40,8 +40,9 @@ __all__ = ["CommandError", "run_command", "progress_default", "inspect_command",
 
 
 def _echo_report(text: str, report: dict, json_path) -> None:
-    """Prints a command's report, and writes it as JSON to ``json_path`` when given."""
-    click.echo(text)
+    """Prints a command's report (printable: names that are not UTF-8 as ``\\xNN``), and writes
+    it as JSON to ``json_path`` when given."""
+    click.echo(printable_text(text))
     if json_path is not None:
         write_json_report(report, json_path)
         click.echo(f"wrote {json_path}")
