@@ -425,8 +425,8 @@ def test_verify_fails_on_a_stale_dali_index_in_object_storage(s3_server, wds_out
     assert stale != want
     assert fail == (f"shards/val-000000.idx: it lists {stale} samples in {stale} lines, the "
                     f"split index {want}, not those of shards/val-000000.tar (a stale index "
-                    "from another pack?); `shardkit pack --overwrite` into it rewrites it "
-                    "(export writes into a local dataset folder)")
+                    "from another pack?); a `shardkit pack --overwrite` into its URL rewrites "
+                    "it (export writes into a local dataset folder)")
     same_count = (wds_out / "shards" / "val-000000.idx").read_text().replace(
         " val_00000000.", " val_00000001.", 1)  # one member moved to another sample's name
     s3_server.fs().pipe(f"{url}/shards/val-000000.idx", same_count.encode())

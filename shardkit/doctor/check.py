@@ -223,8 +223,9 @@ def check_shards(root: str | Path, manifest: dict[str, Any]) -> None:
     with its size. Contents are not hashed (``shardkit verify`` does).
 
     Raises:
-        ShardCorruptError: naming every missing, wrong-sized or unopenable shard of the first
-            split that has one. OSError or the store's own error: the shards cannot be listed.
+        ShardCorruptError: naming every missing, wrong-sized or unopenable (no permission, a
+            folder) shard of the first split that has one. OSError or the store's own error:
+            the shards cannot be listed or opened for another reason (no file handle left).
     """
     if is_url(root):
         _check_remote_shards(str(root), manifest)
@@ -237,7 +238,7 @@ def check_shards(root: str | Path, manifest: dict[str, Any]) -> None:
             try:
                 with open(Path(root) / rec["path"], "rb"):
                     pass
-            except OSError as e:
+            except (PermissionError, IsADirectoryError) as e:  # others (EMFILE): the OS's
                 unreadable.append(f"{rec['path']}: cannot be opened ({type(e).__name__}: "
                                   f"{e.strerror or e})")
         if unreadable:
@@ -271,6 +272,7 @@ def _check_remote_shards(root: str, manifest: dict[str, Any]) -> None:
                 return False
         folder = path.rpartition("/")[0]
         if folder not in listed:
+            fs.invalidate_cache(folder)  # the store now, not a listing an earlier call cached
             try:
                 found = fs.ls(folder, detail=True)
             except FileNotFoundError:

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import click
 
+from shardkit.cli_errors import CommandError, one_line_errors, printable_text
 from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
 from shardkit.doctor.inspection import (augment_grid, format_augment_grid, format_summary,
                                         inspect_dataset)
 from shardkit.doctor.reading import load_manifest_dict
 from shardkit.doctor.stats import compute_stats, format_class_hues
-from shardkit.cli_errors import CommandError, one_line_errors, printable_text
 from shardkit.errors import ConfigError, ShardkitError
 
 __all__ = ["CommandError", "run_command", "progress_default", "inspect_command", "check_command",

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from shardkit.cli_errors import printable_text
 from shardkit.doctor.drift import train_transform
 from shardkit.doctor.leaks import class_counts, imbalance
 from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, iter_sample_bytes,
                                      load_manifest_dict, read_rows, split_names)
-from shardkit.cli_errors import printable_text
 from shardkit.errors import ConfigError
 
 __all__ = ["split_summary", "pick_samples", "save_grid", "inspect_dataset", "format_summary",

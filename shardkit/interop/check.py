@@ -10,7 +10,8 @@ with the one shardkit would write now:
   (:func:`shardkit.interop.shards.scan_shard`; in object storage, where shards are not scanned,
   every sample's line must hold its image member at the split index's offset and size). A
   shard without its ``.idx`` while others have one, and a shardkit-named ``.idx`` whose shard
-  the manifest does not list (DALI and glob one-liners would take it), are problems too;
+  the manifest does not list (DALI and glob one-liners would take it), are problems too (not
+  over ``http(s)://``, where folders cannot be listed: each shard's ``.idx`` is fetched instead);
 - timm ``shards/_info.json``: the number of classes and each split's sample count, shard files
   and shard lengths (and the ``alt_label`` field, when every shard could be scanned);
 - the Hugging Face card ``README.md``, when shardkit wrote it: its YAML block's ``configs``
@@ -46,16 +47,20 @@ class _Store:
         self.remote = manifest_mod.is_url(root)
         self.root = str(root).rstrip("/") if self.remote else Path(manifest_mod.local_path(root))
         self.fs = self.base = None
+        self.listable = True
         if self.remote:
             import fsspec
 
             self.fs, self.base = fsspec.core.url_to_fs(self.root)
+            protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) \
+                else (self.fs.protocol,)
+            self.listable = not {"http", "https"} & set(protocols)  # a web server need not list
 
     def hint(self, tool: str) -> str:
         """How to rewrite the files of ``tool``."""
         if self.remote:
-            return ("`shardkit pack --overwrite` into it rewrites it (export writes into a local "
-                    "dataset folder)")
+            return ("a `shardkit pack --overwrite` into its URL rewrites it (export writes into "
+                    "a local dataset folder)")
         return f"`shardkit export {self.root} --to {tool}` rewrites it"
 
     def read_text(self, rel: str) -> str | None:
@@ -71,8 +76,10 @@ class _Store:
         if not self.remote:
             path = self.root / folder
             return sorted(p.name for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+        path = posixpath.join(self.base, folder)
+        self.fs.invalidate_cache(path)  # the store now, not an earlier listing
         try:
-            found = self.fs.ls(posixpath.join(self.base, folder), detail=False)
+            found = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
         return sorted(posixpath.basename(str(p).rstrip("/")) for p in found)
@@ -105,10 +112,10 @@ def _check_dali(store: _Store, manifest: dict, problems: list[str]
     shard was scanned."""
     members, complete = ShardMembers(), not store.remote
     expected: list[str] = []
-    present = set()
+    present: set[str] = set()
     for folder in sorted({posixpath.dirname(dali_index_path(s["path"]))
                           for info in manifest["splits"].values() for s in info.get("shards", [])}
-                         | {"shards"}):
+                         | {"shards"}) if store.listable else ():
         present |= {posixpath.join(folder, n) for n in store.names(folder)
                     if DALI_INDEX_NAME.fullmatch(n)}
     for split, info in manifest["splits"].items():
@@ -123,7 +130,7 @@ def _check_dali(store: _Store, manifest: dict, problems: list[str]
             rows = (index.shard == k).nonzero()[0]
             keys = [index.key_at(int(i)) for i in rows]
             offsets, sizes = index.offset[rows], index.size[rows]
-            have = store.read_text(rel) if rel in present else None
+            have = store.read_text(rel) if rel in present or not store.listable else None
             if store.remote:
                 if have is not None and (why := _idx_disagrees(have, keys, offsets, sizes)):
                     problems.append(f"{rel}: {why}, not those of {shard['path']} (a stale "
