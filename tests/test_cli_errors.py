@@ -136,6 +136,13 @@ def test_store_errors_are_classified_and_named():
     assert named.message == "ManifestError: a b"  # shardkit's own errors: as before, one line
     assert cannot_run(KeyError("bug"), [URL]) is None  # a bug keeps its traceback
     assert not is_store_error(ValueError("a shardkit bug"))
+    import fsspec
+
+    with pytest.raises(ValueError) as raised:  # raised by fsspec's own code: the store's error
+        fsspec.filesystem("no-such-protocol")
+    assert is_store_error(raised.value)
+    assert cannot_run(raised.value, ["no-such-protocol://b/ds"]).message == (
+        "no-such-protocol://b/ds: ValueError: Protocol not known: no-such-protocol")
 
 
 def test_printable_text_escapes_the_bytes_of_non_utf8_names():
