@@ -44,6 +44,21 @@ class LazyGroup(click.Group):
         module, attr = COMMANDS[name][0].split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx):
+        """Runs the command; an error it lets through that means "cannot run" (a ShardkitError,
+        a store's error) ends it with exit code 2 and one ``Error:`` line, as the commands
+        themselves do (:mod:`shardkit.cli_errors`)."""
+        args = [a.split("=", 1)[-1] for a in ctx.args]  # the command's arguments, as given
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:  # noqa: BLE001 - mapped, or re-raised as it is
+            from shardkit.cli_errors import cannot_run
+
+            err = cannot_run(exc, args)
+            if err is None:
+                raise
+            raise err from None
+
     def format_commands(self, ctx, formatter):
         """Lists commands from their one-line help, without importing their modules."""
         with formatter.section("Commands"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 import posixpath
 import unicodedata
@@ -27,11 +28,24 @@ from shardkit.manifest import is_url
 from shardkit.scan import ScanResult, SourceItem, _check_unique, _kind, _listing, _nfc
 
 __all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
-           "apply_group_metadata"]
+           "apply_group_metadata", "csv_location"]
+
+
+def csv_location(csv_path: str | os.PathLike) -> str:
+    """How a CSV file is named in messages and in the manifest: a URL (``s3://b/m.csv``) as it
+    is, a local path made absolute."""
+    csv_s = os.fspath(csv_path)
+    return csv_s if is_url(csv_s) else os.path.abspath(csv_s)
 
 
 def _read_csv(csv_path: str) -> tuple[list[str], list[dict[str, str]]]:
+    """``(header, rows)`` of a local CSV file, or of an object-store URL (one GET)."""
     try:
+        if is_url(csv_path):
+            from shardkit.manifest import read_location
+
+            text = read_location(csv_path).decode("utf-8-sig")
+            return parse_csv(io.StringIO(text, newline=""), csv_path)
         with open(csv_path, newline="", encoding="utf-8-sig") as f:
             return parse_csv(f, csv_path)
     except (OSError, UnicodeDecodeError) as e:
@@ -90,7 +104,7 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
             has rows with an empty path, label or split, lists one file twice, lists a folder,
             or a split value is not a valid split name.
     """
-    csv_s = os.path.abspath(os.fspath(csv_path))
+    csv_s = csv_location(csv_path)
     base = os.path.abspath(os.fspath(root)) if root is not None else os.path.dirname(csv_s)
     header, rows = _read_csv(csv_s)
     return scan_rows(csv_s, header, rows, base, _local_row(base), split_column)
@@ -254,7 +268,7 @@ def _metadata_values(csv_path: str | os.PathLike, column: str, path_column: str,
                      root: str | None = None) -> dict[str, str]:
     """Relpath key (:func:`_path_key` of ``root``) -> NFC stripped value of ``column`` in a
     metadata CSV (errors as :func:`match_group_metadata`)."""
-    csv_s = os.path.abspath(os.fspath(csv_path))
+    csv_s = csv_location(csv_path)
     header, rows = _read_csv(csv_s)
     for col in (path_column, column):
         if col not in header:
@@ -291,7 +305,7 @@ def match_split_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
     values = _metadata_values(csv_path, column, path_column, _root_of(items, root))
     used = sorted({values[it.relpath] for it in items if values.get(it.relpath)})
     mapping = layout_mod.map_split_names(
-        used, f"metadata CSV {os.path.abspath(os.fspath(csv_path))!r} column {column!r}")
+        used, f"metadata CSV {csv_location(csv_path)!r} column {column!r}")
     out, lacking = [], []
     for item in items:
         value = values.get(item.relpath)
@@ -316,7 +330,7 @@ def lacking_metadata_error(csv_path: str | os.PathLike, column: str, relpaths: l
     is named in that sentence and used to read absolute CSV paths as :func:`_path_key` does.
     Never raises: an unreadable CSV just gives no example.
     """
-    csv_s = os.path.abspath(os.fspath(csv_path))
+    csv_s = csv_location(csv_path)
     text = (f"metadata CSV {csv_s!r} has no row or an empty {column!r} for {len(relpaths)} "
             "file(s)")
     pair = _unmatched_example(csv_s, path_column, relpaths, root, known)

@@ -457,6 +457,14 @@ def _source_arg(ctx, param, value: str) -> Path | str:
     return click.Path(exists=True, path_type=Path).convert(value, param, ctx)
 
 
+def _metadata_arg(ctx, param, value: str | None) -> Path | str | None:
+    """--metadata: a remote fsspec URL as it is (read with one GET), else a local file that
+    must exist."""
+    if value is None or manifest_mod.is_url(value):
+        return value
+    return click.Path(exists=True, dir_okay=False, path_type=Path).convert(value, param, ctx)
+
+
 @click.command("pack")
 @click.argument("src", callback=_source_arg)
 @click.argument("out", callback=lambda ctx, param, v: v if manifest_mod.is_url(v) else Path(v))
@@ -493,8 +501,9 @@ def _source_arg(ctx, param, value: str) -> Path | str:
               metavar="BITS", help="Largest pHash Hamming distance of near-duplicates (of 64).")
 @click.option("--group-by", metavar="REGEX",
               help="Group = first capture group of REGEX on the path.")
-@click.option("--metadata", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="CSV with a 'path' column and the group and/or split column.")
+@click.option("--metadata", callback=_metadata_arg,
+              help="CSV with a 'path' column and the group and/or split column: a local file "
+                   "or an object-store URL (s3://, gs://, https://).")
 @click.option("--group-column", metavar="COL", help="Column of --metadata holding the group.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="LABELS.yaml: classes and aliases.")

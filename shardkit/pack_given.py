@@ -11,10 +11,9 @@ path or, for a remote source, its URL (``str``).
 """
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Callable
 
-from shardkit import layout, scan
+from shardkit import csvlist, layout, scan
 from shardkit.errors import ConfigError, ShardkitError
 from shardkit.manifest import is_url
 from shardkit.split import SplitPlan, given_splits
@@ -53,7 +52,7 @@ def read_given(src, result: ScanResult, options: PackOptions
         with_split, missing, mapping = scan.match_split_metadata(items, options.metadata, column)
         by_rel = {it.relpath: it for it in with_split}
         items = [by_rel.get(it.relpath, it) for it in items]
-        given = {"from": "column", "csv": os.path.abspath(os.fspath(options.metadata)),
+        given = {"from": "column", "csv": csvlist.csv_location(options.metadata),
                  "column": column, "mapping": mapping}
         lacking = bool(missing)
     elif column is not None and result.kind != "csv":

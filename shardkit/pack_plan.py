@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from tqdm import tqdm
 
-from shardkit import layout, neardup, pack_given, scan
+from shardkit import csvlist, layout, neardup, pack_given, scan
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.labels import LabelMap
 from shardkit.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
@@ -139,7 +139,7 @@ def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
         no_group_error = lambda rels: scan.unmatched_regex_error(group_by, rels)  # noqa: E731
     elif column is not None:
         grouped, _ = scan.match_group_metadata(items, metadata, column, root=src)
-        rule = {"kind": "column", "csv": str(Path(metadata).resolve()), "column": column}
+        rule = {"kind": "column", "csv": csvlist.csv_location(metadata), "column": column}
         no_group_error = lambda rels: scan.lacking_metadata_error(  # noqa: E731
             metadata, column, rels, root=src, known=[it.relpath for it in items])
     elif any(it.group for it in items):  # a CSV list with its own group column

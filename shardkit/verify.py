@@ -39,6 +39,7 @@ from pathlib import Path
 import click
 
 from shardkit import manifest as manifest_mod
+from shardkit.cli_errors import one_line_errors
 from shardkit.errors import ManifestError, ShardkitError
 from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
 
@@ -293,16 +294,21 @@ def _dataset_arg(ctx, param, value):
 @click.command("verify")
 @click.argument("root", callback=_dataset_arg)
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
+@one_line_errors
 def verify_command(root: Path, no_decode: bool) -> None:
     """Re-hash the shards of ROOT (a folder, or the URL of a wds pack in object storage) and
-    check every sample against the manifest.
+    check every sample against the manifest, and the timm, DALI and Hugging Face files beside
+    the shards against them (shardkit.interop.check).
 
     Exit 0 when every check holds; 1 when damage was found (one FAIL line per problem); 2 when
-    ROOT is not a readable dataset (one "Error: ..." line on stderr).
+    ROOT is not a readable dataset or its store cannot be reached (one "Error: ..." line on
+    stderr).
     """
     from shardkit.doctor.cli import run_command
+    from shardkit.interop.check import check_reader_files
 
     report = run_command(verify, root, decode=not no_decode)
+    report.problems.extend(run_command(check_reader_files, root))  # stale reader files: damage
     click.echo(report.format_text())
     if not report.ok:
         raise SystemExit(1)

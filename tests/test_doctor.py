@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -194,6 +195,68 @@ def test_check_fails_on_planted_leak(clean, tmp_path, plant):
     assert "FAILED" in res.output
     assert (donor["group"] if "group" in plant else val[0]["key"]) in res.output
     assert json.loads((tmp_path / "r.json").read_text())["ok"] is False
+
+
+@pytest.mark.parametrize("flags", [["--no-near-duplicates"], []])
+def test_check_stops_on_a_deleted_train_shard_whatever_it_reads(clean, flags):
+    """With --no-near-duplicates (or recorded pHashes) check reads no shard; a deleted train
+    shard gave "NO LEAK", exit 0. Exit 2, not 1: no verdict on data it cannot see (1 would
+    read as a leak; the damage is verify's verdict)."""
+    shards = json.loads((clean / "manifest.json").read_text())["splits"]["train"]["shards"]
+    gone = shards[1]["path"]
+    (clean / gone).unlink()
+    res = CliRunner().invoke(check_command, [str(clean), "--no-transforms", *flags])
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.splitlines()
+    assert line == (f"Error: ShardCorruptError: {clean}: 1 of {len(shards)} shard(s) of split "
+                    f"'train' do not match the manifest: {gone}: missing (re-copy the dataset or "
+                    "re-run shardkit pack; shardkit verify checks hashes)")
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root reads a file of mode 000")
+def test_check_stops_on_an_unreadable_shard(clean):
+    shard = json.loads((clean / "manifest.json").read_text())["splits"]["val"]["shards"][0]
+    (clean / shard["path"]).chmod(0)
+    try:
+        res = CliRunner().invoke(check_command, [str(clean), "--no-near-duplicates",
+                                                 "--no-transforms"])
+    finally:
+        (clean / shard["path"]).chmod(0o644)
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.splitlines()
+    assert line.startswith("Error: ShardCorruptError: ") and \
+        f"{shard['path']}: cannot be opened (PermissionError" in line
+
+
+def test_check_stops_on_a_shard_missing_in_object_storage(s3_server, packed_sample):
+    """In object storage too (one listing of shards/): a deleted or cut shard object is exit 2
+    naming it; the untouched dataset passes."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    url = s3_server.bucket() + "/check"
+    s3_server.upload_tree(packed_sample("wds"), url)
+    args = [url, "--no-near-duplicates", "--no-transforms", "--no-progress"]
+    ok = CliRunner().invoke(check_command, args)
+    assert ok.exit_code == 0 and "NO EXACT LEAK" in ok.output, ok.output
+    manifest = load_manifest_dict(url)
+    gone = manifest["splits"]["train"]["shards"][2]["path"]
+    cut = manifest["splits"]["test"]["shards"][0]
+    fs = s3_server.fs()
+    fs.rm(f"{url}/{gone}")
+    fs.pipe(f"{url}/{cut['path']}", fs.cat(f"{url}/{cut['path']}")[:1000])
+    s3fs.S3FileSystem.clear_instance_cache()  # no listing cached before the change
+    res = CliRunner().invoke(check_command, args)
+    assert res.exit_code == 2, res.output
+    (line,) = res.output.splitlines()
+    assert line.startswith(f"Error: ShardCorruptError: {url}: 1 of ") and \
+        f"{gone}: missing (no object at {url}/{gone})" in line  # the first damaged split
+    fs.pipe(f"{url}/{gone}", (packed_sample("wds") / gone).read_bytes())
+    s3fs.S3FileSystem.clear_instance_cache()
+    res = CliRunner().invoke(check_command, args)
+    assert res.exit_code == 2 and (f"{cut['path']}: 1000 bytes, the manifest says "
+                                   f"{cut['bytes']}") in res.output, res.output
 
 
 def test_check_reports_missing_class_and_imbalance(clean):

@@ -18,6 +18,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import yaml
 import pytest
 from click.testing import CliRunner
 from PIL import Image
@@ -334,3 +335,168 @@ def test_png_samples_and_non_utf8_names_with_wds_json(sample_dir, tmp_path, monk
         assert row["jpg" if rec["ext"] == "png" else "png"] is None
         assert np.array_equal(pixels(image), pixels(stored_bytes(out, "train", rec)))
         assert row["cls"] == rec["label"] and row["json"] == metas[rec["key"]]
+
+
+# ------------------------------------------------------------------ verify checks the reader files
+def run_verify(out):
+    return CliRunner().invoke(cli_main, ["verify", str(out), "--no-decode"])
+
+
+def _fails(result) -> list[str]:
+    return [line[5:] for line in result.output.splitlines() if line.startswith("FAIL ")]
+
+
+@pytest.fixture(scope="module")
+def other_pack(sample_dir, tmp_path_factory) -> Path:
+    """Another pack of the sample (other split, 16 samples per shard): same shard names,
+    other contents, the source of the stale copies below."""
+    out = tmp_path_factory.mktemp("other") / "out"
+    pack(sample_dir, out, split={"train": 0.5, "val": 0.3, "test": 0.2}, shard_samples=16,
+         progress=False)
+    return out
+
+
+def test_verify_passes_with_the_reader_files_pack_and_export_wrote(wds_out):
+    result = run_verify(wds_out)
+    assert result.exit_code == 0 and _fails(result) == [], result.output
+    assert result.output.rstrip().endswith("OK (7 shards, 200 samples checked)")
+
+
+def test_verify_fails_on_a_dali_index_copied_in_from_another_pack(wds_out, other_pack, tmp_path):
+    """A stale .idx (it said OK): regenerated from the tar, compared, exit 1 naming it; a
+    leftover .idx of a shard the manifest does not list too."""
+    out = tmp_path / "copy"
+    shutil.copytree(wds_out, out)
+    shutil.copyfile(other_pack / "shards" / "train-000001.idx", out / "shards" / "train-000001.idx")
+    shutil.copyfile(other_pack / "shards" / "test-000002.idx", out / "shards" / "test-000002.idx")
+    result = run_verify(out)
+    assert result.exit_code == 1, result.output
+    stale, leftover = _fails(result)
+    want = (wds_out / "shards" / "train-000001.idx").read_text().splitlines()
+    have = (other_pack / "shards" / "train-000001.idx").read_text().splitlines()
+    line = next(n for n, (a, b) in enumerate(zip(have, want), 1) if a != b)
+    assert stale == (f"shards/train-000001.idx does not match shards/train-000001.tar: line "
+                     f"{line} is {have[line - 1][:60]!r}, the tar gives {want[line - 1][:60]!r} "
+                     f"(a stale index from another pack?); `shardkit export {out} --to dali` "
+                     "rewrites it")
+    assert leftover.startswith("shards/test-000002.idx: no shard of the manifest has this DALI "
+                               "index (a leftover of another pack")
+    assert result.output.rstrip().endswith("2 problem(s) (7 shards, 200 samples checked)")
+    assert run_export(out, "dali").exit_code == 0
+    assert run_verify(out).exit_code == 0  # export rewrote the one and removed the other
+
+
+def test_verify_fails_on_a_timm_info_and_card_of_another_pack(wds_out, other_pack, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(wds_out, out)
+    shutil.copyfile(other_pack / "shards" / "_info.json", out / "shards" / "_info.json")
+    assert run_export(other_pack, "hf").exit_code == 0
+    shutil.copyfile(other_pack / "README.md", out / "README.md")
+    result = run_verify(out)
+    assert result.exit_code == 1, result.output
+    fails = _fails(result)
+    hint = f"`shardkit export {out} --to timm` rewrites it"
+    assert fails == [
+        *(f"shards/_info.json: split {s!r} has other num_samples, filenames, shard_lengths than "
+          f"the manifest (a copy from another pack?); {hint}"
+          for s in ("test", "train", "val", "validation")),
+        "README.md: its data_files are not the manifest's splits and shards (Hugging Face "
+        f"datasets would read other files); `shardkit export {out} --to hf` rewrites it"]
+    (out / "README.md").write_text("# my own notes\n")  # a user's README.md: not a card
+    assert len(_fails(run_verify(out))) == 4
+    assert run_export(out, "timm").exit_code == 0 and run_verify(out).exit_code == 0
+
+
+def test_verify_fails_on_a_stale_dali_index_in_object_storage(s3_server, wds_out, other_pack):
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    url = s3_server.bucket() + "/interop"
+    s3_server.upload_tree(wds_out, url)
+    assert run_verify(url).exit_code == 0
+    s3_server.fs().pipe(f"{url}/shards/val-000000.idx",
+                        (other_pack / "shards" / "val-000000.idx").read_bytes())
+    s3fs.S3FileSystem.clear_instance_cache()
+    result = run_verify(url)
+    assert result.exit_code == 1, result.output
+    (fail,) = _fails(result)
+    stale = len((other_pack / "shards" / "val-000000.idx").read_text().splitlines()) - 1
+    want = load_manifest(wds_out)["splits"]["val"]["num_samples"]
+    assert stale != want
+    assert fail == (f"shards/val-000000.idx: it lists {stale} samples in {stale} lines, the "
+                    f"split index {want}, not those of shards/val-000000.tar (a stale index "
+                    "from another pack?); a `shardkit pack --overwrite` into its URL rewrites "
+                    "it (export writes into a local dataset folder)")
+    same_count = (wds_out / "shards" / "val-000000.idx").read_text().replace(
+        " val_00000000.", " val_00000001.", 1)  # one member moved to another sample's name
+    s3_server.fs().pipe(f"{url}/shards/val-000000.idx", same_count.encode())
+    s3fs.S3FileSystem.clear_instance_cache()
+    (fail,) = _fails(run_verify(url))
+    assert fail.startswith("shards/val-000000.idx: line ") and \
+        " has no member of sample 'val_00000000' at offset " in fail, fail
+
+
+# ------------------------------------------------------------------ class names that are not UTF-8
+@pytest.fixture(scope="module")
+def latin1_out(sample_dir, tmp_path_factory) -> Path:
+    """Two classes, one from the latin-1 folder name b"caf\\xe9" (4 + 4 photos), packed on
+    Linux: the class name is "caf\\udce9" (os.fsdecode)."""
+    src = tmp_path_factory.mktemp("latin1") / "src"
+    for folder, cls in ((b"caf\xe9", "daisy"), (b"roses", "roses")):
+        dst = os.fsencode(str(src)) + b"/" + folder
+        os.makedirs(dst)
+        for p in sorted((sample_dir / cls).glob("*.jpg"))[:4]:
+            shutil.copyfile(p, dst + b"/" + os.fsencode(p.name))
+    out = src.parent / "out"
+    pack(src, out, split={"train": 0.5, "val": 0.5}, split_method="balanced", progress=False)
+    assert load_manifest(out)["classes"] == ["caf\udce9", "roses"]
+    return out
+
+
+def test_inspect_shows_a_non_utf8_class_name_by_its_bytes(latin1_out, tmp_path):
+    """It ended in matplotlib's TypeError traceback: the tables and the grid titles show the
+    name as caf\\xe9; the JSON report keeps the exact name (escaped)."""
+    res = CliRunner().invoke(cli_main, ["inspect", str(latin1_out), "--out",
+                                        str(tmp_path / "grids"), "--json",
+                                        str(tmp_path / "r.json"), "--n", "4"])
+    assert res.exit_code == 0, res.output
+    table = res.stdout.splitlines()
+    assert table[2].split() == ["caf\\xe9", "2", "2", "4"]
+    assert table[3].split() == ["roses", "2", "2", "4"]
+    for split in ("train", "val"):
+        for kind in ("samples", "train_transform"):
+            with Image.open(tmp_path / "grids" / f"inspect_{split}_{kind}.png") as im:
+                assert im.width > 100
+    report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    assert report["classes"] == ["caf\udce9", "roses"]
+    assert report["splits"]["train"]["class_counts"] == {"caf\udce9": 2, "roses": 2}
+    grid = CliRunner().invoke(cli_main, ["inspect", str(latin1_out), "--augment", "light",
+                                         "--out", str(tmp_path / "grids"), "--per-class", "1"])
+    assert grid.exit_code == 0, grid.output
+    assert "samples per class: caf\\xe9 1, roses 1" in grid.stdout
+    check = CliRunner().invoke(cli_main, ["check", str(latin1_out), "--no-transforms", "--json",
+                                          str(tmp_path / "c.json")])
+    assert check.exit_code == 0, check.output
+    assert json.loads((tmp_path / "c.json").read_text())["ok"] is True
+
+
+def test_export_hf_card_of_a_non_utf8_class_name(latin1_out, tmp_path, monkeypatch):
+    """It ended in a UnicodeEncodeError traceback: the card is UTF-8, its ClassLabel names the
+    class caf\\xe9 (as the .json members' class field), verify finds it consistent, and HF
+    datasets reads it."""
+    out = tmp_path / "out"
+    shutil.copytree(latin1_out, out)
+    res = run_export(out, "all")
+    assert res.exit_code == 0, res.output
+    card = (out / "README.md").read_bytes().decode("utf-8")
+    meta = yaml.safe_load(card.split("---\n")[1])
+    (cls,) = [f for f in meta["dataset_info"]["features"] if f["name"] == "cls"]
+    assert cls["dtype"]["class_label"]["names"] == {"0": "caf\\xe9", "1": "roses"}
+    assert "2 classes (label `i` is the `i`-th): `caf\\xe9`, `roses`." in card
+    assert json.loads((out / "shards" / "_info.json").read_text())["num_classes"] == 2
+    assert run_verify(out).exit_code == 0
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train = datasets.load_dataset(str(out), cache_dir=str(tmp_path / "hf"))["train"]
+    assert train.features["cls"].names == ["caf\\xe9", "roses"]
+    assert sorted(train["cls"]) == [0, 0, 1, 1]

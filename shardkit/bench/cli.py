@@ -1,7 +1,8 @@
 """``shardkit bench``: sweep loader settings, time them against a step, say what to change.
 
 Writes ``OUT/bench.json`` (every row, the environment, the recommendation), PNG plots, and prints
-a table. Exit status 1 when any row errored (its message is in the table and the JSON).
+a table. Exit status 1 when any row errored (its message is in the table and the JSON); 2 with
+one ``Error:`` line when it cannot run (:mod:`shardkit.cli_errors`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from shardkit.bench.report import format_table, recommend, write_json
 from shardkit.bench.runner import (RunConfig, add_augment_ratios, add_baseline_rows,
                                    add_cache_ratios, dataset_info, run_rows)
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
+from shardkit.cli_errors import one_line_errors
 from shardkit.errors import ConfigError, ShardkitError
 
 __all__ = ["bench_command", "run_bench", "decoder_availability"]
@@ -182,10 +184,18 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     return payload
 
 
+def _data_arg(ctx, param, values):
+    """``--data`` values: URLs of wds datasets in object storage as they are (the loader reads
+    them), else folders that must exist."""
+    from shardkit.doctor.cli import dataset_arg
+
+    return tuple(str(dataset_arg(ctx, param, v)) for v in values)
+
+
 @click.command("bench")
-@click.option("--data", "data", multiple=True, required=True,
-              type=click.Path(exists=True, file_okay=False),
-              help="Packed dataset folder (repeat for several formats).")
+@click.option("--data", "data", multiple=True, required=True, callback=_data_arg,
+              help="Packed dataset folder, or the URL of a wds dataset in object storage "
+                   "(s3://, gs://, https://); repeat for several formats.")
 @click.option("--split", default="train", show_default=True)
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False),
               help="Output folder for bench.json and plots.")
@@ -235,25 +245,24 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               help="Recommend the cheapest setting within this fraction of the best throughput.")
 @click.option("--data-bound-threshold", default=0.10, show_default=True, type=float)
 @click.option("--eval", "eval_mode", is_flag=True, help="Time the eval transform (train=False).")
+@one_line_errors
 def bench_command(data, split, out, formats, decoders, backends, caches, augments, num_workers,
                   prefetch_factor, pin_memory, persistent_workers, batch_size, image_size, warmup,
                   batches, repeats, step_ms, model, device, baseline, expect_pil, tolerance,
                   data_bound_threshold, eval_mode):
-    """Benchmark the loader over a settings grid: is training data-bound, and what to change."""
+    """Benchmark the loader over a settings grid: is training data-bound, and what to change.
+
+    Exit 1 when a row errored; 2 with one "Error: ..." line when the bench cannot run (a bad
+    option, a folder that is no dataset, a store that cannot be reached)."""
     cfg = RunConfig(split=split, batch_size=batch_size, image_size=image_size, warmup=warmup,
                     batches=batches, repeats=repeats, train=not eval_mode)
-    try:
-        payload = run_bench(list(data), out, formats=formats, decoders=decoders,
-                            num_workers=num_workers, prefetch_factor=prefetch_factor,
-                            pin_memory=pin_memory, persistent_workers=persistent_workers,
-                            backends=backends, caches=caches, augments=augments, cfg=cfg,
-                            step_ms=step_ms, model=model, device=device, baseline=baseline,
-                            expect_pil=expect_pil, tolerance=tolerance,
-                            threshold=data_bound_threshold)
-    except ShardkitError as exc:  # cannot run: exit 2, one line (as every command)
-        from shardkit.doctor.cli import CommandError
-
-        raise CommandError(exc) from exc
+    payload = run_bench(list(data), out, formats=formats, decoders=decoders,
+                        num_workers=num_workers, prefetch_factor=prefetch_factor,
+                        pin_memory=pin_memory, persistent_workers=persistent_workers,
+                        backends=backends, caches=caches, augments=augments, cfg=cfg,
+                        step_ms=step_ms, model=model, device=device, baseline=baseline,
+                        expect_pil=expect_pil, tolerance=tolerance,
+                        threshold=data_bound_threshold)
     errors = [r["id"] for r in payload["rows"] if r["status"] == "error"]
     if errors:
         raise click.ClickException(f"{len(errors)} row(s) failed: {errors} (see the notes above "

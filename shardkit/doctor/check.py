@@ -32,12 +32,12 @@ from typing import Any
 from shardkit.doctor import leaks
 from shardkit.doctor.reading import (format_stored_resolution, load_manifest_dict, read_rows,
                                      stored_resolution)
-from shardkit.errors import ConfigError, ManifestError
+from shardkit.errors import ConfigError, ManifestError, ShardCorruptError
 from shardkit.manifest import is_url
 from shardkit.stream.source import check_shard_files
 
-__all__ = ["check_dataset", "format_check_report", "check_headline", "write_json_report",
-           "augment_hue_report", "HUE_SAMPLES"]
+__all__ = ["check_dataset", "check_shards", "format_check_report", "check_headline",
+           "write_json_report", "augment_hue_report", "HUE_SAMPLES"]
 
 HUE_SAMPLES = 2000
 """Samples of the train split decoded for the per-class hue when the manifest holds no
@@ -93,9 +93,9 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
 
     Raises:
         ConfigError: a threshold is out of range, or a bad ``augment`` spec.
-        ShardCorruptError: a shard listed in the manifest is missing or has another size
-            (all of them named; checked before the near-duplicate search, which may read no
-            shard when the pack recorded the hashes).
+        ShardCorruptError: a shard listed in the manifest is missing, has another size or
+            cannot be opened (:func:`check_shards`, before any other check: with the hashes the
+            pack recorded, or ``near_duplicates=False``, no shard is read otherwise).
         ManifestError: unreadable manifest or split file, or a ``splits/<split>.jsonl`` whose row
             count differs from the manifest's ``num_samples``.
         ShardCorruptError, DecodeError: from reading the samples.
@@ -120,6 +120,7 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
             raise ManifestError(f"{root}/splits/{split}.jsonl has {len(split_rows)} rows, the "
                                 f"manifest says {expected} (truncated or edited?); run "
                                 "`shardkit verify` on the dataset to list every damaged file")
+    check_shards(root, manifest)  # before any verdict: a leak check of data it cannot see
     errors: list[dict[str, str]] = []
     warnings: list[dict[str, str]] = []
     report: dict[str, Any] = {
@@ -152,8 +153,6 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
                                                  progress=progress)
                 source[s] = "decoded"
             else:
-                if not is_url(root):  # stored hashes read no shard: a missing one fails here
-                    check_shard_files(root, s, manifest["splits"][s]["shards"])
                 source[s] = "stored"
             hashes[s], skip[s] = found
             degenerate += [{"split": s, "key": rows[s][pos]["key"],
@@ -216,6 +215,87 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
     report["errors"], report["warnings"] = errors, warnings
     report["ok"] = not errors
     return report
+
+
+def check_shards(root: str | Path, manifest: dict[str, Any]) -> None:
+    """Every shard the manifest lists is there, has its recorded size in bytes and can be
+    opened for reading; in object storage: one listing per shard folder, every object there
+    with its size. Contents are not hashed (``shardkit verify`` does).
+
+    Raises:
+        ShardCorruptError: naming every missing, wrong-sized or unopenable (no permission, a
+            folder) shard of the first split that has one. OSError or the store's own error:
+            the shards cannot be listed or opened for another reason (no file handle left).
+    """
+    if is_url(root):
+        _check_remote_shards(str(root), manifest)
+        return
+    for split, info in manifest["splits"].items():
+        shards = info.get("shards", [])
+        check_shard_files(root, split, shards)  # missing, truncated, grown
+        unreadable = []
+        for rec in shards:
+            try:
+                with open(Path(root) / rec["path"], "rb"):
+                    pass
+            except (PermissionError, IsADirectoryError) as e:  # others (EMFILE): the OS's
+                unreadable.append(f"{rec['path']}: cannot be opened ({type(e).__name__}: "
+                                  f"{e.strerror or e})")
+        if unreadable:
+            raise ShardCorruptError(f"{root}: {len(unreadable)} of {len(shards)} shard(s) of "
+                                    f"split {split!r} cannot be read: "
+                                    + "; ".join(unreadable[:10])
+                                    + (f"; ... {len(unreadable) - 10} more"
+                                       if len(unreadable) > 10 else ""))
+
+
+def _check_remote_shards(root: str, manifest: dict[str, Any]) -> None:
+    """:func:`check_shards` in object storage: one listing per shard folder (``https://``:
+    one HEAD per shard, as a web server need not list folders)."""
+    import posixpath
+
+    import fsspec
+
+    from shardkit.manifest import join
+
+    fs, base = fsspec.core.url_to_fs(root)
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    http = bool({"http", "https"} & set(protocols))
+    listed: dict[str, dict[str, int | None]] = {}  # folder -> {object path: size}
+
+    def size_of(path: str) -> int | None | bool:
+        """The object's size (None: unknown), False when there is no object."""
+        if http:
+            try:
+                return fs.info(path).get("size")
+            except FileNotFoundError:
+                return False
+        folder = path.rpartition("/")[0]
+        if folder not in listed:
+            fs.invalidate_cache(folder)  # the store now, not a listing an earlier call cached
+            try:
+                found = fs.ls(folder, detail=True)
+            except FileNotFoundError:
+                found = []
+            listed[folder] = {o["name"].rstrip("/"): o.get("size") for o in found}
+        return listed[folder].get(path, False)
+
+    for split, info in manifest["splits"].items():
+        problems = []
+        shards = info.get("shards", [])
+        for rec in shards:
+            size = size_of(posixpath.join(base, rec["path"]))
+            if size is False:
+                problems.append(f"{rec['path']}: missing (no object at {join(root, rec['path'])})")
+            elif None not in (size, rec.get("bytes")) and int(size) != rec["bytes"]:
+                problems.append(f"{rec['path']}: {size} bytes, the manifest says {rec['bytes']}")
+        if problems:
+            raise ShardCorruptError(f"{root}: {len(problems)} of {len(shards)} shard(s) of split "
+                                    f"{split!r} do not match the manifest: "
+                                    + "; ".join(problems[:10])
+                                    + (f"; ... {len(problems) - 10} more"
+                                       if len(problems) > 10 else "")
+                                    + " (shardkit verify checks every shard)")
 
 
 def augment_hue_report(root: str | Path, manifest: dict[str, Any], spec: Any, *,
@@ -308,11 +388,13 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_json_report(report: dict[str, Any], path: str | Path) -> Path:
-    """Write ``report`` as JSON (an infinite ratio is written as the string ``"inf"``)."""
+    """Write ``report`` as UTF-8 JSON (an infinite ratio is written as the string ``"inf"``;
+    see :func:`shardkit.manifest.json_bytes` for names that are not valid UTF-8)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_json_safe(report), indent=2, ensure_ascii=False) + "\n",
-                    encoding="utf-8")
+    from shardkit.manifest import json_bytes  # text that is not UTF-8 (file names): escaped
+
+    path.write_bytes(json_bytes(_json_safe(report), indent=2) + b"\n")
     return path
 
 

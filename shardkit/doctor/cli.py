@@ -8,9 +8,13 @@ verdict, 2 is trouble):
   ``--strict``, any warning); ``verify`` found damage (one ``FAIL`` line per problem on stdout);
 - 2: the command could not run: a bad option, or a dataset that cannot be read (no
   ``manifest.json``, a manifest that is not a JSON object, a truncated ``splits/<split>.jsonl``, a
-  deleted or damaged shard). One line on stderr, ``Error: <ErrorType>: <message>``, where
-  ``<ErrorType>`` is the :mod:`shardkit.errors` class (``ManifestError``, ``ShardCorruptError``,
-  ``ConfigError``, ...) and the message names the file; never a traceback.
+  deleted, truncated or unreadable shard: ``check`` gives no leak verdict on data it cannot see,
+  and damage is ``verify``'s verdict), or a store that cannot be reached (no credentials, an
+  unreachable endpoint, access denied). One line on stderr, ``Error: <ErrorType>: <message>``,
+  where ``<ErrorType>`` is the :mod:`shardkit.errors` class (``ManifestError``,
+  ``ShardCorruptError``, ``ConfigError``, ...) and the message names the file, or for a store's
+  error ``Error: <URL>: <StoreErrorType>: <the store's message>``
+  (:mod:`shardkit.cli_errors`); never a traceback.
 
 Progress bars (tqdm, on stderr) are on by default when stderr is a terminal and off otherwise
 (pipes, CI logs); ``--progress`` / ``--no-progress`` force them.
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import click
 
+from shardkit.cli_errors import CommandError, one_line_errors, printable_text
 from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
 from shardkit.doctor.inspection import (augment_grid, format_augment_grid, format_summary,
                                         inspect_dataset)
@@ -35,26 +40,18 @@ __all__ = ["CommandError", "run_command", "progress_default", "inspect_command",
 
 
 def _echo_report(text: str, report: dict, json_path) -> None:
-    """Prints a command's report, and writes it as JSON to ``json_path`` when given."""
-    click.echo(text)
+    """Prints a command's report (printable: names that are not UTF-8 as ``\\xNN``), and writes
+    it as JSON to ``json_path`` when given."""
+    click.echo(printable_text(text))
     if json_path is not None:
         write_json_report(report, json_path)
         click.echo(f"wrote {json_path}")
 
 
-class CommandError(click.ClickException):
-    """A :class:`~shardkit.errors.ShardkitError` that stopped a command: exit code 2, one line
-    ``Error: <ErrorType>: <message>`` on stderr (click prints it)."""
-
-    exit_code = 2
-
-    def __init__(self, exc: ShardkitError):
-        message = " ".join(str(exc).split())  # one line, whatever the message holds
-        super().__init__(f"{type(exc).__name__}: {message}")
-
-
 def run_command(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, with a ShardkitError turned into a :class:`CommandError`."""
+    """``fn(*args, **kwargs)``, with a ShardkitError turned into a
+    :class:`~shardkit.cli_errors.CommandError` (store errors: see :func:`one_line_errors` on the
+    commands)."""
     try:
         return fn(*args, **kwargs)
     except ShardkitError as exc:
@@ -120,6 +117,7 @@ _PROGRESS = click.option("--progress/--no-progress", default=None,
 @_PROGRESS
 @_DECODER
 @_TCFG
+@one_line_errors
 def inspect_command(out, split, out_dir, n, augment, per_class, seed, json_path, progress, decoder,
                     transform_config):
     """Counts per class and split, imbalance, groups, shard sizes and sample grids of OUT.
@@ -168,6 +166,7 @@ def inspect_command(out, split, out_dir, n, augment, per_class, seed, json_path,
 @_PROGRESS
 @_DECODER
 @_TCFG
+@one_line_errors
 def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, no_near_duplicates,
                   recompute_hashes, no_transforms, seed, augment, progress, decoder,
                   transform_config):
@@ -200,6 +199,7 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
                    "except for a dataset in object storage, whose manifest is not rewritten].")
 @_PROGRESS
 @_DECODER
+@one_line_errors
 def stats_command(out, split, max_samples, save, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
     saved in the manifest."""

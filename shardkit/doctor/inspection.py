@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from shardkit.cli_errors import printable_text
 from shardkit.doctor.drift import train_transform
 from shardkit.doctor.leaks import class_counts, imbalance
 from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, iter_sample_bytes,
@@ -177,7 +178,7 @@ def inspect_dataset(root: str | Path, split: str | None = None, *,
         for p in tqdm(picked, desc=f"inspect {name}", disable=not progress):
             plain.append(decode_rgb(data[p], decoder, limit))
             augmented.append(transform(data[p], rng))
-            titles.append(f"{classes[rows[p]['label']]}\n{rows[p]['key']}")
+            titles.append(printable_text(f"{classes[rows[p]['label']]}\n{rows[p]['key']}"))
         report["images"][name] = {
             "samples": str(save_grid(plain, titles, out_dir / f"inspect_{name}_samples.png",
                                      f"{name}: decoded samples")),
@@ -190,15 +191,18 @@ def inspect_dataset(root: str | Path, split: str | None = None, *,
 
 
 def format_summary(report: dict[str, Any]) -> str:
-    """The report of :func:`inspect_dataset` as a plain-text table."""
+    """The report of :func:`inspect_dataset` as a plain-text table (class names that are not
+    valid UTF-8 shown with their bytes as ``\\xNN``, as in the grids' titles)."""
     splits = list(report["splits"])
     classes = report["classes"]
-    width = max([len("imbalance (max/min)"), *(len(c) for c in classes)])
+    shown = {c: printable_text(c) for c in classes}  # a non-UTF-8 folder name: \xNN escapes
+    width = max([len("imbalance (max/min)"), *(len(c) for c in shown.values())])
     head = f"{'class':<{width}}" + "".join(f"{s:>10}" for s in splits) + f"{'total':>10}"
     lines = [head, "-" * len(head)]
     for c in classes:
         counts = [report["splits"][s]["class_counts"][c] for s in splits]
-        lines.append(f"{c:<{width}}" + "".join(f"{v:>10}" for v in counts) + f"{sum(counts):>10}")
+        lines.append(f"{shown[c]:<{width}}" + "".join(f"{v:>10}" for v in counts)
+                     + f"{sum(counts):>10}")
     lines.append("-" * len(head))
     totals = [report["splits"][s]["num_samples"] for s in splits]
     lines.append(f"{'samples':<{width}}" + "".join(f"{v:>10}" for v in totals)
@@ -322,7 +326,7 @@ def augment_grid(root: str | Path, augment: Any, split: str = "train", *, per_cl
     scheduled = {e: spec.scheduled_values(e) for e in epochs}
     data = dict(iter_sample_bytes(root, manifest, split, [p for ps in picked for p in ps]))
     chars = max(8, size // 6)  # 7 pt text at 100 dpi: ~6 pixels per character
-    titles = {(c, e, aug): _tile_title(name, e, aug, scheduled[e], chars)
+    titles = {(c, e, aug): _tile_title(printable_text(name), e, aug, scheduled[e], chars)
               for c, name in enumerate(classes) for e in epochs for aug in (False, True)}
     lines = max(map(len, titles.values()))
     per_sample = 2 * len(epochs)
@@ -355,7 +359,7 @@ def augment_grid(root: str | Path, augment: Any, split: str = "train", *, per_cl
         y0 = top + c * (tile_h + _SAMPLE_GAP)
         row_tiles = []
         if not positions:
-            text(_SAMPLE_GAP, y0, f"{classes[c]}: no sample in split {split!r}")
+            text(_SAMPLE_GAP, y0, printable_text(f"{classes[c]}: no sample in split {split!r}"))
         for j, p in enumerate(positions):
             x = _SAMPLE_GAP + j * (per_sample * (size + _GAP) - _GAP + _SAMPLE_GAP)
             for e in epochs:

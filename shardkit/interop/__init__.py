@@ -34,9 +34,7 @@ Files are written atomically (:mod:`shardkit.fsio`); their names are owned names
 """
 from __future__ import annotations
 
-import json
 import logging
-import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -44,7 +42,7 @@ from shardkit import manifest as manifest_mod
 from shardkit.errors import ConfigError, ShardCorruptError
 from shardkit.fsio import atomic_write_bytes
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
-from shardkit.interop.shards import ShardMembers, dali_index_path, scan
+from shardkit.interop.shards import DALI_INDEX_NAME, ShardMembers, dali_index_path, scan
 from shardkit.interop.timm_info import INFO_NAME, info_dict
 
 __all__ = ["write_pack_metadata", "export", "TOOLS", "TOOL_SPLIT_NAMES", "tool_split_names",
@@ -59,7 +57,6 @@ a ``README.md`` in OUT, a name users often keep their own notes under, so it is 
 request (``shardkit export OUT --to hf``)."""
 TOOL_SPLIT_NAMES = {"val": "validation"}
 """shardkit split name -> the name timm's ``train.py`` and Hugging Face ``datasets`` use."""
-_IDX_NAME = re.compile(r"[A-Za-z0-9_]+-\d{6}\.idx")  # shardkit.pack_out's owned index names
 
 
 def tool_split_names(splits: Iterable[str]) -> dict[str, str]:
@@ -182,8 +179,8 @@ def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool,
     if "timm" in tools and "timm" not in lacking:
         label_field = None if members.every_sample_has("cls") else "label"
         info = info_dict(manifest, name, {s: n for s, n in names.items() if s != n}, label_field)
-        written.append(_put(root / "shards" / INFO_NAME,
-                            json.dumps(info, indent=2, ensure_ascii=False) + "\n"))
+        written.append(_put(root / "shards" / INFO_NAME,  # a non-UTF-8 name: \udcXX escapes
+                            manifest_mod.json_bytes(info, indent=2) + b"\n"))
     if "dali" in tools and "dali" not in lacking:
         written += [_put(root / rel, text) for rel, text in members.dali_index.items()]
         _remove_stale_indexes(root, set(members.dali_index))
@@ -197,8 +194,8 @@ def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool,
     return written
 
 
-def _put(path: Path, text: str) -> Path:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def _put(path: Path, text: str | bytes) -> Path:
+    atomic_write_bytes(path, text if isinstance(text, bytes) else text.encode("utf-8"))
     return path
 
 
@@ -206,7 +203,7 @@ def _remove_stale_indexes(root: Path, keep: set[str]) -> None:
     """Deletes ``shards/<split>-NNNNNN.idx`` files (shardkit's names) of shards not in ``keep``."""
     folder = root / "shards"
     for p in sorted(folder.iterdir()) if folder.is_dir() else ():
-        if _IDX_NAME.fullmatch(p.name) and f"shards/{p.name}" not in keep and p.is_file():
+        if DALI_INDEX_NAME.fullmatch(p.name) and f"shards/{p.name}" not in keep and p.is_file():
             p.unlink()
             logger.info("removed %s: its shard is not in the manifest", p)
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import yaml
 
+from shardkit.cli_errors import printable_text
+
 __all__ = ["CARD_NAME", "CARD_MARKER", "card_text", "features_yaml"]
 
 CARD_NAME = "README.md"
@@ -45,7 +47,10 @@ def features_yaml(classes: list[str], image_exts: list[str], with_json: bool) ->
 
 def card_text(manifest: dict, name: str, split_names: dict[str, str], image_exts: list[str],
               with_json: bool) -> str:
-    """The whole ``README.md``: YAML metadata block, then a short description.
+    """The whole ``README.md``: YAML metadata block, then a short description. Text that is
+    not valid Unicode (a class or dataset name from a folder name that is not UTF-8, read as
+    lone surrogates) is written as its bytes' ``\\xNN`` escapes, as the ``class`` field of the
+    ``.json`` members, so the card is UTF-8 and ``cls`` names match those fields.
 
     Args:
         manifest: the dataset's manifest. name: the dataset's name (the card's title).
@@ -53,6 +58,8 @@ def card_text(manifest: dict, name: str, split_names: dict[str, str], image_exts
         image_exts: the image extensions the shards hold (``["jpg"]``, ``["jpg", "png"]``).
         with_json: the shards have ``.json`` members.
     """
+    name = printable_text(name)  # a name from a non-UTF-8 folder: its bytes as \xNN
+    classes = [printable_text(str(c)) for c in manifest["classes"]]
     splits = {s: info for s, info in manifest["splits"].items() if info["num_samples"]}
     meta = {
         "pretty_name": name,
@@ -62,7 +69,7 @@ def card_text(manifest: dict, name: str, split_names: dict[str, str], image_exts
             {"split": split_names[s], "path": [sh["path"] for sh in info["shards"]]}
             for s, info in splits.items()]}],
         "dataset_info": {  # no "splits": datasets wants their Arrow num_bytes there
-            "features": features_yaml(list(manifest["classes"]), image_exts, with_json)},
+            "features": features_yaml(classes, image_exts, with_json)},
     }
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=1000)
     empty = [s for s, info in manifest["splits"].items() if not info["num_samples"]]
@@ -75,8 +82,8 @@ def card_text(manifest: dict, name: str, split_names: dict[str, str], image_exts
         "(format `wds`: plain tar files holding a `<key>.<ext>` image and a `<key>.cls` label "
         "per sample). This card is derived from `manifest.json`, the dataset's source of "
         "truth: `shardkit export . --to hf` rewrites it, so edits here are lost.", "",
-        f"{len(manifest['classes'])} classes (label `i` is the `i`-th): "
-        + ", ".join(f"`{c}`" for c in manifest["classes"]) + ".", "",
+        f"{len(classes)} classes (label `i` is the `i`-th): "
+        + ", ".join(f"`{c}`" for c in classes) + ".", "",
         "| split (Hugging Face) | split (shardkit) | samples | shards |", "|---|---|---|---|",
         *(f"| `{split_names[s]}` | `{s}` | {info['num_samples']} | {len(info['shards'])} |"
           for s, info in splits.items()), "",
@@ -91,7 +98,7 @@ def card_text(manifest: dict, name: str, split_names: dict[str, str], image_exts
         "and shardkit itself; see shardkit's README, \"Reading shardkit shards with other "
         "tools\".",
     ]
-    return "\n".join(lines) + "\n"
+    return printable_text("\n".join(lines) + "\n")  # split and file names are shardkit's
 
 
 def _size_category(n: int) -> str:

@@ -11,6 +11,7 @@ checks that the shards match the index before any metadata is written from it.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +22,18 @@ from shardkit import manifest as manifest_mod
 from shardkit.errors import ShardCorruptError
 from shardkit.formats.wds import sample_members
 
-__all__ = ["ShardMembers", "scan", "scan_shard", "DALI_INDEX_VERSION", "dali_index_path"]
+__all__ = ["ShardMembers", "scan", "scan_shard", "DALI_INDEX_VERSION", "DALI_INDEX_NAME",
+           "dali_index_path"]
 
 logger = logging.getLogger("shardkit.interop")
 
 DALI_INDEX_VERSION = "v1.2"
 """First token of a DALI webdataset index file, as DALI's ``wds2idx`` writes it (DALI's
 ``tools/wds2idx.py``, ``IndexCreator.index_file_version``)."""
+
+DALI_INDEX_NAME = re.compile(r"[A-Za-z0-9_]+-\d{6}\.idx")
+"""The names of the DALI index files shardkit writes (``train-000000.idx``; owned names of
+:mod:`shardkit.pack_out`)."""
 
 
 def dali_index_path(shard_path: str) -> str:

@@ -9,6 +9,8 @@ import os
 
 import click
 
+from shardkit.cli_errors import one_line_errors
+
 from .config import CHOICES
 
 __all__ = ["train_command"]
@@ -28,7 +30,8 @@ def _show_notes_on_stderr() -> None:
 
 @click.command("train")
 @click.option("--data", type=click.Path(file_okay=False),
-              help="Packed dataset folder (manifest.json).")
+              help="Packed dataset folder (manifest.json), or the URL of a wds dataset in object "
+                   "storage (s3://, gs://, https://).")
 @click.option("--out", type=click.Path(file_okay=False),
               help="Run folder for checkpoints and metrics.")
 @click.option("--config", "config_name", default="default", show_default=True,
@@ -97,6 +100,7 @@ def _show_notes_on_stderr() -> None:
                    "no early stopping, no best.pt, the test split scores the last weights.")
 @click.option("--test-split",
               help="Split scored once at the end with best.pt (default: 'test' if present).")
+@one_line_errors
 def train_command(config_name, compile_, **flags):
     """Train a timm classifier (hrnet_w18_small by default) from shards packed by `shardkit pack`.
 
@@ -104,22 +108,17 @@ def train_command(config_name, compile_, **flags):
     and TensorBoard scalars in RUN/tb/, then prints a JSON summary on stdout (once, from rank 0
     under torchrun); notes (seeds and TF32 set, warmup cut, no or empty val split...) go to
     stderr. A run that cannot start or stops on bad input (a bad flag, a missing or empty split,
-    an unreadable dataset or checkpoint, a diverged loss, an unwritable run folder) exits 2 with
-    one "Error: <ErrorType>: <message>" line on stderr, as every shardkit command does.
+    an unreadable dataset or checkpoint, a diverged loss, an unwritable run folder, a store that
+    cannot be reached) exits 2 with one "Error: ..." line on stderr, as every shardkit command
+    does.
     """
-    from ..errors import ShardkitError
     from .config import load_config
     from .engine import train
 
     flags["compile"] = compile_
     _show_notes_on_stderr()
-    try:
-        config = load_config(config_name, **flags)
-        metrics = train(config)
-    except (ShardkitError, OSError) as e:
-        from shardkit.doctor.cli import CommandError
-
-        raise CommandError(e) from None
+    config = load_config(config_name, **flags)
+    metrics = train(config)
     if int(os.environ.get("RANK", "0")) != 0:  # torchrun: every rank returns the same metrics
         return
     summary = {"step": metrics["step"], "stopped": metrics["stopped"], "best": metrics["best"]}

@@ -1,0 +1,141 @@
+"""How a shardkit command that cannot run ends: exit code 2 and one ``Error:`` line on stderr.
+
+The exit codes of every command (the convention of ``diff`` and ``grep``; the doctor commands
+document their verdicts in :mod:`shardkit.doctor.cli`): 0 fine, 1 a negative verdict (``check``
+found a leak, ``verify`` damage), 2 the command could not run. A run that cannot run prints one
+line and never a traceback:
+
+- a :class:`~shardkit.errors.ShardkitError` (bad input, named by the library):
+  ``Error: <ErrorType>: <message>``, ``<ErrorType>`` its :mod:`shardkit.errors` class;
+- an error of the storage a command reads or writes (:func:`is_store_error`: an ``OSError``,
+  ``PermissionError`` included, or any error of botocore / aiobotocore / s3fs / gcsfs / adlfs /
+  fsspec / aiohttp, such as ``NoCredentialsError``, ``EndpointConnectionError`` or
+  ``ClientError``): ``Error: <URL>: <StoreErrorType>: <the store's message>``, where ``<URL>``
+  is the command's object-store URL argument (the dataset), or, for a command without one,
+  ``Error: <StoreErrorType>: <message>``.
+
+A credentials problem or an unreachable endpoint is therefore exit 2, never 1: a CI gate that
+reads 1 as "leak or damage found" is not misled. Messages are made one line (whitespace runs
+collapsed) and printable (lone surrogates of file names that are not UTF-8 as ``\\xNN``).
+
+:func:`one_line_errors` applies this to a click command's callback; :class:`shardkit.cli`'s group
+applies the same mapping to every command it runs, as a backstop.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable
+
+import click
+
+from shardkit.errors import ShardkitError
+
+__all__ = ["CommandError", "is_store_error", "cannot_run", "one_line_errors", "printable_text",
+           "STORE_PACKAGES"]
+
+STORE_PACKAGES = ("botocore", "aiobotocore", "boto3", "s3transfer", "s3fs", "gcsfs", "adlfs",
+                  "fsspec", "aiohttp", "google.auth", "google.api_core", "google.cloud",
+                  "azure", "requests", "urllib3", "httpx")
+"""Packages (module prefixes) whose exceptions are errors of a store or of the network."""
+
+
+def printable_text(text: str) -> str:
+    """``text`` that any UTF-8 stream accepts: lone surrogates from a file name that is not
+    UTF-8 (``os.fsdecode`` of ``b"caf\\xe9"`` is ``"caf\\udce9"``) as the escape of the original
+    byte (``"caf\\\\xe9"``, as the ``class`` field of shardkit's ``.json`` members writes it);
+    other lone surrogates as ``\\udXXX``. Valid text is returned as it is."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate outside U+DC80..U+DCFF: no byte behind it
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class CommandError(click.ClickException):
+    """A command that could not run: exit code 2 and one stderr line ``Error: <message>`` (click
+    prints it). Built from a :class:`~shardkit.errors.ShardkitError` (the message is
+    ``<ErrorType>: <its message>``) or from any exception with ``where`` (see
+    :func:`cannot_run`)."""
+
+    exit_code = 2
+
+    def __init__(self, exc: BaseException, where: str | None = None):
+        text = f"{type(exc).__name__}: {exc}"
+        if where is not None:
+            text = f"{where}: {text}"
+        super().__init__(printable_text(" ".join(text.split())))  # one line
+
+
+def _from_package(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in STORE_PACKAGES)
+
+
+def _raised_in_store(exc: BaseException) -> bool:
+    """Whether the innermost frame of ``exc``'s traceback is a store package's code."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return _from_package(str(tb.tb_frame.f_globals.get("__name__", "")))
+
+
+def is_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error of the storage or the network rather than of shardkit's
+    input: an ``OSError`` (a local or remote file: missing, no permission, disk full, refused
+    connection, timeout), an exception class of one of :data:`STORE_PACKAGES` (botocore's
+    ``NoCredentialsError``, ``EndpointConnectionError``, ``ClientError``; aiohttp's errors...),
+    or a ``ValueError`` / ``ImportError`` raised by their code (fsspec's "Protocol not known",
+    its "Install s3fs to access S3")."""
+    if isinstance(exc, OSError):
+        return True
+    if any(_from_package(cls.__module__) for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, (ValueError, ImportError)) and _raised_in_store(exc)
+
+
+def _first_url(values: Iterable) -> str | None:
+    from shardkit.manifest import is_url
+
+    for value in values:
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        for item in items:
+            if isinstance(item, (str, os.PathLike)) and is_url(os.fspath(item)):
+                return os.fspath(item)
+    return None
+
+
+def cannot_run(exc: BaseException, arguments: Iterable = ()) -> CommandError | None:
+    """The :class:`CommandError` for ``exc``, or None when ``exc`` is neither a
+    :class:`~shardkit.errors.ShardkitError` nor a store error (:func:`is_store_error`; a bug,
+    whose traceback is kept). ``arguments``: the command's argument values; the first URL among
+    them names the store in the message."""
+    if isinstance(exc, click.ClickException):
+        return None  # already a one-line click error
+    if isinstance(exc, ShardkitError):
+        return CommandError(exc)
+    if is_store_error(exc):
+        return CommandError(exc, _first_url(arguments))
+    return None
+
+
+def one_line_errors(fn):
+    """Decorator of a click command's callback: a :class:`~shardkit.errors.ShardkitError` or a
+    store error (:func:`is_store_error`) raised by it ends the command with exit code 2 and one
+    ``Error:`` line (:func:`cannot_run`, the URL among its arguments named). Put it under the
+    click decorators, on the function."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - mapped, or re-raised as it is
+            err = cannot_run(exc, [*args, *kwargs.values()])
+            if err is None:
+                raise
+            raise err from None
+    return wrapper
