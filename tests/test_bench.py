@@ -833,7 +833,7 @@ def test_parse_augments_puts_none_first_and_allows_an_inline_list_only_alone(tmp
     assert json.loads(inline) == [{"op": "color_jitter", "brightness": 0.4},
                                   {"op": "mixup", "alpha": 0.8}]
     assert augment_label(inline) == "ops:color_jitter+mixup"
-    assert batch_ops_note(inline).startswith("batch ops (mixup) run in the trainer")
+    assert batch_ops_note(inline).startswith("batch ops (mixup) run in the loader (timed")
     assert batch_ops_note("standard") == ""
     for mixed in (f"none,{_JITTER_OPS}", f"{_JITTER_OPS},none"):
         with pytest.raises(ConfigError, match="only value.*save it to a .yaml file"):
