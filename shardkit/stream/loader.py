@@ -470,8 +470,8 @@ def _resolve_augment(augment, augment_device, device_decode, train: bool, split:
 
     spec = AugmentSpec.parse(augment)
     if not train and (spec.ops or spec.batch_ops):
-        raise ConfigError(f"augment={spec.describe()} on an eval loader (split {split!r}, "
-                          f"{why}): evaluation never augments (per-sample ops and the batch "
+        raise ConfigError(f"augment={spec.describe()} on an eval loader ({why}, split "
+                          f"{split!r}): evaluation never augments (per-sample ops and the batch "
                           "ops mixup/cutmix run in training loaders only)")
     if augment_device is None:
         device = device_decode
