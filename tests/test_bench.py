@@ -491,6 +491,11 @@ def test_model_step_runs_a_real_optimiser_step_on_cpu():
     assert changed > 0
     assert step.info() == {"kind": "model", "device": "cpu", "model": "test_resnet",
                            "num_classes": 5}
+    # a mixup / cutmix loader's float32 (N, K) soft targets train as class probabilities
+    soft = torch.tensor([[0.0, 0.3, 0.0, 0.0, 0.7], [0.0, 0.7, 0.0, 0.0, 0.3]])
+    before = [p.detach().clone() for p in step.model.parameters()]
+    step((batch[0], soft))
+    assert any(not torch.equal(a, b) for a, b in zip(before, step.model.parameters()))
     with pytest.raises(ConfigError, match="'no_such_net'"):
         ModelStep("no_such_net", 5)
 
