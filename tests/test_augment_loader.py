@@ -304,3 +304,16 @@ def test_batch_ops_are_reported_and_follow_their_schedule(root):
     loader.close()
     plain.close()
     assert not make_loader(root, "train", 8, image_size=MS).soft_targets
+
+
+def test_a_label_outside_the_classes_is_a_label_error(root):
+    """The mix builds one-hots from the index labels: one outside [0, K) is named, not a torch
+    scatter error."""
+    from shardkit.augment import MixDraw
+    from shardkit.errors import LabelError
+
+    with _mix_loader(root) as loader:
+        x, _, m = next(iter(loader))
+        labels = torch.tensor([0, 1, 5, 2])
+        with pytest.raises(LabelError, match=r"split 'train': label 5 is outside \[0, 5\)"):
+            loader.dataset.mix_batch(x[:4].clone(), labels, MixDraw(0.5, None))

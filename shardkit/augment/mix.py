@@ -87,8 +87,8 @@ def soft_targets(labels: torch.Tensor, num_classes: int, lam: float,
     on = 1.0 - label_smoothing + off
 
     def one_hot(x):
-        return torch.full((x.shape[0], num_classes), off, device=x.device).scatter_(
-            1, x.view(-1, 1), on)
+        return torch.full((x.shape[0], num_classes), off, dtype=torch.float32,
+                          device=x.device).scatter_(1, x.view(-1, 1), on)
 
     return one_hot(labels) * lam + one_hot(labels.flip(0)) * (1.0 - lam)
 
@@ -124,7 +124,7 @@ def apply_mix(images: torch.Tensor, labels: torch.Tensor, draw: MixDraw, num_cla
 
 
 class BatchMix:
-    """Mixup / cutmix of a float batch with soft targets.
+    """Mixup / cutmix of a batch (float, or uint8 as the loader's) with soft targets.
 
     Args:
         num_classes: number of classes K.
