@@ -71,11 +71,12 @@ def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool,
 
 def train_loader(config: TrainConfig, info: DistInfo, tc):
     """Shuffled, augmented train loader; every rank yields the same number of batches
-    (``even="pad"``). With mixup / cutmix in ``config.augment`` the loader mixes each batch
-    and yields float32 ``(N, K)`` soft targets (the trainer adds label smoothing to them). With ``balance="class"`` or ``samples_per_epoch`` an epoch is
+    (``even="pad"``). With ``balance="class"`` or ``samples_per_epoch`` an epoch is
     ``samples_per_epoch`` (default: the split size) draws with replacement (``mode="stream"``),
     class-balanced or uniform. The last short batch is
-    dropped (a 1-image batch breaks BatchNorm in train mode)."""
+    dropped (a 1-image batch breaks BatchNorm in train mode). With mixup / cutmix in
+    ``config.augment`` the loader mixes each batch and yields float32 ``(N, K)`` soft targets
+    (the trainer adds label smoothing to them)."""
     if config.balance == "class" or config.samples_per_epoch:  # draws with replacement
         return _loader(config, info, tc, config.train_split, train=True, even="pad",
                        balance="class" if config.balance == "class" else None, mode="stream",
