@@ -286,6 +286,24 @@ def test_mix_after_device_ops_is_applied_once(root):
         assert torch.equal(i, wi) and torch.equal(t, wt) and torch.equal(x, wx)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_mix_after_the_cuda_ops_matches_the_cpu_path(root):
+    """augment_device="cuda": the per-sample ops and then the mix run on the GPU, once: the
+    same soft targets as the CPU path and the pixels within the per-sample ops' rounding."""
+    spec = [{"op": "color_jitter", "brightness": 0.4, "contrast": 0.4}, *MIX]
+    want = _mix_batches(_mix_loader(root, augment=spec))
+    got = _mix_batches(_mix_loader(root, augment=spec, workers=2, augment_device="cuda"))
+    assert len(got) == len(want)
+    same = total = 0
+    for (x, t, i), (wx, wt, wi) in zip(got, want):
+        assert x.is_cuda and t.is_cuda and x.dtype == torch.uint8 and torch.equal(i, wi)
+        torch.testing.assert_close(t.cpu(), wt, rtol=0, atol=1e-6)
+        same += int((x.cpu() == wx).sum())
+        total += wx.numel()
+    assert same / total > 0.99, f"{same / total:.4f} of the values agree"
+
+
 def test_batch_ops_are_reported_and_follow_their_schedule(root):
     loader = _mix_loader(root, augment=[
         {"op": "mixup", "alpha": {"start": 0.0, "end": 0.4, "schedule": "step", "epochs": 2}},
