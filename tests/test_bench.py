@@ -491,6 +491,11 @@ def test_model_step_runs_a_real_optimiser_step_on_cpu():
     assert changed > 0
     assert step.info() == {"kind": "model", "device": "cpu", "model": "test_resnet",
                            "num_classes": 5}
+    # a mixup / cutmix loader's float32 (N, K) soft targets train as class probabilities
+    soft = torch.tensor([[0.0, 0.3, 0.0, 0.0, 0.7], [0.0, 0.7, 0.0, 0.0, 0.3]])
+    before = [p.detach().clone() for p in step.model.parameters()]
+    step((batch[0], soft))
+    assert any(not torch.equal(a, b) for a, b in zip(before, step.model.parameters()))
     with pytest.raises(ConfigError, match="'no_such_net'"):
         ModelStep("no_such_net", 5)
 
@@ -833,7 +838,7 @@ def test_parse_augments_puts_none_first_and_allows_an_inline_list_only_alone(tmp
     assert json.loads(inline) == [{"op": "color_jitter", "brightness": 0.4},
                                   {"op": "mixup", "alpha": 0.8}]
     assert augment_label(inline) == "ops:color_jitter+mixup"
-    assert batch_ops_note(inline).startswith("batch ops (mixup) run in the trainer")
+    assert batch_ops_note(inline).startswith("batch ops (mixup) run in the loader (timed")
     assert batch_ops_note("standard") == ""
     for mixed in (f"none,{_JITTER_OPS}", f"{_JITTER_OPS},none"):
         with pytest.raises(ConfigError, match="only value.*save it to a .yaml file"):

@@ -117,11 +117,48 @@ def test_shuffle_is_deterministic_per_epoch_and_changes_across_epochs(uneven):
     ds.set_epoch(1)
     e1 = [s["key"] for s in ds]
     assert e0 != e1 and sorted(e0) == sorted(e1)
-    assert [s["index"] for s in ShardDataset(out, "train", decode=False)] == list(range(40))
+    assert [s["index"] for s in ShardDataset(out, "train", decode=False, train=False)] == \
+        list(range(40))
+    assert [s["index"] for s in ShardDataset(out, "train", decode=False,
+                                             sampling=SamplingOptions(shuffle=False))] == \
+        list(range(40))
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_shuffle_none_means_the_same_as_in_make_loader(packed_sample, backend):
+    """``sampling.shuffle=None`` follows the mode in ShardDataset as in make_loader: the "val"
+    split in plan order, the same on every epoch; "train" shuffled, in make_loader's order for
+    the same seed and batch size (DataLoader workers or not)."""
+    from shardkit.stream import WorkerOptions, make_loader
+
+    root = packed_sample("wds")
+    val = ShardDataset(root, "val", decode=False, batch_size=4)
+    assert not val.train and val.sampling.shuffle is False
+    assert [s["index"] for s in val] == list(range(30))
+    val.set_epoch(5)
+    # DataLoader batch size == the dataset's worker granularity -> samples in plan order
+    assert [i for b in DataLoader(val, batch_size=4, num_workers=2, collate_fn=_indices_of)
+            for i in b] == list(range(30))
+    train = ShardDataset(root, "train", decode=False, batch_size=8, seed=6)
+    assert train.train and train.sampling.shuffle is True
+    order = [i for b in DataLoader(train, batch_size=8, num_workers=2, collate_fn=_indices_of)
+             for i in b]
+    assert sorted(order) == list(range(140)) and order != list(range(140))
+    with make_loader(root, "train", 8, seed=6, image_size=8, return_meta=True,
+                     workers=WorkerOptions(backend=backend)) as loader:
+        assert loader.dataset.sampling.shuffle is True
+        assert [int(i) for _, _, m in loader for i in m["index"]] == order
+    with make_loader(root, "val", 4, image_size=8, return_meta=True,
+                     workers=WorkerOptions(backend=backend)) as loader:
+        assert [int(i) for _, _, m in loader for i in m["index"]] == list(range(30))
 
 
 def _keys_of(samples: list[dict]) -> list[str]:
     return [s["key"] for s in samples]
+
+
+def _indices_of(samples: list[dict]) -> list[int]:
+    return [s["index"] for s in samples]
 
 
 def test_set_epoch_reaches_persistent_workers(uneven):

@@ -141,6 +141,87 @@ def test_eval_loader_matches_the_eval_transform_per_sample(small, backend):
         assert np.array_equal(images[i].permute(1, 2, 0).numpy(), ds[i]["image"])
 
 
+def test_split_name_sets_the_mode_val_is_eval_and_train_shuffles(packed_sample, backend,
+                                                                  caplog):
+    """``train`` unset: "val" gets the eval transform (pixel-equal to the eval transform per
+    sample), plan order and the same batches on every iteration and epoch; "train" gets the
+    training crop and a new order each epoch. One INFO line per loader says which."""
+    from shardkit.transforms import make_transform
+
+    root = packed_sample("wds")
+    kw = dict(num_workers=2, image_size=S, workers=_workers(backend), return_meta=True, seed=4)
+    with caplog.at_level(logging.INFO, logger="shardkit.stream"):
+        val = make_loader(root, "val", 8, **kw)
+        train = make_loader(root, "train", 8, **kw)
+    notes = [r.getMessage() for r in caplog.records if "from the split's name" in r.getMessage()]
+    assert len(notes) == 2, notes
+    assert "split 'val': train=False" in notes[0] and "split 'train': train=True" in notes[1]
+    assert (val.train, val.dataset.sampling.shuffle) == (False, False)
+    assert (train.train, train.dataset.sampling.shuffle) == (True, True)
+
+    first, again = _epoch(val), _epoch(val, 3)
+    assert np.array_equal(torch.cat([i for _, _, i in first]).numpy(), np.arange(30))
+    assert len(first) == len(again) == 4
+    for (x, y, i), (x2, y2, i2) in zip(first, again):
+        assert torch.equal(i, i2) and torch.equal(y, y2) and torch.equal(x, x2)
+    tf = make_transform(TransformConfig(image_size=S), train=False)
+    ds = MapShardDataset(root, "val", transform=tf)
+    images = torch.cat([x for x, _, _ in first])
+    for k in range(30):
+        assert np.array_equal(images[k].permute(1, 2, 0).numpy(), ds[k]["image"]), k
+
+    e0, e1 = (torch.cat([i for _, _, i in _epoch(train, e)]).numpy() for e in (0, 1))
+    assert np.array_equal(np.sort(e0), np.arange(140)) and np.array_equal(np.sort(e1),
+                                                                          np.arange(140))
+    assert not np.array_equal(e0, np.arange(140)) and not np.array_equal(e0, e1)
+    explicit = make_loader(root, "train", 8, train=True, **kw)
+    evaluated = make_loader(root, "train", 8, train=False, **kw)
+    got, want, plain = _epoch(train, 2), _epoch(explicit, 2), _epoch(evaluated, 2)
+    assert all(torch.equal(x, w) for (x, _, _), (w, _, _) in zip(got, want))
+    assert not torch.equal(torch.cat([x for x, _, _ in got])[:8], plain[0][0])  # random crops
+    for loader in (val, train, explicit, evaluated):
+        loader.close()
+
+
+def test_train_true_on_an_eval_split_works_and_warns_once(packed_sample, caplog):
+    root = packed_sample("wds")
+    with caplog.at_level(logging.INFO, logger="shardkit.stream"):
+        loader = make_loader(root, "val", 8, num_workers=0, image_size=S, train=True,
+                             return_meta=True, seed=4)
+        orders = [torch.cat([i for _, _, i in _epoch(loader, e)]).numpy() for e in (0, 1)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "split 'val' with train=True" in warnings[0] and "evaluation split" in warnings[0]
+    assert not any("from the split's name" in r.getMessage() for r in caplog.records)
+    assert loader.train and loader.dataset.sampling.shuffle
+    for order in orders:  # honoured: shuffled, still exactly once
+        assert np.array_equal(np.sort(order), np.arange(30))
+        assert not np.array_equal(order, np.arange(30))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="shardkit.stream"):
+        for split, train in (("val", False), ("val", None), ("train", True), ("train", False)):
+            make_loader(root, split, 8, num_workers=0, image_size=S, train=train).close()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    with pytest.raises(ConfigError, match=r"train='yes': expected True, False or None"):
+        make_loader(root, "val", 8, train="yes")
+
+
+@pytest.mark.parametrize("split,train", [
+    ("dev", False), ("Validation", False), ("valid", False), ("eval", False), ("TEST", False),
+    ("holdout", True), ("train2", True)])
+def test_eval_split_names(sample_dir, tmp_path, split, train):
+    """val, validation, valid, test, dev, eval (any case) are eval splits; other names train.
+    make_loader and ShardDataset resolve the mode, and shuffle=None from it, alike."""
+    from shardkit.stream import ShardDataset, is_eval_split
+
+    build_split(sample_dir, tmp_path, "wds", [5], split=split)
+    assert is_eval_split(split) is not train
+    loader = make_loader(tmp_path, split, 4, image_size=8, num_workers=0)
+    ds = ShardDataset(tmp_path, split, decode=False)
+    assert loader.train is train and loader.dataset.sampling.shuffle is train
+    assert ds.train is train and ds.sampling.shuffle is train
+
+
 def test_determinism_and_augmentation_rng_independent_of_workers(small, backend):
     """Case 17: crops differ between samples and epochs, are identical for any num_workers and
     either backend, and for two runs with the same seed, and differ for another seed."""

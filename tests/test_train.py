@@ -821,6 +821,46 @@ def test_balance_class_reaches_the_loader(packed_sample):
                                                                  (0.25,) * 3))) == 12  # 100 // 8
 
 
+def test_mixup_runs_once_in_the_train_loader_and_the_trainer_smooths(packed_sample, tmp_path):
+    """--augment with mixup / cutmix: the train loader mixes each batch (soft targets) and the
+    trainer does not mix again: the model sees the loader's mixed batch normalised, and the
+    soft-target loss gets the loader's targets with label smoothing added."""
+    from shardkit.stream import DeviceNormalizer
+    from shardkit.train.data import train_loader, transform_config
+    from shardkit.train.dist import DistInfo
+    from shardkit.train.engine import Trainer
+
+    data = packed_sample("wds")
+    spec = [{"op": "mixup", "alpha": 0.8}, {"op": "cutmix", "alpha": 1.0}]
+    config = _run_config(data, tmp_path / "run", model="test_resnet", image_size=32,
+                         batch_size=32, max_steps=2, augment=spec)
+    trainer = Trainer(config, DistInfo(), torch.device("cpu"))
+    seen_x, seen_t = [], []
+    forward, soft = trainer.model.forward, trainer.soft_criterion
+    trainer.model.forward = lambda x: (seen_x.append(x.detach().clone()), forward(x))[1]
+    trainer.soft_criterion = lambda logits, t: (seen_t.append(t.clone()), soft(logits, t))[1]
+    try:
+        trainer.train_epoch(0)
+    finally:
+        trainer.close()
+    assert len(seen_x) == len(seen_t) == 2
+    tc = transform_config(config, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # imagenet
+    with train_loader(config, DistInfo(), tc) as loader:
+        assert loader.soft_targets
+        loader.set_epoch(0)
+        want = []
+        for x, t in DeviceNormalizer(loader, "cpu"):
+            want.append((x, t))
+            if len(want) == 2:
+                break
+    eps = config.label_smoothing
+    assert eps == 0.1
+    for (x, t), got_x, got_t in zip(want, seen_x, seen_t):
+        assert torch.equal(got_x, x)                      # mixed once, by the loader
+        assert ((t > 0) & (t < 1)).any()                  # the loader's targets are mixed
+        torch.testing.assert_close(got_t, t * (1 - eps) + eps / 5, rtol=0, atol=1e-6)
+
+
 def test_unknown_model_names_the_closest_timm_models():
     from shardkit.errors import ConfigError
     from shardkit.train.model import build_model

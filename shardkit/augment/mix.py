@@ -7,15 +7,25 @@ with its reverse, cutmix pastes a box of the reversed batch (box from ``lam``, `
 corrected to the box's area); targets are timm's ``mixup_target`` (label-smoothed one-hots
 mixed by ``lam``). The one difference: the draws come from a generator that is a pure function
 of ``(seed, epoch, rank, step)`` instead of numpy's global state.
+
+A uint8 batch (the loader's, before normalisation) is mixed as timm's ``FastCollateMixup``
+does in its collate: blended in float32 and rounded to the nearest integer (halves to even, as
+``np.rint``); a cutmix box is copied as it is. Normalisation being affine, a mixed uint8 batch
+normalised on the device equals the normalised batch mixed, up to that rounding (< 0.5 of a
+level).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, LabelError
 
 _PARAMS = {"mixup": {"alpha", "p"}, "cutmix": {"alpha", "p"}}
+#: Each batch op's parameter defaults (timm's ``Mixup`` defaults: mixup 0.8, cutmix 1.0).
+BATCH_DEFAULTS = {"mixup": {"alpha": 0.8, "p": 1.0}, "cutmix": {"alpha": 1.0, "p": 1.0}}
 
 
 def check_batch_params(name: str, params: dict) -> None:
@@ -46,8 +56,104 @@ def mix_rng(seed: int, epoch: int, rank: int, step: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(epoch), int(rank), int(step), 0x6D6978])
 
 
+class MixDraw(NamedTuple):
+    """One batch's mix: ``lam``, the weight of each row's own image and label, and ``box``: the
+    ``(y0, y1, x0, x1)`` pixel rows / columns (end exclusive) pasted from the reversed batch
+    (cutmix), or None (mixup, or no mix when ``lam == 1``)."""
+
+    lam: float
+    box: tuple[int, int, int, int] | None = None
+
+
+#: The draw of a batch that is not mixed: its targets are the one-hot labels.
+NO_MIX = MixDraw(1.0, None)
+
+
+def soft_targets(labels: torch.Tensor, num_classes: int, lam: float,
+                 label_smoothing: float = 0.0) -> torch.Tensor:
+    """timm's ``mixup_target``: float32 ``(N, K)`` on ``labels``' device, ``lam`` times the
+    (smoothed) one-hot of ``labels`` plus ``1 - lam`` times that of ``labels.flip(0)``; each row
+    sums to 1.
+
+    Raises:
+        LabelError: a label outside ``[0, num_classes)`` (names the first one).
+    """
+    labels = labels.long().view(-1)
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        bad = labels[(labels < 0) | (labels >= num_classes)][0]
+        raise LabelError(f"label {int(bad)} is outside [0, {num_classes}): the manifest has "
+                         f"{num_classes} classes")
+    off = label_smoothing / num_classes
+    on = 1.0 - label_smoothing + off
+
+    def one_hot(x):
+        return torch.full((x.shape[0], num_classes), off, dtype=torch.float32,
+                          device=x.device).scatter_(1, x.view(-1, 1), on)
+
+    return one_hot(labels) * lam + one_hot(labels.flip(0)) * (1.0 - lam)
+
+
+def apply_mix(images: torch.Tensor, labels: torch.Tensor, draw: MixDraw, num_classes: int,
+              label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Applies one batch's :class:`MixDraw` in place: ``images`` ``(N, C, H, W)``, uint8 (each
+    blended pixel rounded to the nearest integer, as timm's ``FastCollateMixup``) or float,
+    on any device; ``labels`` int64 ``(N,)``. Row ``i`` is mixed with row ``N - 1 - i``.
+    Returns ``(images, targets)``, ``targets`` from :func:`soft_targets`.
+
+    Raises:
+        LabelError: a label outside ``[0, num_classes)``.
+    """
+    targets = soft_targets(labels, num_classes, draw.lam, label_smoothing)
+    if draw.box is not None:
+        y0, y1, x0, x1 = draw.box
+        images[:, :, y0:y1, x0:x1] = images[:, :, y0:y1, x0:x1].flip(0)
+    elif draw.lam < 1.0:
+        lam = draw.lam
+        if images.is_floating_point():
+            flipped = images.flip(0).mul_(1.0 - lam)
+            images.mul_(lam).add_(flipped)
+        elif images.device.type == "cpu":
+            _blend_uint8(images.permute(0, 2, 3, 1).numpy(), lam)  # a view: rows (n, H, W, C)
+        else:  # pair by pair: no float copy of the whole batch
+            n = images.shape[0]
+            for i in range((n + 1) // 2):
+                j = n - 1 - i
+                a, b = images[i].float(), images[j].float()
+                images[i] = a.mul(lam).add_(b.mul(1.0 - lam)).round_()
+                if j != i:
+                    images[j] = b.mul_(lam).add_(a.mul_(1.0 - lam)).round_()
+    return images, targets
+
+
+def _blend_uint8(rows: np.ndarray, lam: float) -> None:
+    """timm's ``FastCollateMixup`` blend of uint8 ``rows`` ``(n, ...)`` in place: row ``i``
+    becomes ``rint(float32(row_i) * lam + float32(row_{n-1-i}) * (1 - lam))``, pair by pair
+    through four reused float32 row buffers (measured 2x the torch ops per pair on a 2-core
+    VM, ~1 ms per 224 px image)."""
+    n = rows.shape[0]
+    if n == 0:
+        return
+    l, m = np.float32(lam), np.float32(1.0 - lam)
+    a, b, u, v = (np.empty(rows.shape[1:], np.float32) for _ in range(4))
+    for i in range((n + 1) // 2):
+        j = n - 1 - i
+        a[...] = rows[i]
+        b[...] = rows[j]
+        np.multiply(a, l, out=u)
+        np.multiply(b, m, out=v)
+        u += v
+        np.rint(u, out=u)
+        if j != i:
+            np.multiply(b, l, out=b)
+            np.multiply(a, m, out=a)
+            b += a
+            np.rint(b, out=b)
+            rows[j] = b
+        rows[i] = u
+
+
 class BatchMix:
-    """Mixup / cutmix of a float batch with soft targets.
+    """Mixup / cutmix of a batch (float, or uint8 as the loader's) with soft targets.
 
     Args:
         num_classes: number of classes K.
@@ -55,8 +161,9 @@ class BatchMix:
         prob: probability that a batch is mixed. switch_prob: probability of cutmix when both
             are on (timm's default 0.5). label_smoothing: as timm's ``mixup_target``.
 
-    Call: ``mix(images, labels, rng) -> (images, targets)``: ``images`` float ``(N, C, H, W)``
-    (mixed in place), ``labels`` int64 ``(N,)``, ``targets`` float32 ``(N, K)`` summing to 1.
+    Call: ``mix(images, labels, rng) -> (images, targets)``: ``images`` float or uint8
+    ``(N, C, H, W)`` (mixed in place, see :func:`apply_mix`), ``labels`` int64 ``(N,)``,
+    ``targets`` float32 ``(N, K)`` summing to 1.
     """
 
     def __init__(self, num_classes: int, mixup_alpha: float = 0.0, cutmix_alpha: float = 0.0,
@@ -78,16 +185,16 @@ class BatchMix:
         probability ``max(p_mixup, p_cutmix)`` and cutmix is chosen with ``switch_prob =
         p_cutmix / (p_mixup + p_cutmix)``, which is timm's ``prob=1, switch_prob=0.5`` when
         both are 1 (defaults: mixup alpha 0.8, cutmix alpha 1.0, p 1)."""
-        params = {name: p for name, p in batch_ops
-                  if float(p.get("alpha", 0.8 if name == "mixup" else 1.0)) > 0
-                  and float(p.get("p", 1.0)) > 0}
+        params = {name: {**BATCH_DEFAULTS[name], **p} for name, p in batch_ops}
+        params = {name: p for name, p in params.items()
+                  if float(p["alpha"]) > 0 and float(p["p"]) > 0}
         if not params:
             return None
         mixup, cutmix = params.get("mixup"), params.get("cutmix")
-        p_mix = float(mixup.get("p", 1.0)) if mixup is not None else 0.0
-        p_cut = float(cutmix.get("p", 1.0)) if cutmix is not None else 0.0
-        return cls(num_classes, float(mixup.get("alpha", 0.8)) if mixup is not None else 0.0,
-                   float(cutmix.get("alpha", 1.0)) if cutmix is not None else 0.0,
+        p_mix = float(mixup["p"]) if mixup is not None else 0.0
+        p_cut = float(cutmix["p"]) if cutmix is not None else 0.0
+        return cls(num_classes, float(mixup["alpha"]) if mixup is not None else 0.0,
+                   float(cutmix["alpha"]) if cutmix is not None else 0.0,
                    max(p_mix, p_cut), switch_prob=p_cut / (p_mix + p_cut),
                    label_smoothing=label_smoothing)
 
@@ -111,16 +218,15 @@ class BatchMix:
         lam = 1.0 - (y1 - y0) * (x1 - x0) / float(height * width)
         return (int(y0), int(y1), int(x0), int(x1)), float(lam)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator):
-        from timm.data.mixup import mixup_target
-
+    def draw_batch(self, rng: np.random.Generator, height: int, width: int) -> MixDraw:
+        """One batch's :class:`MixDraw` for images of ``height x width`` pixels: :meth:`draw`,
+        then, for cutmix, :meth:`box` from the same generator (timm's order of draws)."""
         lam, use_cutmix = self.draw(rng)
-        if lam < 1.0:
-            if use_cutmix:
-                (y0, y1, x0, x1), lam = self.box(images.shape[-2], images.shape[-1], lam, rng)
-                images[:, :, y0:y1, x0:x1] = images.flip(0)[:, :, y0:y1, x0:x1]
-            else:
-                flipped = images.flip(0).mul_(1.0 - lam)
-                images.mul_(lam).add_(flipped)
-        targets = mixup_target(labels, self.num_classes, lam, self.label_smoothing)
-        return images, targets
+        if lam < 1.0 and use_cutmix:
+            box, lam = self.box(height, width, lam, rng)
+            return MixDraw(lam, box)
+        return MixDraw(lam, None)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator):
+        draw = self.draw_batch(rng, images.shape[-2], images.shape[-1])
+        return apply_mix(images, labels, draw, self.num_classes, self.label_smoothing)

@@ -209,6 +209,18 @@ class AugmentSpec:
                     out[f"{k}.{name}.{key}"] = float(scheduled_value(v, epoch))
         return out
 
+    def batch_values(self, epoch: int) -> dict[str, float]:
+        """``{"<index>.<op>.<param>": value}`` of every batch op's ``alpha`` and ``p`` at
+        ``epoch``, scheduled or not, defaults filled in (mixup alpha 0.8, cutmix alpha 1.0,
+        p 1.0); indexed as :meth:`scheduled_values`. Empty without batch ops."""
+        from shardkit.augment.mix import BATCH_DEFAULTS
+
+        out = {}
+        for k, (name, params) in enumerate(self.resolved(epoch, batch=True), len(self.ops)):
+            for key, value in {**BATCH_DEFAULTS[name], **params}.items():
+                out[f"{k}.{name}.{key}"] = float(value)
+        return out
+
     def draw(self, rng: np.random.Generator, height: int, width: int, epoch: int) -> list:
         """The program of one sample (see :mod:`shardkit.augment.prims`): every op's draw from
         ``rng``, in spec order, with the schedules at ``epoch``."""

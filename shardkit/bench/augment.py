@@ -100,8 +100,9 @@ def augment_label(spec: str | None) -> str:
 
 
 def batch_ops_note(spec: str) -> str:
-    """The note of a row whose spec has batch-level ops (mixup / cutmix: the trainer applies
-    them, not the loader, so the bench does not time them); empty otherwise."""
+    """The note of a row whose spec has batch-level ops (mixup / cutmix: the shardkit loader
+    mixes each batch, so they are timed, and yields soft targets; an ImageFolder baseline row
+    does not mix); empty otherwise."""
     if not spec.startswith("["):
         return ""
     from shardkit.augment import AugmentSpec
@@ -109,8 +110,8 @@ def batch_ops_note(spec: str) -> str:
     batch = AugmentSpec.parse(spec).batch_ops
     if not batch:
         return ""
-    return (f"batch ops ({', '.join(n for n, _ in batch)}) run in the trainer, not the loader: "
-            f"not timed here")
+    return (f"batch ops ({', '.join(n for n, _ in batch)}) run in the loader (timed, soft "
+            f"targets); baselines do not mix")
 
 
 def add_augment_ratios(results: list[dict]) -> None:

@@ -177,7 +177,7 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
     (:func:`cache_record`). Call :func:`add_cache_ratios` on the result for the cached rows'
     ratios to their uncached twins, and :func:`add_augment_ratios` for the augmented rows' to
     their unaugmented ones. A shardkit row whose augment spec has batch ops (mixup, cutmix) says
-    in its note that they are not timed (the trainer applies them).
+    in its note that the loader mixes (and the bench times) them and baselines do not.
     """
     out = []
     for row in rows:

@@ -164,8 +164,9 @@ class ModelStep(Step):
 
         x = normalize_on_device(images.to(self.device, non_blocking=True), self.mean, self.std,
                                 channels_last=True)
-        if isinstance(labels, torch.Tensor):
-            y = labels.to(self.device, non_blocking=True).long()  # out of range: torch raises
+        if isinstance(labels, torch.Tensor):  # int64 classes, or float (N, K) soft targets
+            y = labels.to(self.device, non_blocking=True)  # out of range: torch raises
+            y = y if y.is_floating_point() else y.long()
         else:
             y = torch.zeros(len(x), dtype=torch.long, device=self.device)
         loss = torch.nn.functional.cross_entropy(self.model(x), y)

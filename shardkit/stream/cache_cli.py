@@ -26,7 +26,8 @@ def build_cache(root, split: str, cache: str, *, max_side: int | None = None,
         raise ConfigError(f"--cache {cache!r}: `shardkit cache build` fills a disk cache "
                           "(disk:DIR); a RAM cache is removed when its last process exits, so "
                           "it fills during the first epoch of the run that uses it")
-    loader = make_loader(root, split, 64, train=True, image_size=image_size,
+    # train=False: the cached pixels do not depend on the mode, and an eval split would warn
+    loader = make_loader(root, split, 64, train=False, image_size=image_size,
                          num_workers=num_workers, cache=cache, cache_max_side=max_side,
                          sampling=SamplingOptions(shuffle=False))
     try:

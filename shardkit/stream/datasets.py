@@ -17,18 +17,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from ..augment.mix import NO_MIX, BatchMix, MixDraw, apply_mix, mix_rng
 from ..augment.prims import apply_hwc
 from ..decode.base import DecodeWarningError
 from ..errors import ConfigError, ShardkitError
 from ..sharding import EpochPlan, num_batches, sample_rng
-from .options import ON_WARNING, SamplingOptions
+from .options import ON_WARNING, SamplingOptions, resolve_train
 from .source import ShardSource, worker_id_count
 from .state import Sampling
 
@@ -101,7 +101,12 @@ class ShardDataset(_Iterable):
 
     Args:
         root, split: the packed dataset and split name.
-        sampling: a :class:`~shardkit.stream.SamplingOptions` (``shuffle`` None means off here).
+        train: the mode: None (default) from the split's name (val, validation, valid, test,
+            dev, eval: evaluation; any other: training; logged at INFO), or a bool (True on an
+            eval split warns). It sets the default order only (the ``transform`` is yours):
+            ``sampling.shuffle=None`` means shuffled for training, plan order for evaluation,
+            as in :func:`~shardkit.stream.make_loader`.
+        sampling: a :class:`~shardkit.stream.SamplingOptions`.
         seed: order and augmentation seed.
         batch_size: worker granularity: consecutive runs of ``batch_size`` samples go to one
             worker, so ``DataLoader(ds, batch_size=batch_size, num_workers=k)`` returns batches
@@ -118,18 +123,18 @@ class ShardDataset(_Iterable):
 
     Raises:
         ManifestError: no finished dataset or unknown split. ConfigError: invalid option.
-        LoaderError: ``mode="stream"`` on a val/test split.
+        LoaderError: ``mode="stream"`` on an eval split or with ``train=False``.
     """
 
-    def __init__(self, root, split: str, *, sampling: SamplingOptions | None = None,
-                 seed: int = 0, batch_size: int = 1, streams: int = 1, decode: bool = True,
-                 decoder: str = "auto", transform: Callable | None = None,
-                 on_error: str = "raise", on_warning: str = "keep", verify_reads: bool = True):
+    def __init__(self, root, split: str, *, train: bool | None = None,
+                 sampling: SamplingOptions | None = None, seed: int = 0, batch_size: int = 1,
+                 streams: int = 1, decode: bool = True, decoder: str = "auto",
+                 transform: Callable | None = None, on_error: str = "raise",
+                 on_warning: str = "keep", verify_reads: bool = True):
+        self.train = resolve_train(train, split, "ShardDataset")
         self.source = ShardSource(root, split, on_error, verify_reads)
-        sampling = sampling or SamplingOptions()
-        sampling = replace(sampling, shuffle=bool(sampling.shuffle))
-        self.sampling = Sampling(self.source, sampling, seed=seed, batch_size=batch_size,
-                                 train=True, streams=streams)
+        self.sampling = Sampling(self.source, sampling or SamplingOptions(), seed=seed,
+                                 batch_size=batch_size, train=self.train, streams=streams)
         self.decode = bool(decode)
         self.decoder = decoder
         self.transform = transform
@@ -274,12 +279,24 @@ class BatchDataset(_Iterable):
     drawn from its RNG right after the crop's draws (so it is a pure function of ``(seed,
     epoch, rank, position)``) and applied in the decoding thread to the row the crop wrote
     (``augment_on_device=False``), or carried in ``meta["augment"]`` for the device.
+
+    Batch ops (``mixup`` / ``cutmix`` in ``augment``): batch ``b``'s
+    :class:`~shardkit.augment.MixDraw` comes from
+    :func:`~shardkit.augment.mix_rng` ``(seed, epoch, rank, b)``, ``b`` the batch's place in
+    the epoch plan, so it is the same for any ``num_workers``, backend or resume point, and it
+    is applied exactly once: here, to the finished uint8 batch (``labels`` then float32
+    ``(n, num_classes)`` soft targets), or, when the pixels are finished later on a device
+    (``device_decode``, ``augment_on_device``), carried in ``meta["mix"]`` for
+    :meth:`mix_batch` there (``labels`` stay int64 until then).
     """
 
     def __init__(self, source: ShardSource, sampling: Sampling, transform: Callable,
                  image_size: int, on_warning: str = "keep", device_decode: bool = False,
                  cache=None, augment=None, augment_on_device: bool = False):
         self.augment = None if augment is None or augment.is_identity else augment
+        #: the spec when it has batch ops (mixup / cutmix), else None
+        self.mix_spec = augment if augment is not None and augment.batch_ops else None
+        self._mixers: dict[int, BatchMix | None] = {}
         self.augment_on_device = bool(augment_on_device)
         self.device_decode = bool(device_decode)
         #: a :class:`~shardkit.stream.cache.DecodedCache` or None
@@ -297,6 +314,43 @@ class BatchDataset(_Iterable):
     def __len__(self) -> int:
         s = self.sampling
         return num_batches(s.rank_samples(), s.batch_size, s.drop_last)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.source.classes)
+
+    def mix_draw(self, epoch: int, rank: int, b: int) -> MixDraw:
+        """Batch ``b``'s :class:`~shardkit.augment.MixDraw` at ``epoch`` (no mix when the spec's
+        batch ops are off at that epoch: ``alpha`` or ``p`` scheduled to 0)."""
+        mixer = self._mixers.get(epoch, False)
+        if mixer is False:
+            mixer = BatchMix.from_spec(self.mix_spec.resolved(epoch, batch=True),
+                                       self.num_classes)
+            self._mixers = {epoch: mixer}  # one epoch at a time: no growth over a long run
+        if mixer is None:
+            return NO_MIX
+        return mixer.draw_batch(mix_rng(self.sampling.seed, epoch, rank, b), self.image_size,
+                                self.image_size)
+
+    def mix_batch(self, images: torch.Tensor, labels: torch.Tensor, draw: MixDraw):
+        """``(images mixed in place, float32 (n, num_classes) soft targets)``
+        (:func:`~shardkit.augment.apply_mix`); a label outside the manifest's classes is a
+        LabelError naming the split."""
+        try:
+            return apply_mix(images, labels, draw, self.num_classes)
+        except ShardkitError as e:
+            raise type(e)(f"split {self.source.split!r}: {e}") from None
+
+    def _mix(self, plan: EpochPlan, b: int, images, labels, meta: dict, ready: bool):
+        """Batch ``b``'s mix: applied now when the pixels are final (``ready``), else carried
+        in ``meta["mix"]``; returns ``(images, labels)``."""
+        if self.mix_spec is None:
+            return images, labels
+        draw = self.mix_draw(plan.epoch, plan.rank, b)
+        if not ready:
+            meta["mix"] = draw
+            return images, labels
+        return self.mix_batch(images, labels, draw)
 
     def __iter__(self):  # the "process" backend: inside a DataLoader worker
         plan, batches = self._worker_batches()
@@ -381,6 +435,8 @@ class BatchDataset(_Iterable):
                 "valid": torch.from_numpy(plan.valid[sl][keep])}
         if self.augment_on_device and augment is not None:
             meta["augment"] = programs
+        images, labels = self._mix(plan, b, images, labels, meta,
+                                   ready=not (self.augment_on_device and augment is not None))
         return images, labels, meta, BatchReport(tuple(skipped), tuple(warned), hits, misses,
                                                  fill_s)
 
@@ -412,8 +468,9 @@ class BatchDataset(_Iterable):
                 "valid": torch.from_numpy(plan.valid[sl][keep])}
         if self.augment is not None:
             meta["augment"] = programs
-        return (EncodedBatch(datas, boxes, flips),
-                torch.from_numpy(src.index.label[positions]), meta, BatchReport(tuple(skipped)))
+        labels = torch.from_numpy(src.index.label[positions])
+        self._mix(plan, b, None, labels, meta, ready=False)  # mixed after the device decode
+        return EncodedBatch(datas, boxes, flips), labels, meta, BatchReport(tuple(skipped))
 
 
 class BufferPool:

@@ -18,7 +18,8 @@ class DeviceNormalizer:
 
     Yields ``(images, labels, *rest)``: images float32 ``(N, 3, S, S)`` on ``device``
     (``channels_last`` unless ``channels_last=False``), roughly zero-mean / unit-variance per
-    channel; labels int64 ``(N,)`` on ``device``.
+    channel; labels as the loader yields them (int64 ``(N,)``, or float32 ``(N, K)`` soft
+    targets with mixup / cutmix) on ``device``.
 
     Args:
         mean, std: per-channel RGB statistics in [0, 1] units; default: the loader's

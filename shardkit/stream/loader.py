@@ -4,7 +4,13 @@ Batches are built WHOLE: every sample of batch ``b`` is decoded and augmented st
 preallocated uint8 buffer ``(N, S, S, 3)`` (each row written through the transform's ``out=``),
 returned as the ``(N, 3, S, S)`` ``channels_last`` view of that buffer plus int64 labels: no
 collation and no copy (the idea of timm's ``fast_collate``, done where the batch is built).
-Floats appear only on the device (:class:`~shardkit.stream.DeviceNormalizer`).
+Batch ops (mixup / cutmix) then mix that batch in place and turn its labels into float32 soft
+targets (timm's ``FastCollateMixup``). Floats appear only on the device
+(:class:`~shardkit.stream.DeviceNormalizer`).
+
+Train or eval is the split's mode: ``train=None`` reads it from the split's name
+(:func:`~shardkit.stream.options.resolve_train`), and every default follows it (transform,
+shuffle, ``even``; evaluation never augments).
 
 ``len(loader)`` is exact (batches this rank yields in a full epoch), whatever ``num_workers``
 and backend. A resume point is ``(epoch, batches consumed)``, valid for any ``num_workers``.
@@ -21,8 +27,8 @@ from ..errors import ConfigError, LoaderError, ShardkitError
 from .backends import ProcessBackend, ThreadBackend
 from .cache import make_cache, parse_cache
 from .datasets import BatchDataset
-from .options import SamplingOptions, WorkerOptions
-from .source import EVAL_SPLITS, ShardSource, dist_rank_world
+from .options import SamplingOptions, WorkerOptions, is_eval_split, resolve_train
+from .source import ShardSource, dist_rank_world
 from .state import Sampling, check_epoch
 
 __all__ = ["make_loader", "ShardLoader"]
@@ -35,7 +41,9 @@ class ShardLoader:
     ``meta = {"index": int64 (N,) split positions, "valid": bool (N,) False for pad repeats}``.
 
     ``images``: uint8 ``(N, 3, S, S)`` RGB, ``channels_last``, 0..255, CPU (pinned with
-    ``pin_memory`` when CUDA is available); ``labels``: int64 ``(N,)``.
+    ``pin_memory`` when CUDA is available); ``labels``: int64 ``(N,)`` class indices, or, when
+    the augmentation has batch ops (``soft_targets`` True), float32 ``(N, K)`` soft targets
+    (``K = len(classes)``, rows sum to 1; see :func:`make_loader`'s ``augment``).
 
     Attributes:
         dataset: the :class:`~shardkit.stream.BatchDataset`; ``backend``: the
@@ -47,6 +55,8 @@ class ShardLoader:
         augment: the :class:`~shardkit.augment.AugmentSpec` (``none`` when off);
             :meth:`augment_values` gives its scheduled strengths at the current epoch.
         augment_device: the device the per-sample ops run on, or None (CPU rows).
+        train: the resolved mode (True: training transform, shuffle by default; False:
+            evaluation). soft_targets: True when labels are float32 ``(N, K)`` soft targets.
 
     Use as a context manager (or call :meth:`close`) to stop decoding threads or persistent
     worker processes deterministically.
@@ -54,10 +64,11 @@ class ShardLoader:
 
     def __init__(self, dataset: BatchDataset, backend: ThreadBackend | ProcessBackend,
                  return_meta: bool = False, transform_config=None, device_decode=None,
-                 augment=None, augment_device=None):
+                 augment=None, augment_device=None, train: bool = True):
         from ..augment import AugmentSpec
 
         self.dataset = dataset
+        self.train = bool(train)
         self.augment = augment if augment is not None else AugmentSpec.parse(None)
         self.augment_device = augment_device
         self.device_decode = device_decode
@@ -90,6 +101,11 @@ class ShardLoader:
     @property
     def classes(self) -> list[str]:
         return self.dataset.classes
+
+    @property
+    def soft_targets(self) -> bool:
+        """Whether labels are float32 ``(N, K)`` soft targets (batch ops in ``augment``)."""
+        return self.dataset.mix_spec is not None
 
     def describe(self) -> str:
         """The loader configuration in one line (used in hang/timeout reports)."""
@@ -131,9 +147,11 @@ class ShardLoader:
         return len(self.dataset)
 
     def augment_values(self) -> dict[str, float]:
-        """The scheduled augmentation strengths at the current epoch,
-        ``{"<index>.<op>.<param>": value}`` (empty without schedules)."""
-        return self.augment.scheduled_values(self._epoch)
+        """The augmentation strengths at the current epoch, ``{"<index>.<op>.<param>": value}``:
+        every scheduled parameter, and every batch op's ``alpha`` and ``p`` (scheduled or
+        not, defaults filled in); empty with neither."""
+        return {**self.augment.scheduled_values(self._epoch),
+                **self.augment.batch_values(self._epoch)}
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch (order, augmentation randomness and the augmentation strength
@@ -189,6 +207,9 @@ class ShardLoader:
             programs = meta.pop("augment", None)
             if programs is not None:
                 images = _augment_on_device(images, programs, self.augment_device)
+            mix = meta.pop("mix", None)  # drawn where the batch was built, applied once, here
+            if mix is not None:
+                images, labels = self.dataset.mix_batch(images, labels.to(images.device), mix)
             self._position += 1
             if report.skipped:
                 self.skipped.extend(report.skipped)
@@ -275,7 +296,7 @@ def _resolve_transform(transform, train: bool, image_size: int | None):
     return transform, image_size
 
 
-def make_loader(root, split: str, batch_size: int, *, train: bool = True,
+def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
                 image_size: int | None = None, num_workers: int = 2,
                 prefetch_factor: int | None = 2, pin_memory: bool = False, seed: int = 0,
                 transform=None, sampling: SamplingOptions | None = None,
@@ -285,13 +306,32 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
                 cache_eval: str = "pixels", augment=None, augment_device=None) -> ShardLoader:
     """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
 
-    The simple call is ``make_loader(root, "train", 64)``; everything else has a default.
+    The simple call is ``make_loader(root, "train", 64)`` (or ``"val"``); everything else has a
+    default.
+
+    Yields ``(images, labels)`` (``(images, labels, meta)`` with ``return_meta``):
+
+    - ``images``: uint8 ``(B, 3, S, S)`` RGB, ``channels_last``, values 0..255 (on the device
+      with ``device_decode`` / ``augment_device``, else CPU); ``B = batch_size`` except a short
+      last batch, or fewer rows when ``on_error="skip"`` left samples out;
+    - ``labels``: int64 ``(B,)`` class indices into ``loader.classes``; with batch ops
+      (``mixup`` / ``cutmix`` in ``augment``) float32 ``(B, K)`` soft targets instead,
+      ``K = len(loader.classes)``, on the images' device: row ``i`` is ``lam`` times the one-hot
+      of sample ``i`` plus ``1 - lam`` times that of sample ``B - 1 - i`` (sums to 1; one-hot
+      when a batch is not mixed). Train on them with a soft-target loss (timm's
+      ``SoftTargetCrossEntropy``, or ``torch.nn.functional.cross_entropy``, which takes class
+      probabilities); label smoothing is not applied (``t * (1 - eps) + eps / K`` adds it,
+      as timm's ``mixup_target`` does).
 
     Args:
         batch_size: samples per batch (the last one is short unless ``sampling.drop_last``).
-        train: training augmentation and defaults (shuffle on, ``even="pad"`` when
-            ``world_size > 1``); ``train=False`` is exactly-once, unshuffled, deterministic (the
-            eval resize + center crop).
+        train: the mode. None (default): from the split's name: ``val``, ``validation``,
+            ``valid``, ``test``, ``dev``, ``eval`` (any case) are evaluation, any other name is
+            training (logged at INFO when the loader is built). Training: the random resized
+            crop + flip, ``augment``, shuffle on, ``even="pad"`` when ``world_size > 1``.
+            Evaluation (``False``): exactly-once, plan order, deterministic (the eval resize +
+            center crop), never augmented. ``True`` on an eval split is honoured with one
+            warning.
         image_size: output side ``S`` in pixels (default 224, or ``transform.image_size``).
         num_workers: decoding threads (``backend="thread"``) or DataLoader worker processes;
             0 builds batches in the calling thread.
@@ -337,8 +377,15 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
             ``"trivialaugment"``), a list of op dicts, YAML text or file, or an
             :class:`~shardkit.augment.AugmentSpec`; torchvision v2 semantics, drawn from each
             sample's RNG (same augmentation for any ``num_workers``, backend, device or resume
-            point); strength schedules follow :meth:`ShardLoader.set_epoch`. Batch ops (mixup,
-            cutmix) are left to the trainer (:class:`shardkit.augment.BatchMix`). Training only.
+            point); strength schedules follow :meth:`ShardLoader.set_epoch`. Batch ops
+            (``{"op": "mixup", "alpha": 0.8}``, ``{"op": "cutmix", "alpha": 1.0}``, each with
+            ``p``) mix each whole batch with timm's ``Mixup(mode="batch")`` semantics
+            (:mod:`shardkit.augment.mix`) and make ``labels`` soft targets (see above); batch
+            ``b``'s ``lam`` and box are a pure function of ``(seed, epoch, rank, b)``, the same
+            for any ``num_workers``, backend or resume point, and each batch is mixed once,
+            where it is built (after the per-sample ops; on the device after them with
+            ``device_decode`` / ``augment_device``). Training only: any op on an eval loader
+            is a ConfigError.
         augment_device: where the per-sample ops run: None (default: the decoding threads or
             workers, on the uint8 rows, C kernels with the GIL released; with
             ``device_decode``, that device), ``"cpu"``, or a torch device (``"cuda"``): the
@@ -347,7 +394,8 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
 
     Raises:
         ConfigError, LoaderError: invalid options (the message names the value), an
-            augmentation on an eval loader (``train=False``: eval never augments);
+            augmentation (per-sample or batch op) on an eval loader (``train=False``, or an
+            eval split with ``train`` unset: eval never augments);
         ManifestError: no finished dataset at ``root`` or unknown ``split``.
         ShardCorruptError: a shard of the split is missing or its size differs from the
             manifest (checked up front, whatever ``on_error``: a damaged dataset, not a bad
@@ -363,16 +411,20 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
     if not isinstance(sampling, SamplingOptions) or not isinstance(workers, WorkerOptions):
         raise ConfigError("sampling= takes a SamplingOptions and workers= a WorkerOptions "
                           f"(got {type(sampling).__name__}, {type(workers).__name__})")
+    train_given = train is not None
+    train = resolve_train(train, split, "make_loader")
+    why = "train=False" if train_given else f"train unset: {split!r} is an eval split by its name"
     if not train and sampling.even is not None:
-        raise LoaderError(f"even={sampling.even!r} is for training; evaluation (train=False) "
-                          "reads every sample exactly once")
+        raise LoaderError(f"even={sampling.even!r} is for training; evaluation ({why}) reads "
+                          "every sample exactly once")
     if not train and sampling.mode != "exact":
-        raise LoaderError(f"mode={sampling.mode!r} resamples; train=False (split {split!r}) "
-                          "needs mode='exact'")
+        raise LoaderError(f"mode={sampling.mode!r} resamples; evaluation (split {split!r}, "
+                          f"{why}) needs mode='exact'")
     tf, size = _resolve_transform(transform, train, image_size)
-    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split)
+    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split,
+                                        why)
     rank, world_size = dist_rank_world(sampling.rank, sampling.world_size)
-    if sampling.even is None and train and world_size > 1 and split not in EVAL_SPLITS:
+    if sampling.even is None and train and world_size > 1 and not is_eval_split(split):
         sampling = replace(sampling, even="pad")
     sampling = replace(sampling, rank=rank, world_size=world_size)
     source = ShardSource(root, split, on_error, verify_reads)
@@ -401,19 +453,26 @@ def make_loader(root, split: str, batch_size: int, *, train: bool = True,
     else:
         backend = ProcessBackend(dataset, num_workers, prefetch_factor, pin_memory, workers,
                                  plan.world_size)
+    if spec.batch_ops:
+        log.info("split %r: batch ops %s mix each batch in the loader; labels are float32 "
+                 "(B, %d) soft targets", split, [name for name, _ in spec.batch_ops],
+                 len(source.classes))
     return ShardLoader(dataset, backend, return_meta=return_meta,
                        transform_config=getattr(tf, "cfg", None), device_decode=device_decode,
-                       augment=spec, augment_device=aug_device)
+                       augment=spec, augment_device=aug_device, train=train)
 
 
-def _resolve_augment(augment, augment_device, device_decode, train: bool, split: str):
-    """``(AugmentSpec, device or None)``: None means the ops run on the CPU rows."""
+def _resolve_augment(augment, augment_device, device_decode, train: bool, split: str,
+                     why: str = "train=False"):
+    """``(AugmentSpec, device or None)``: None means the ops run on the CPU rows; ``why``: how
+    the loader came to be an eval loader (for the error)."""
     from ..augment import AugmentSpec
 
     spec = AugmentSpec.parse(augment)
     if not train and (spec.ops or spec.batch_ops):
-        raise ConfigError(f"augment={spec.describe()} on an eval loader (train=False, split "
-                          f"{split!r}): evaluation never augments")
+        raise ConfigError(f"augment={spec.describe()} on an eval loader ({why}, split "
+                          f"{split!r}): evaluation never augments (per-sample ops and the batch "
+                          "ops mixup/cutmix run in training loaders only)")
     if augment_device is None:
         device = device_decode
     elif str(augment_device) == "cpu":

@@ -3,17 +3,27 @@
 
 Both are frozen dataclasses validated once, in ``__post_init__`` (as ``TrainConfig``), so a bad
 value fails when the loader is built, with a message naming it, never inside a worker.
-``make_loader(root, split, batch_size)`` needs neither: the defaults are the training defaults.
+``make_loader(root, split, batch_size)`` needs neither: the defaults follow the split's mode,
+training or evaluation (:func:`resolve_train`).
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..sharding import BALANCE, EVEN_RULES, MODES
 
-__all__ = ["SamplingOptions", "WorkerOptions", "BACKENDS", "ON_ERROR", "ON_WARNING"]
+__all__ = ["SamplingOptions", "WorkerOptions", "BACKENDS", "ON_ERROR", "ON_WARNING",
+           "EVAL_SPLITS", "is_eval_split", "resolve_train"]
+
+log = logging.getLogger("shardkit.stream")
+
+#: Split names (compared in lower case) that are evaluation splits: with ``train=None`` they get
+#: the eval transform and a fixed order, and they are always read exactly once (never resampled,
+#: never padded). Any other name is a training split.
+EVAL_SPLITS = frozenset({"val", "valid", "validation", "test", "dev", "eval"})
 
 #: ``make_loader`` backends: decoding threads in the calling process, or DataLoader processes.
 BACKENDS = ("thread", "process")
@@ -24,6 +34,36 @@ ON_ERROR = ("raise", "skip")
 #: "Corrupt JPEG data" warnings, field case 12): keep it (counted, logged once), skip it (as
 #: ``on_error="skip"``) or raise :class:`shardkit.decode.DecodeWarningError`.
 ON_WARNING = ("keep", "skip", "raise")
+
+
+def is_eval_split(split: str) -> bool:
+    """Whether ``split`` names an evaluation split (:data:`EVAL_SPLITS`, any letter case)."""
+    return str(split).lower() in EVAL_SPLITS
+
+
+def resolve_train(train, split: str, what: str = "loader") -> bool:
+    """The train/eval mode of a reader of ``split``: ``train`` itself when given, else from the
+    split's name (:data:`EVAL_SPLITS`: eval; any other name: train), logged at INFO once (one
+    line per reader built). An explicit ``train=True`` on an eval split is honoured, with one
+    warning (the seeds' train/eval drift trap: validation augmented and shuffled).
+
+    Raises:
+        ConfigError: ``train`` is neither None nor a bool.
+    """
+    if train is None:
+        resolved = not is_eval_split(split)
+        log.info("%s of split %r: train=%s from the split's name (%s); pass train= to choose",
+                 what, split, resolved, "the random crop, flip and shuffle" if resolved else
+                 "eval transform, fixed order, exactly once")
+        return resolved
+    if not isinstance(train, bool):
+        raise ConfigError(f"train={train!r}: expected True, False or None (None: from the "
+                          "split's name)")
+    if train and is_eval_split(split):
+        log.warning("%s of split %r with train=True: %r is an evaluation split, and it gets the "
+                    "training crop, flip, augmentation and shuffle; leave train unset (or "
+                    "False) to evaluate on it", what, split, split)
+    return train
 
 
 def _opt_int(name: str, value, minimum: int) -> None:
@@ -37,14 +77,16 @@ class SamplingOptions:
     """Which samples each rank reads in an epoch, in which order (see :mod:`shardkit.sharding`).
 
     Attributes:
-        shuffle: reshuffle every epoch; ``None`` = on for ``train=True``, off otherwise.
+        shuffle: reshuffle every epoch; ``None`` (default) = on in training mode, off in
+            evaluation mode (``train``, or the split's name: :func:`resolve_train`), the same rule
+            in :func:`~shardkit.stream.make_loader` and :class:`~shardkit.stream.ShardDataset`.
             Exactly-once either way.
         drop_last: drop a final short batch.
         even: ``None`` (auto: ``"pad"`` for training with ``world_size > 1``, else exactly-once),
             ``"pad"`` (wrap around, as ``DistributedSampler``) or ``"drop"``; refused for
             ``train=False``.
         mode: ``"exact"`` (every sample once per epoch) or ``"stream"`` (resampled with
-            replacement; refused for ``train=False`` and val/test splits).
+            replacement; refused in evaluation mode and on every :data:`EVAL_SPLITS` split).
         balance: ``None`` or ``"class"`` (class-balanced draws; needs ``mode="stream"``).
         samples_per_epoch: epoch length in ``mode="stream"`` (all ranks together).
         block: shard-block order (default: on for remote tar shards): each worker reads one

@@ -22,12 +22,9 @@ from ..formats import open_reader
 from ..manifest import is_url, join, load_index, load_manifest, sample_checksum
 from .options import ON_ERROR
 
-__all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count", "EVAL_SPLITS"]
+__all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count"]
 
 log = logging.getLogger("shardkit.stream")
-
-#: Split names that are always read exactly once, in order (never resampled, never padded).
-EVAL_SPLITS = frozenset({"val", "valid", "validation", "test", "eval"})
 
 
 def dist_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:

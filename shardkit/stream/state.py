@@ -16,8 +16,8 @@ import torch
 
 from ..errors import ConfigError, LoaderError
 from ..sharding import EpochPlan, plan_epoch, rank_count
-from .options import SamplingOptions
-from .source import EVAL_SPLITS, ShardSource, dist_rank_world
+from .options import SamplingOptions, is_eval_split
+from .source import ShardSource, dist_rank_world
 
 __all__ = ["EpochState", "Sampling", "check_epoch"]
 
@@ -69,7 +69,10 @@ class Sampling:
 
     Raises (in the constructor, never in a worker):
         ConfigError: an invalid option or combination. LoaderError: ``mode="stream"`` on a split
-        that must be read exactly once (``train=False`` or a val/test split).
+        that must be read exactly once (``train=False`` or an eval split, whatever ``train``).
+
+    ``train`` is the resolved mode (:func:`~shardkit.stream.options.resolve_train`): it is the
+    default of ``options.shuffle`` (None: shuffled for training, plan order for evaluation).
     """
 
     def __init__(self, source: ShardSource, options: SamplingOptions, *, seed: int, batch_size: int,
@@ -78,7 +81,7 @@ class Sampling:
         self.source = source
         self.options = o
         self.rank, self.world_size = dist_rank_world(o.rank, o.world_size)
-        if o.mode == "stream" and (not train or source.split in EVAL_SPLITS):
+        if o.mode == "stream" and (not train or is_eval_split(source.split)):
             raise LoaderError(f"mode='stream' resamples with replacement; split "
                               f"{source.split!r} (train={train}) must be read exactly once "
                               "per epoch: use mode='exact'")

@@ -74,7 +74,9 @@ def train_loader(config: TrainConfig, info: DistInfo, tc):
     (``even="pad"``). With ``balance="class"`` or ``samples_per_epoch`` an epoch is
     ``samples_per_epoch`` (default: the split size) draws with replacement (``mode="stream"``),
     class-balanced or uniform. The last short batch is
-    dropped (a 1-image batch breaks BatchNorm in train mode)."""
+    dropped (a 1-image batch breaks BatchNorm in train mode). With mixup / cutmix in
+    ``config.augment`` the loader mixes each batch and yields float32 ``(N, K)`` soft targets
+    (the trainer adds label smoothing to them)."""
     if config.balance == "class" or config.samples_per_epoch:  # draws with replacement
         return _loader(config, info, tc, config.train_split, train=True, even="pad",
                        balance="class" if config.balance == "class" else None, mode="stream",
@@ -111,9 +113,10 @@ def fixed_batches(config: TrainConfig, info: DistInfo,
 
 
 def make_normalizer(mean, std, device: torch.device, channels_last: bool):
-    """``wrap(batches)``: an iterable of uint8 ``(N, 3, S, S)`` images and int64 ``(N,)`` labels
-    -> :class:`shardkit.stream.DeviceNormalizer` yielding float32 ``(x / 255 - mean) / std`` images
-    and int64 labels on ``device`` (channels_last when asked; side-stream copies on CUDA)."""
+    """``wrap(batches)``: an iterable of uint8 ``(N, 3, S, S)`` images and labels (int64
+    ``(N,)``, or float32 ``(N, K)`` soft targets) -> :class:`shardkit.stream.DeviceNormalizer`
+    yielding float32 ``(x / 255 - mean) / std`` images and the labels on ``device``
+    (channels_last when asked; side-stream copies on CUDA)."""
     from ..stream import DeviceNormalizer
 
     def wrap(batches):

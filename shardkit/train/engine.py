@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..augment import AugmentSpec, BatchMix, mix_rng
+from ..augment import AugmentSpec
 from ..errors import CheckpointError, ConfigError, LoaderError, ShardkitError
 from ..fsio import atomic_write_bytes
 from .checkpoint import (RESUME_FIELDS, check_resume_classes, check_resume_config,
@@ -136,7 +136,7 @@ class Trainer:
                                     self.classes).to(device)
         self.augment = AugmentSpec.parse(config.augment)
         self.soft_criterion = None
-        if self.augment.batch_ops:  # mixup / cutmix: soft targets (label smoothing inside)
+        if self.augment.batch_ops:  # mixup / cutmix: the train loader yields soft targets
             from timm.loss import SoftTargetCrossEntropy
 
             self.soft_criterion = SoftTargetCrossEntropy()
@@ -289,7 +289,6 @@ class Trainer:
         autocast = (torch.autocast(device.type, dtype=self.amp_dtype) if self.amp_dtype
                     else nullcontext())
         loss_sum, images, wait, compute, done = 0.0, 0, 0.0, 0.0, 0
-        mix = self._batch_mix(epoch)
         start = time.perf_counter()
         sync = config.sync_timing  # see TrainConfig.sync_timing: exact GPU split vs host wait
         while not self.max_steps_reached():
@@ -301,14 +300,14 @@ class Trainer:
                 self.epoch_done = True
                 break
             t1 = time.perf_counter()
-            check_labels(y, self.num_classes, f"split {config.train_split!r}, step {self.step}")
-            if mix is not None:  # a pure function of (seed, epoch, rank, batch of the epoch)
-                x, soft = mix(x, y, mix_rng(config.seed, epoch, self.info.rank,
-                                            self.epoch_batches))
+            soft = y.is_floating_point()  # mixup / cutmix: mixed by the train loader, once
+            if not soft:
+                check_labels(y, self.num_classes,
+                             f"split {config.train_split!r}, step {self.step}")
             with autocast:
                 logits = self.model(x)
-            loss = (self.criterion(logits.float(), y) if mix is None
-                    else self.soft_criterion(logits.float(), soft))
+            loss = (self.soft_criterion(logits.float(), self._smooth(y)) if soft
+                    else self.criterion(logits.float(), y))
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
             if config.clip_grad:
@@ -359,13 +358,14 @@ class Trainer:
                 self.writer.add_scalar(f"augment/{key}", value, epoch)
         return stats
 
-    def _batch_mix(self, epoch: int):
-        """The epoch's :class:`~shardkit.augment.BatchMix` (mixup / cutmix), or None. Not on
-        ``overfit_batches`` runs (fixed, un-augmented batches)."""
-        if self.soft_criterion is None or self.fixed is not None:
-            return None
-        return BatchMix.from_spec(self.augment.resolved(epoch, batch=True), self.num_classes,
-                                  label_smoothing=self.config.label_smoothing)
+    def _smooth(self, targets: torch.Tensor) -> torch.Tensor:
+        """``label_smoothing`` on the loader's float32 ``(N, K)`` soft targets:
+        ``t * (1 - eps) + eps / K``, what timm's ``mixup_target`` gives (linear in the
+        one-hots). The batches are mixed by the train loader (``augment``'s mixup / cutmix,
+        batch ``b``'s draw from ``(seed, epoch, rank, b)``); ``overfit_batches`` runs read
+        fixed, unmixed batches with int64 labels."""
+        eps = self.config.label_smoothing
+        return targets if not eps else targets * (1.0 - eps) + eps / self.num_classes
 
     def _reduce(self, sums: list[float], maxes: list[float]) -> list[float]:
         """Sums ``sums`` and takes the max of ``maxes`` over ranks (identity on one process)."""
