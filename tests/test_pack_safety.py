@@ -232,7 +232,7 @@ def test_overwrite_killed_mid_pack_keeps_the_old_dataset_then_swaps(sample_dir, 
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (out / STAGING_NAME / "shards" / "train-000001.lmdb").is_file()  # built beside
     assert {k: v for k, v in tree_bytes(out).items()
-            if not k.startswith(STAGING_NAME) and k != LOCK_NAME} == old
+            if STAGING_NAME not in k.split("/") and k != LOCK_NAME} == old
     assert verify(out).ok and load_manifest(out)["format"] == "wds"
 
     summary = pack(src, out, format="lmdb", split={"train": 1.0}, shard_samples=4,
@@ -251,7 +251,8 @@ def test_overwrite_killed_mid_pack_keeps_the_old_dataset_then_swaps(sample_dir, 
         "splits/val.jsonl", "splits/val.index.npz", *old_shards,
         # the other readers' files of the wds dataset (shardkit.interop)
         "shards/_info.json", *(s.replace(".tar", ".idx") for s in old_shards)])
-    assert summary.cleaned == [STAGING_NAME + "/"]
+    assert summary.cleaned == [f"{STAGING_NAME}/", f"shards/{STAGING_NAME}/",
+                               f"splits/{STAGING_NAME}/"]  # the killed run's staging folder
     assert "replaced the previous dataset in OUT (23 of its files overwritten or removed)" in \
         summary.format_text()
 
