@@ -233,7 +233,8 @@ class PackOutput(OutputRun):
     Attributes:
         root: where the run writes (``OUT``, or ``OUT/.shardkit-new`` of
             :func:`shardkit.swap.make_staging`); None before prepare.
-        cleaned: owned leftovers removed before writing (relative to ``OUT``).
+        cleaned: owned leftovers of unfinished runs removed (relative to ``OUT``): before
+            writing, and (temporary names beside an old dataset) after the swap.
         replaced: files of the previous dataset overwritten or removed by the swap (overwrite).
         upload: None: shards stay where the sink writes them (a remote output's is a
             :class:`shardkit.pack_remote_out.ShardUpload`).
@@ -357,8 +358,8 @@ class PackOutput(OutputRun):
         swap.write_journal(out, moves, removes)  # the commit point
         self._committed = True
         swap.roll_forward(out)
-        remove_owned(out, hidden, prune=False)
-        self.replaced = sorted(old)  # each overwritten or removed
+        self.cleaned += remove_owned(out, hidden, prune=False)
+        self.replaced = [e for e in old if not _hidden(e)]  # each overwritten or removed
         logger.info("replaced the dataset in %s: %d file(s) of the old one overwritten or "
                     "removed", out, len(self.replaced))
 
