@@ -411,3 +411,128 @@ def test_journal_names_cover_every_name_a_pack_writes(case):
         assert names and all(swap.journal_entry_ok(e) for e in names), names
     assert not swap.journal_entry_ok("shards/.train-000000.tar.tmp")
     assert not swap.journal_entry_ok("shards/sub/train-000000.tar")
+
+
+# ----------------------------------------------------------------------------- stats: the lock
+def _stats_cli(out: Path, *args: str):
+    from click.testing import CliRunner
+
+    from shardkit.doctor import stats_command
+
+    return CliRunner().invoke(stats_command, [str(out), "--max-samples", "6", "--no-progress",
+                                              *args])
+
+
+def test_stats_while_a_pack_holds_the_lock_prints_and_saves_nothing(case):
+    out = case.fresh("stats-locked")
+    before = (out / "manifest.json").read_bytes()
+    with swap.DatasetLock(out, "pack"):  # a pack (overwrite or not) is writing OUT
+        res = _stats_cli(out)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "train: 6 samples" and lines[1].startswith("mean (R, G, B): ")
+    assert lines[-2].startswith(f"not saved in {out / 'manifest.json'}: {out} is being packed by "
+                                f"another run (pid {os.getpid()} on host ")
+    assert "Traceback" not in res.output and json.loads(lines[-1])["num_samples"] == 6
+    assert (out / "manifest.json").read_bytes() == before
+    _remove(out)
+
+
+def test_stats_saving_waits_for_another_stats_and_keeps_both_splits(case, monkeypatch):
+    from shardkit.doctor import stats as stats_mod
+    from shardkit.doctor.stats import compute_stats
+
+    out = case.fresh("stats-two")
+    real_iter, real_save = stats_mod.iter_sample_bytes, stats_mod.save_manifest_dict
+    other = []
+
+    def interleaved(root, manifest, split, positions):  # a second stats runs start to end
+        if split == "train" and not other:  # while the first one reads its samples
+            other.append(compute_stats(root, "val", max_samples=4))
+        yield from real_iter(root, manifest, split, positions)
+
+    def save(root, manifest):
+        assert swap.held_here(root)  # the read-merge-write happens under the dataset's lock
+        real_save(root, manifest)
+
+    monkeypatch.setattr(stats_mod, "iter_sample_bytes", interleaved)
+    monkeypatch.setattr(stats_mod, "save_manifest_dict", save)
+    train = compute_stats(out, "train", max_samples=4)
+    assert train.not_saved is None and other[0].not_saved is None
+    assert load_manifest(out)["stats"] == {"val": other[0], "train": train}
+    # another stats holding the lock is waited for (here: not at all), a pack is not
+    monkeypatch.setattr(swap, "BRIEF_WAIT_S", 0.0)
+    with swap.DatasetLock(out, "stats"):
+        busy = compute_stats(out, "val", max_samples=2)
+    assert busy.not_saved.startswith(f"{out} is in use by another shardkit command (stats: "
+                                     f"pid {os.getpid()} ")
+    assert load_manifest(out)["stats"]["val"] == other[0]
+    _remove(out)
+
+
+def test_stats_of_a_dataset_replaced_meanwhile_are_not_saved_into_the_new_one(case,
+                                                                              monkeypatch):
+    from shardkit.doctor import stats as stats_mod
+    from shardkit.doctor.stats import compute_stats
+
+    out = case.fresh("stats-swapped")
+    real_iter = stats_mod.iter_sample_bytes
+
+    def then_replaced(*args):  # the old samples are read, then an overwrite swaps in the new
+        yield from real_iter(*args)
+        pack(case.new_src, out, format=case.fmt, shard_samples=8, overwrite=True, **COMMON)
+
+    monkeypatch.setattr(stats_mod, "iter_sample_bytes", then_replaced)
+    result = compute_stats(out, "train", max_samples=5)
+    assert result.not_saved == ("the dataset was replaced while they were computed (a pack "
+                                "finished meanwhile): rerun shardkit stats on the new one")
+    assert "stats" not in load_manifest(out) and case.check(out) == "new"
+    _remove(out)
+
+
+@pytest.fixture
+def read_only_copy(tmp_path):
+    """``make(src) -> Path``: a copy of the dataset ``src`` that this process cannot write: a
+    read-only tmpfs for root (which writes through permission bits), else ``chmod a-w``; skips
+    when neither can be had."""
+    mounted = []
+
+    def make(src: Path) -> Path:
+        where = tmp_path / "ro"
+        where.mkdir()
+        if os.geteuid() == 0:
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)],
+                               capture_output=True, text=True)
+            if r.returncode:
+                pytest.skip(f"root cannot mount a tmpfs here ({r.stderr.strip()}): a read-only "
+                            "dataset cannot be had")
+            mounted.append(where)
+            shutil.copytree(src, where / "ds", symlinks=True)
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        else:
+            shutil.copytree(src, where / "ds", symlinks=True)
+            for p in [where / "ds", *(where / "ds").rglob("*")]:
+                p.chmod(p.stat().st_mode & ~0o222)
+        if os.access(where / "ds", os.W_OK):
+            pytest.skip("this process can still write the read-only copy")
+        return where / "ds"
+
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    for p in [tmp_path / "ro", *(tmp_path / "ro").rglob("*")] if not mounted else ():
+        p.chmod(p.stat().st_mode | 0o200)
+
+
+def test_stats_of_a_read_only_dataset_prints_then_says_why_not_saved(case, read_only_copy):
+    out = read_only_copy(case.old)
+    before = (out / "manifest.json").read_bytes()
+    res = _stats_cli(out)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == "train: 6 samples" and lines[1].startswith("mean (R, G, B): ")
+    assert lines[-2].startswith(f"not saved in {out / 'manifest.json'}: {out} is not writable: "
+                                f"cannot create {LOCK_NAME} there (")
+    assert lines[-2].endswith(("(read-only file system)", "(Permission denied)"))
+    assert "Traceback" not in res.output and "Error" not in res.output
+    assert (out / "manifest.json").read_bytes() == before
