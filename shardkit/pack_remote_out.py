@@ -98,7 +98,7 @@ def remote_fs(url: str):
 
 
 def staging_folder(prefix: str = "shardkit-pack-") -> Path:
-    """A new local staging folder ``<prefix><pid>-<random>`` (``tempfile.mkdtemp``: in
+    """A new local staging folder ``<prefix><pid>-<token>-<random>`` (``tempfile.mkdtemp``: in
     ``$TMPDIR``, else ``/tmp``; mode 0700) holding :data:`STAGING_MARKER` with this process's
     pid, host name and a random token. Before it is made, the staging folders of this machine's
     earlier packs whose process is gone (killed: a ``with`` block never removed them) are

@@ -43,7 +43,8 @@ half-swapped folder).
 
 The journal is untrusted input like the rest of a dataset: every entry must be a plain file
 name of a pack's (:func:`journal_entry_ok`) in ``OUT``, ``OUT/shards`` or ``OUT/splits``, a
-staged entry must be a regular file, and nothing outside those folders is moved or deleted.
+staged entry must be a regular file, and nothing outside those folders (or the folders a
+symlinked ``OUT/shards`` / ``OUT/splits`` points to) is moved or deleted.
 
 This module sits below every reader and writer: it imports only :mod:`shardkit.errors` and
 :mod:`shardkit.fsio`.
@@ -307,7 +308,8 @@ def write_journal(out: str | os.PathLike, moves: list[str], removes: list[str]) 
     """
     bad = [r for r in [*moves, *removes] if not journal_entry_ok(r)]
     if bad or set(moves) & set(removes):
-        raise ValueError(f"swap journal entries refused: {bad or sorted(set(moves) & set(removes))}")
+        both = sorted(set(moves) & set(removes))
+        raise ValueError(f"swap journal entries refused: {bad or both}")
     body = {"version": _JOURNAL_VERSION, "pid": os.getpid(), "host": socket.gethostname(),
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "moves": list(moves),
             "removes": list(removes)}
