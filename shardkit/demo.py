@@ -6,7 +6,12 @@ train split's mean/std, trains ``hrnet_w18_small`` from the shards for a short r
 (a GPU is used when present), evaluates it with per-class metrics, runs a small loader benchmark and
 ends with a short report. Every step runs the public ``shardkit`` CLI, exactly as a user would.
 
-Run: ``python -m shardkit.demo [--out out/demo] [--steps N]``.
+Run: ``python -m shardkit.demo [--out out/demo] [--epochs N]``.
+
+``--out`` (:func:`prepare_out`): a new or empty folder, or the folder of an earlier demo run
+(it holds :data:`MARKER`), whose demo outputs (:data:`OUTPUTS`) are replaced; anything else in
+it is kept. A folder with other content and no marker is refused (exit 2, one ``Error:`` line):
+the demo deletes only what it wrote.
 """
 from __future__ import annotations
 
@@ -18,11 +23,45 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main"]
+from shardkit.errors import ConfigError
+
+__all__ = ["main", "prepare_out", "MARKER", "OUTPUTS"]
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "examples" / "flowers-sample"
 FORMATS = ("wds", "lmdb", "hdf5")
+MARKER = ".shardkit-demo"
+"""The file the demo writes into its ``--out`` folder: the folder's demo outputs are its own."""
+OUTPUTS = (*FORMATS, "inspect", "run", "bench")
+"""The entries of ``--out`` the demo writes (and so replaces on the next run)."""
+
+
+def prepare_out(out: Path) -> Path:
+    """Makes ``out`` ready for a demo run (see the module doc) and returns it.
+
+    Raises:
+        ConfigError: ``out`` is a file, or a folder with content and without :data:`MARKER`
+            (nothing is deleted then).
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a new or empty folder")
+    if out.is_dir():
+        if (out / MARKER).is_file():  # an earlier demo run's folder: replace its outputs only
+            for name in OUTPUTS:
+                path = out / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif path.exists() or path.is_symlink():
+                    path.unlink()
+        elif any(out.iterdir()):
+            raise ConfigError(f"--out {out} is not empty and is not the folder of an earlier "
+                              f"demo run (no {MARKER} file in it); the demo deletes only what it "
+                              "wrote: give a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by `python -m shardkit.demo`: the next demo run into "
+                              f"this folder replaces {', '.join(OUTPUTS)} and keeps the rest\n")
+    return out
 
 
 def _run(step: str, args: list[str]) -> float:
@@ -38,17 +77,20 @@ def _run(step: str, args: list[str]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "out" / "demo"), help="output folder")
+    parser.add_argument("--out", default=str(REPO / "out" / "demo"),
+                        help="output folder: new, empty, or an earlier demo run's (only the "
+                             "demo's outputs are replaced)")
     parser.add_argument("--epochs", type=int, default=3, help="training epochs (CPU-sized default)")
     parser.add_argument("--image-size", type=int, default=96, help="training image size")
     args = parser.parse_args(argv)
 
+    try:
+        out = prepare_out(Path(args.out))
+    except ConfigError as e:
+        print(f"Error: {type(e).__name__}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     import torch
 
-    out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     gpu = torch.cuda.is_available()
     timings = {}
 

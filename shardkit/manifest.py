@@ -27,6 +27,7 @@ import xxhash
 
 from .errors import ManifestError
 from .fsio import atomic_write_bytes  # re-exported: the one atomic writer lives in shardkit.fsio
+from .swap import finish_swap
 
 __all__ = [
     "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "is_url", "local_path", "join",
@@ -153,12 +154,17 @@ def json_bytes(obj, **kwargs) -> bytes:
 
 
 def load_manifest(root: str | os.PathLike) -> dict:
-    """Reads and validates ``root/manifest.json``.
+    """Reads and validates ``root/manifest.json``. A local ``root`` that a killed
+    ``pack --overwrite`` left half-swapped is rolled forward first
+    (:func:`shardkit.swap.finish_swap`), so every reader finds one whole dataset.
 
     Raises:
         ManifestError: the file is missing (the dataset is not packed or a pack run did not
-            finish), is not JSON, not a JSON object, or has an unknown ``schema_version``.
+            finish), is not JSON, not a JSON object, or has an unknown ``schema_version``; a
+            half-done swap that cannot be finished here (see finish_swap).
     """
+    if not is_url(root):
+        finish_swap(local_path(root))
     location = join(root, MANIFEST_NAME)
     try:
         manifest = json.loads(_read_bytes(location))

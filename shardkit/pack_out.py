@@ -11,27 +11,36 @@ Rules (a pack never destroys what it did not write):
   also the other readers' files of :mod:`shardkit.interop`: timm's ``shards/_info.json``, DALI's
   ``shards/<split>-NNNNNN.idx`` and the Hugging Face card ``README.md`` of ``shardkit export``,
   the latter only while it carries the card's marker line (a user's own ``README.md`` is never
-  touched). Every other entry, in
+  touched), and the swap journal :data:`~shardkit.swap.JOURNAL_NAME` of :mod:`shardkit.swap`.
+  Every other entry, in
   ``OUT``, ``OUT/shards`` or ``OUT/splits`` (a user's ``splits/fold0.txt``), is left alone;
   ``shards/`` and ``splits/`` are removed only when nothing else is left in them. Whatever is
   removed is logged (INFO, ``shardkit.pack``) and listed in the summary.
 - **Checked before the scan** (:meth:`PackOutput.open`, nothing is written): ``OUT`` is not a file,
   its nearest existing folder is writable, ``OUT`` is not inside the source and the source
   (folder or CSV) is not inside ``OUT``; a ``manifest.json`` needs ``overwrite``.
-- **One packer per OUT.** An exclusive ``fcntl.flock`` on ``OUT/.shardkit-pack.lock`` is held for
-  the whole run (from the start when ``OUT`` exists, else from the moment the run creates it). The
-  file holds the holder's pid, host and start time; a second packer fails at once with
-  :class:`OutputLockedError` naming them. The file is removed when the run ends.
+- **One packer per OUT.** The lock of :mod:`shardkit.swap` (:class:`~shardkit.swap.DatasetLock`,
+  an exclusive ``fcntl.flock`` on ``OUT/.shardkit-pack.lock``) is held for the whole run (from
+  the start when ``OUT`` exists, else from the moment the run creates it). The file holds the
+  holder's command, pid, host and start time; a second packer fails at once with
+  :class:`OutputLockedError` naming them (a ``stats`` or ``export`` holding it is waited for,
+  up to :data:`~shardkit.swap.BRIEF_WAIT_S`). The file is removed when the run ends. A swap
+  that a killed overwrite left half-done is finished first, under the lock
+  (:func:`shardkit.swap.roll_forward`).
 - **Fresh OUT** (no ``manifest.json``): owned leftovers of a killed run are deleted, then the run
   writes into ``OUT`` itself, ``manifest.json`` last. If the run fails (an exception, a full disk),
   everything it wrote is deleted again (a SIGKILL leaves only unlisted files and no manifest).
-- **overwrite** of a finished dataset: the new dataset is built in ``OUT/.shardkit-new/`` (same
-  file system, so the swap is renames only; the disk needs room for both), while the old one
-  stays complete and readable. :meth:`PackOutput.commit` then removes the old ``manifest.json``,
-  renames the new files into place, writes the new ``manifest.json`` last and deletes the old
-  dataset's remaining owned files. A kill or a full disk before the swap leaves the old dataset
-  untouched (the staging folder is removed on errors, or by the next run after a kill); a kill
-  during the swap (renames only) leaves ``OUT`` without a manifest, i.e. visibly unfinished.
+- **overwrite** of a finished dataset: the swap of :mod:`shardkit.swap`. The new dataset is
+  built in the staging folder (``OUT/.shardkit-new/``, its shards in ``OUT/shards/.shardkit-new/``
+  and split files in ``OUT/splits/.shardkit-new/``: each on the file system of its final place,
+  so the swap is renames only, also when ``OUT/shards`` is a symlink to another disk; the disks
+  need room for both datasets) while the old one stays complete and readable.
+  :meth:`PackOutput.commit` writes the swap journal (the commit point), then rolls forward: the
+  old ``manifest.json`` and the old files the new dataset lacks are removed, the new files
+  renamed into place, the new ``manifest.json`` last. A kill or a full disk before the journal
+  leaves the old dataset untouched (the staging folder is removed on errors, or by the next run
+  after a kill); after it, the next shardkit command that opens ``OUT`` finishes the swap, so it
+  always finds one whole dataset, old or new, never a mix.
 
 Disk-full errors (``ENOSPC``, ``EDQUOT``) while writing become :class:`DiskFullError`: one line
 naming the file, after the run's files were removed.
@@ -43,19 +52,17 @@ deletes the old ``manifest.json`` when writing starts instead of building beside
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
 import logging
 import os
 import re
 import shutil
-import socket
-import time
 from pathlib import Path
 
+from shardkit import swap
 from shardkit.errors import ConfigError, OutputExistsError, ShardkitError
 from shardkit.fsio import fsync_dir
 from shardkit.manifest import is_url
+from shardkit.swap import LOCK_NAME, STAGING_NAME, DatasetLock, OutputLockedError
 
 __all__ = ["PackOutput", "open_output", "OutputLockedError", "DiskFullError", "owned_entries",
            "owned_name", "LOCK_NAME", "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
@@ -64,14 +71,8 @@ logger = logging.getLogger("shardkit.pack")
 
 MANIFEST_NAME = "manifest.json"
 QUARANTINE_NAME = "quarantine.jsonl"
-LOCK_NAME = ".shardkit-pack.lock"
-STAGING_NAME = ".shardkit-new"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _SPLIT = r"[A-Za-z0-9_]+"  # shardkit.split.SPLIT_NAME_RE
-
-
-class OutputLockedError(ShardkitError):
-    """Another pack run holds the lock on the output folder (names its pid, host, start time)."""
 
 
 class DiskFullError(ShardkitError, OSError):
@@ -99,8 +100,9 @@ def _owned_patterns() -> dict[str, re.Pattern]:
     sfx = _shard_suffixes()
     top = rf"{re.escape(MANIFEST_NAME)}|{re.escape(QUARANTINE_NAME)}|README\.md"
     shard_meta = rf"_info\.json|{_SPLIT}-\d{{6}}\.idx"  # shardkit.interop: timm, DALI
+    journal = re.escape(swap.JOURNAL_NAME)  # only its temporary name: the journal is the swap's
     return {
-        "": re.compile(rf"(?:{top}|\.(?:{top}){tmp})"),
+        "": re.compile(rf"(?:{top}|\.(?:{top}|{journal}){tmp})"),
         "splits": re.compile(rf"{_SPLIT}\.(?:jsonl|index\.npz)|"
                              rf"\.{_SPLIT}\.(?:jsonl|index\.npz){tmp}"),
         "shards": re.compile(rf"{_SPLIT}-\d{{6}}(?:{sfx})|"
@@ -127,8 +129,10 @@ def _is_our_card(path: str) -> bool:
 def owned_entries(out: str | os.PathLike) -> list[str]:
     """The entries of ``out`` that a pack writes (see the module doc), as posix paths relative to
     ``out``: ``manifest.json`` first (deleting it first makes the folder visibly unfinished), the
-    staging folder as ``.shardkit-new/``, then files in ``shards/``, ``splits/``, ``OUT``. The
-    lock file is not listed, nor a ``README.md`` without the marker of shardkit's card."""
+    staging folder's parts (:func:`shardkit.swap.staging_parts`: ``.shardkit-new/``,
+    ``shards/.shardkit-new/``, ``splits/.shardkit-new/``), then files in ``shards/``,
+    ``splits/``, ``OUT``. The lock file and the swap journal are not listed, nor a ``README.md``
+    without the marker of shardkit's card."""
     out = Path(out)
     patterns = _owned_patterns()
     found = []
@@ -141,8 +145,7 @@ def owned_entries(out: str | os.PathLike) -> list[str]:
                 if not folder and entry.name == _CARD_NAME and not _is_our_card(entry.path):
                     continue
                 found.append(f"{folder}/{entry.name}" if folder else entry.name)
-    if (out / STAGING_NAME).is_dir() and not (out / STAGING_NAME).is_symlink():
-        found.insert(0, STAGING_NAME + "/")
+    found[:0] = swap.staging_parts(out)
     if MANIFEST_NAME in found:
         found.insert(0, found.pop(found.index(MANIFEST_NAME)))
     return found
@@ -171,64 +174,6 @@ def remove_owned(out: Path, entries: list[str], prune: bool = True) -> list[str]
     if removed:
         fsync_dir(out)
     return removed
-
-
-# ----------------------------------------------------------------------------- the lock
-class _RunLock:
-    """An exclusive ``flock`` on ``folder/.shardkit-pack.lock`` (see the module doc)."""
-
-    def __init__(self, folder: Path):
-        self.path = folder / LOCK_NAME
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        """Raises OutputLockedError when another run holds it; ConfigError when the folder cannot
-        be written."""
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            except OSError as e:
-                raise ConfigError(f"output folder {self.path.parent} is not writable: cannot "
-                                  f"create {LOCK_NAME} there ({e.strerror})") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_holder(fd)
-                os.close(fd)
-                raise OutputLockedError(
-                    f"{self.path.parent} is being packed by another run ({holder}; lock file "
-                    f"{self.path}); wait for it to finish, or stop it, then rerun") from None
-            try:  # the holder before us may have removed the file after we opened it: retry
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
-        self.fd = fd
-
-    def release(self) -> None:
-        """Removes the lock file (while still holding the lock) and releases the lock."""
-        if self.fd is None:
-            return
-        try:
-            self.path.unlink(missing_ok=True)
-        except OSError:
-            pass
-        os.close(self.fd)
-        self.fd = None
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"null")
-        return f"pid {info['pid']} on host {info['host']}, started {info['started']}"
-    except (OSError, ValueError, TypeError, KeyError):
-        return "holder details not written yet"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -286,8 +231,10 @@ class PackOutput(OutputRun):
     :class:`DiskFullError`; the lock is released in every case.
 
     Attributes:
-        root: where the run writes (``OUT`` or ``OUT/.shardkit-new``); None before prepare.
-        cleaned: owned leftovers removed before writing (relative to ``OUT``).
+        root: where the run writes (``OUT``, or ``OUT/.shardkit-new`` of
+            :func:`shardkit.swap.make_staging`); None before prepare.
+        cleaned: owned leftovers of unfinished runs removed (relative to ``OUT``): before
+            writing, and (temporary names beside an old dataset) after the swap.
         replaced: files of the previous dataset overwritten or removed by the swap (overwrite).
         upload: None: shards stay where the sink writes them (a remote output's is a
             :class:`shardkit.pack_remote_out.ShardUpload`).
@@ -302,9 +249,9 @@ class PackOutput(OutputRun):
         self.root: Path | None = None
         self.cleaned: list[str] = []
         self.replaced: list[str] = []
-        self._lock = _RunLock(self.out)
+        self._lock = DatasetLock(self.out, "pack")
         self._created_out = False
-        self._committed = False
+        self._committed = False  # the swap journal is written: the new dataset is the dataset
 
     @property
     def staging(self) -> bool:
@@ -345,12 +292,19 @@ class PackOutput(OutputRun):
         except FileExistsError:
             pass
         try:
-            self._lock.acquire()
+            self._lock_and_finish()
             self._check_finished()
         except BaseException:
             self.close()  # removes an OUT this run created
             raise
         return self
+
+    def _lock_and_finish(self) -> None:
+        """Takes the lock (a stats or export holding it is waited for, a pack is not), then
+        finishes a swap that a killed overwrite left (:func:`shardkit.swap.roll_forward`)."""
+        self._lock.acquire(swap.BRIEF_WAIT_S, wait_for_pack=False)
+        if os.path.lexists(self.out / swap.JOURNAL_NAME):
+            swap.roll_forward(self.out, resumed=True)
 
     def _check_finished(self) -> None:
         if (self.out / MANIFEST_NAME).exists() and not self.overwrite:
@@ -369,15 +323,11 @@ class PackOutput(OutputRun):
         except FileExistsError:
             pass
         if self._lock.fd is None:
-            self._lock.acquire()
+            self._lock_and_finish()
         self._check_finished()  # a run that finished meanwhile, before we held the lock
         if (self.out / MANIFEST_NAME).exists():  # overwrite: build beside the old dataset
-            staging = self.out / STAGING_NAME
-            if staging.exists():
-                shutil.rmtree(staging)
-                self.cleaned.append(STAGING_NAME + "/")
-            staging.mkdir()
-            self.root = staging
+            self.cleaned += swap.remove_staging(self.out)  # an unfinished run's (no journal)
+            self.root = swap.make_staging(self.out)
         else:
             self.cleaned += remove_owned(self.out, owned_entries(self.out), prune=False)
             self.root = self.out
@@ -387,37 +337,40 @@ class PackOutput(OutputRun):
         return self.root
 
     def commit(self) -> None:
-        """Swaps a staged dataset into ``OUT`` (nothing to do for a fresh one); see the module
-        doc for the order. Logs what of the old dataset was removed."""
-        self._committed = True
+        """Swaps a staged dataset into ``OUT`` (nothing to do for a fresh one): writes the swap
+        journal (from here on the new dataset is the dataset), then rolls it forward
+        (:func:`shardkit.swap.roll_forward`) and deletes the old dataset's hidden leftovers
+        (temporary names of a killed run). Logs what of the old dataset was replaced.
+
+        Raises:
+            ManifestError: the roll forward failed (the new dataset stays staged with its
+                journal; the next command that opens OUT finishes the swap).
+        """
         if not self.staging:
+            self._committed = True
             return
-        out, staging = self.out, self.root
-        old = [e for e in owned_entries(out) if e != STAGING_NAME + "/"]
-        (out / MANIFEST_NAME).unlink()  # from here on OUT is visibly unfinished
-        fsync_dir(out)
-        new = [e for e in owned_entries(staging) if e != MANIFEST_NAME]
-        for rel in new:
-            (out / rel).parent.mkdir(exist_ok=True)
-            os.replace(staging / rel, out / rel)
-        for folder in {str(Path(rel).parent) for rel in new}:
-            fsync_dir(out / folder)
-        os.replace(staging / MANIFEST_NAME, out / MANIFEST_NAME)
-        fsync_dir(out)
-        shutil.rmtree(staging, ignore_errors=True)
-        gone = remove_owned(out, [e for e in old if e not in new and e != MANIFEST_NAME])
-        self.replaced = sorted(set(old) - set(gone)) + gone  # overwritten, then removed
+        out = self.out
+        old = [e for e in owned_entries(out) if not e.endswith("/")]  # files, manifest first
+        moves = [e for e in owned_entries(self.root)
+                 if e != MANIFEST_NAME and not _hidden(e) and not e.endswith("/")]
+        hidden = [e for e in old if _hidden(e)]  # not seen by readers: removed after the swap
+        removes = [e for e in old if e not in moves and e != MANIFEST_NAME and not _hidden(e)]
+        swap.write_journal(out, moves, removes)  # the commit point
+        self._committed = True
+        swap.roll_forward(out)
+        self.cleaned += remove_owned(out, hidden, prune=False)
+        self.replaced = [e for e in old if not _hidden(e)]  # each overwritten or removed
         logger.info("replaced the dataset in %s: %d file(s) of the old one overwritten or "
                     "removed", out, len(self.replaced))
 
     def rollback(self) -> list[str]:
         """Deletes what this run wrote (the staging folder, or the owned files of a fresh OUT,
-        and OUT itself when the run created it and nothing else is in it)."""
+        and OUT itself when the run created it and nothing else is in it). Nothing once the
+        swap journal is written."""
         if self.root is None or self._committed:
             return []
         if self.staging:
-            shutil.rmtree(self.root, ignore_errors=True)
-            removed = [STAGING_NAME + "/"]
+            removed = swap.remove_staging(self.out)
         else:
             removed = remove_owned(self.out, owned_entries(self.out))
         logger.info("pack failed: removed what it wrote in %s (%d entries)", self.out,
@@ -440,6 +393,10 @@ class PackOutput(OutputRun):
                              f"{exc.filename or 'a file in ' + str(self.out)}; the files of this "
                              f"run were removed and {kept}: free some space there and rerun",
                              exc.filename)
+
+
+def _hidden(rel: str) -> bool:
+    return rel.rpartition("/")[2].startswith(".")
 
 
 def _read_only_fs(folder: Path) -> bool:

@@ -36,7 +36,9 @@ holds about one open shard per writer. The rules mirror :mod:`shardkit.pack_out`
   every owned object under ``OUT``: what it uploaded and, with overwrite, what was left of the
   old dataset (no longer finished). A killed run leaves owned objects without a manifest, which
   the next run deletes, and its staging folder in ``$TMPDIR``, which the next pack into object
-  storage on this machine removes (:func:`staging_folder`: its pid is gone).
+  storage on this machine removes (:func:`staging_folder`: the marker file inside proves it is
+  shardkit's, and names a process that is gone; a folder without the marker is never touched,
+  whatever its name).
 - **No lock.** Plain object stores have no lock that a killed packer releases, so one packer
   per ``OUT`` is the user's job: two packs into one URL at once can interleave their objects.
 
@@ -48,8 +50,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -63,12 +67,15 @@ from shardkit.pack_out import DiskFullError, OutputRun, owned_name
 from shardkit.pack_plan import pid_alive
 
 __all__ = ["RemoteOutput", "ShardUpload", "UploadError", "put_shard", "remote_fs",
-           "upload_file", "staging_folder", "PROBE_NAME"]
+           "upload_file", "staging_folder", "PROBE_NAME", "STAGING_MARKER"]
 
 logger = logging.getLogger("shardkit.pack")
 
 PROBE_NAME = ".shardkit-pack.probe"
 """The object :meth:`RemoteOutput.open` puts and deletes under ``OUT`` to check it is writable."""
+STAGING_MARKER = ".shardkit-staging.json"
+"""The file :func:`staging_folder` writes into each local staging folder it creates:
+``{"pid", "host", "token", "started"}``."""
 
 
 class UploadError(ShardkitError):
@@ -91,17 +98,47 @@ def remote_fs(url: str):
 
 
 def staging_folder(prefix: str = "shardkit-pack-") -> Path:
-    """A new local staging folder ``<prefix><pid>-<random>`` (``tempfile.mkdtemp``: in
-    ``$TMPDIR``, else ``/tmp``). Folders of this machine's earlier packs whose process is gone
-    (killed: a ``with`` block never removed them) are removed first and logged."""
+    """A new local staging folder ``<prefix><pid>-<token>-<random>`` (``tempfile.mkdtemp``: in
+    ``$TMPDIR``, else ``/tmp``; mode 0700) holding :data:`STAGING_MARKER` with this process's
+    pid, host name and a random token. Before it is made, the staging folders of this machine's
+    earlier packs whose process is gone (killed: a ``with`` block never removed them) are
+    removed and logged: a folder counts as one only when it is a real folder of this user
+    holding a marker (a regular file of this user) whose token is the one in the folder's name,
+    whose host is this one and whose pid is not running. Any other folder, whatever its name
+    (a user's ``shardkit-pack-2024-holiday-photos``), is left alone."""
     root = Path(tempfile.gettempdir())
-    for old in root.glob(f"{prefix}*-*"):
-        pid = old.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)) and old.is_dir():
+    for old in sorted(root.glob(f"{prefix}*")):
+        owner = _dead_staging(old, prefix)
+        if owner is not None:
             shutil.rmtree(old, ignore_errors=True)
-            logger.info("removed %s, the staging folder of a killed pack (pid %s)", old, pid)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+            logger.info("removed %s, the staging folder of a killed pack (pid %s)", old, owner)
+    token = secrets.token_hex(8)
+    folder = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{token}-"))
+    marker = {"pid": os.getpid(), "host": socket.gethostname(), "token": token,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (folder / STAGING_MARKER).write_bytes(json_bytes(marker))
+    return folder
 
+
+def _dead_staging(folder: Path, prefix: str) -> int | None:
+    """The pid of the killed pack whose staging folder ``folder`` is (see
+    :func:`staging_folder`), else None."""
+    try:
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        mark = os.lstat(folder / STAGING_MARKER)
+        if not stat.S_ISREG(mark.st_mode) or mark.st_uid != os.getuid() or mark.st_size > 4096:
+            return None
+        info = json.loads((folder / STAGING_MARKER).read_bytes())
+        pid, token = info["pid"], info["token"]
+        if not (isinstance(pid, int) and isinstance(token, str) and token
+                and folder.name.startswith(f"{prefix}{pid}-{token}-")
+                and info["host"] == socket.gethostname()):
+            return None
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return None if pid_alive(pid) else pid
 
 
 def upload_file(fs, local: Path, rpath: str, url: str) -> None:

@@ -342,21 +342,50 @@ def test_check_stats_inspect_read_a_pack_in_object_storage(s3_server, tmp_path):
     assert result.exit_code == 0 and "NO EXACT LEAK" in result.output, result.output
 
 
+_KILLED_STAGING = """
+import os, sys
+from shardkit.pack_remote_out import staging_folder
+folder = staging_folder()  # as a pack into object storage makes it, then killed (no cleanup)
+(folder / "shards").mkdir()
+(folder / "shards" / "train-000005.tar").write_bytes(b"x" * 100)
+print(folder, flush=True)
+os._exit(0)
+"""
+
+
 def test_a_killed_packs_staging_folder_is_removed_by_the_next(s3_server, tmp_path, monkeypatch):
+    import socket
+    import subprocess
+    import sys
+
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     tempfile.tempdir = None  # read TMPDIR again
     try:
+        made = subprocess.run([sys.executable, "-c", _KILLED_STAGING], capture_output=True,
+                              text=True, check=True)
+        killed = Path(made.stdout.strip())
+        assert killed.parent == tmp_path and (killed / pack_remote_out.STAGING_MARKER).is_file()
+        alive = pack_remote_out.staging_folder()  # a pack still running (this process)
         gone = _dead_pid()
-        killed = tmp_path / f"shardkit-pack-{gone}-abc123"
-        (killed / "shards").mkdir(parents=True)
-        (killed / "shards" / "train-000005.tar").write_bytes(b"x" * 100)
-        alive = tmp_path / f"shardkit-pack-{os.getpid()}-def456"  # a pack still running
-        alive.mkdir()
-        mine = tmp_path / "shardkit-pack-notes"  # not a staging name: never touched
-        mine.mkdir()
+        kept = {  # whatever the name, a folder without the marker of a dead pack stays
+            "shardkit-pack-2024-holiday-photos": None,  # a user's folder
+            f"shardkit-pack-{gone}-abc123": None,  # the old name rule's, no marker
+            f"shardkit-pack-{gone}-feed-x": {"pid": gone, "host": socket.gethostname(),
+                                             "token": "beef"},  # not the token of its name
+            f"shardkit-pack-{gone}-beef-y": {"pid": gone, "host": "another-host",
+                                             "token": "beef"},  # another machine's pack
+        }
+        for name, marker in kept.items():
+            (tmp_path / name / "shards").mkdir(parents=True)
+            (tmp_path / name / "shards" / "keep.jpg").write_bytes(b"mine")
+            if marker is not None:
+                (tmp_path / name / pack_remote_out.STAGING_MARKER).write_text(
+                    json.dumps(marker))
         pack(SAMPLE, s3_server.bucket() + "/st", shard_samples=50, **OPTS)
-        assert not killed.exists() and alive.is_dir() and mine.is_dir()
-        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, mine.name])
+        assert not killed.exists() and alive.is_dir()
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, *kept])
+        assert all((tmp_path / name / "shards" / "keep.jpg").read_bytes() == b"mine"
+                   for name in kept)
     finally:
         tempfile.tempdir = None
 

@@ -232,7 +232,7 @@ def test_overwrite_killed_mid_pack_keeps_the_old_dataset_then_swaps(sample_dir, 
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (out / STAGING_NAME / "shards" / "train-000001.lmdb").is_file()  # built beside
     assert {k: v for k, v in tree_bytes(out).items()
-            if not k.startswith(STAGING_NAME) and k != LOCK_NAME} == old
+            if STAGING_NAME not in k.split("/") and k != LOCK_NAME} == old
     assert verify(out).ok and load_manifest(out)["format"] == "wds"
 
     summary = pack(src, out, format="lmdb", split={"train": 1.0}, shard_samples=4,
@@ -251,7 +251,8 @@ def test_overwrite_killed_mid_pack_keeps_the_old_dataset_then_swaps(sample_dir, 
         "splits/val.jsonl", "splits/val.index.npz", *old_shards,
         # the other readers' files of the wds dataset (shardkit.interop)
         "shards/_info.json", *(s.replace(".tar", ".idx") for s in old_shards)])
-    assert summary.cleaned == [STAGING_NAME + "/"]
+    assert summary.cleaned == [f"{STAGING_NAME}/", f"shards/{STAGING_NAME}/",
+                               f"splits/{STAGING_NAME}/"]  # the killed run's staging folder
     assert "replaced the previous dataset in OUT (23 of its files overwritten or removed)" in \
         summary.format_text()
 
@@ -576,3 +577,43 @@ def test_second_packer_fails_before_scanning_even_into_a_new_out(sample_dir, tmp
         with pytest.raises(OutputLockedError, match=f"pid {os.getpid()}"):
             pack(src, out, format="wds", progress=False)
     assert not out.exists()  # the first run created OUT, wrote nothing, and removed it
+
+
+# ------------------------------------------------------------------ the demo's --out
+def test_demo_refuses_an_out_folder_it_did_not_write(tmp_path, capsys):
+    from shardkit import demo
+
+    mine = tmp_path / "photos"
+    (mine / "2024").mkdir(parents=True)
+    (mine / "2024" / "beach.jpg").write_bytes(b"my photo")
+    (mine / "wds").mkdir()  # even an entry with a demo output's name
+    before = tree_bytes(mine)
+    with pytest.raises(SystemExit) as stop:
+        demo.main(["--out", str(mine)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"Error: ConfigError: --out {mine} is not empty "
+                                               "and is not the folder of an earlier demo run")
+    assert tree_bytes(mine) == before and (mine / "wds").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        demo.prepare_out(tmp_path / "file")
+
+
+def test_demo_replaces_only_its_own_outputs(tmp_path):
+    from shardkit import demo
+
+    fresh = demo.prepare_out(tmp_path / "new" / "demo")  # created, with the marker
+    assert sorted(os.listdir(fresh)) == [demo.MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert sorted(os.listdir(demo.prepare_out(empty))) == [demo.MARKER]
+    earlier = tmp_path / "earlier"  # an earlier demo run's folder, with a file of the user's
+    demo.prepare_out(earlier)
+    for name in demo.OUTPUTS:
+        (earlier / name / "sub").mkdir(parents=True)
+        (earlier / name / "sub" / "f").write_text("old output")
+    (earlier / "notes.txt").write_text("mine")
+    demo.prepare_out(earlier)
+    assert sorted(os.listdir(earlier)) == sorted([demo.MARKER, "notes.txt"])
+    assert (earlier / "notes.txt").read_text() == "mine"

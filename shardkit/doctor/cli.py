@@ -220,5 +220,7 @@ def stats_command(out, split, max_samples, save, progress, decoder):
     click.echo("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))
     click.echo(format_class_hues(result["hue"]))
     if save:
-        click.echo(f"saved to {Path(out) / 'manifest.json'} under stats/{split}")
+        click.echo(f"saved to {Path(out) / 'manifest.json'} under stats/{split}"
+                   if result.not_saved is None else f"not saved in "
+                   f"{Path(out) / 'manifest.json'}: {result.not_saved}")
     click.echo(json.dumps(result))

@@ -14,6 +14,16 @@ suffers no float cancellation; it is converted to float64 once, at the end
 Per-class hue (:class:`ClassHue`, the ``"hue"`` entry of the result) is read from the same decoded
 samples, for ``shardkit check --augment``'s hue warning: see :func:`hue_vector` for the per-image
 mean hue and :meth:`ClassHue.result` for the between/within rule (``eta2``).
+
+Saving (:func:`save_stats`) writes into the dataset, so it holds the dataset's lock
+(:class:`shardkit.swap.DatasetLock`, the one ``pack`` and ``export`` hold) meanwhile: under it
+the manifest is read again, the split's entry merged into ``stats`` (the other splits' entries,
+saved by another ``stats`` meanwhile, are kept), and the file rewritten atomically. The result is
+not saved, and the reason returned (the statistics themselves are still returned and printed),
+when a pack holds the lock (waited for: another ``stats`` or an ``export``, up to
+:data:`shardkit.swap.BRIEF_WAIT_S`), when the dataset was replaced while they were computed
+(its manifest, ``stats`` aside, is no longer the one they were computed on), or when the folder
+cannot be written (another user's dataset, a read-only file system).
 """
 from __future__ import annotations
 
@@ -29,11 +39,11 @@ from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, is_downscal
                                      iter_sample_bytes, load_manifest_dict, packed_downscaled,
                                      read_rows, save_manifest_dict, split_names,
                                      stored_resolution)
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, ShardkitError
 
 __all__ = ["ChannelMoments", "ClassHue", "hue_vector", "class_hues", "hue_separates_classes",
-           "format_class_hues", "compute_stats", "HUE_STRIDE", "HUE_ETA2_THRESHOLD",
-           "HUE_P_THRESHOLD"]
+           "format_class_hues", "compute_stats", "save_stats", "StatsResult", "HUE_STRIDE",
+           "HUE_ETA2_THRESHOLD", "HUE_P_THRESHOLD"]
 
 HUE_STRIDE = 4
 """Pixel stride of the hue statistics: every 4th pixel of every 4th row (1/16 of the pixels; the
@@ -276,9 +286,47 @@ def _sample_count(root, manifest: dict[str, Any], split: str, max_samples: int |
     return total if max_samples is None else min(total, int(max_samples))
 
 
+class StatsResult(dict):
+    """The dict :func:`compute_stats` returns (its keys are what is saved), plus what became of
+    saving it: ``not_saved`` is None when it was saved or not asked to be, else the reason
+    (one sentence) it was not."""
+
+    not_saved: str | None = None
+
+
+def save_stats(root: str | Path, split: str, result: dict[str, Any],
+               computed_on: dict[str, Any]) -> str | None:
+    """Saves ``result`` as ``manifest["stats"][split]`` of the local dataset ``root`` under the
+    dataset's lock (see the module doc). ``computed_on``: the manifest the statistics were
+    computed from. Returns None when saved, else the reason it was not (nothing was written
+    then); never raises for a dataset that cannot take the result."""
+    from shardkit.manifest import MANIFEST_NAME, local_path
+    from shardkit.swap import BRIEF_WAIT_S, DatasetLock
+
+    root = Path(local_path(root))
+    try:
+        with DatasetLock(root, "stats", wait=BRIEF_WAIT_S, wait_for_pack=False):
+            fresh = load_manifest_dict(root)  # under the lock: what is on disk now
+            if _without_stats(fresh) != _without_stats(computed_on):
+                return ("the dataset was replaced while they were computed (a pack finished "
+                        "meanwhile): rerun shardkit stats on the new one")
+            stats = fresh.get("stats")
+            fresh["stats"] = {**(stats if isinstance(stats, dict) else {}), split: dict(result)}
+            save_manifest_dict(root, fresh)
+    except ShardkitError as e:  # locked by a pack, a folder that cannot be written
+        return str(e)
+    except OSError as e:  # the manifest cannot be replaced (permissions, read-only, full)
+        return f"cannot write {root / MANIFEST_NAME} ({e.strerror or e})"
+    return None
+
+
+def _without_stats(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in manifest.items() if k != "stats"}
+
+
 def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | None = None,
                   decoder: str = "auto", save: bool = True,
-                  progress: bool = False) -> dict[str, Any]:
+                  progress: bool = False) -> StatsResult:
     """Per-channel mean/std of ``split``'s decoded pixels, optionally saved in ``manifest.json``.
 
     Args:
@@ -287,11 +335,13 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
         max_samples: use only the first N samples in split order (the order is shuffled at pack
             time, so this is a seeded random subset); None = all.
         decoder: decoder registry name (``shardkit.decode.get_decoder``), default ``"auto"``.
-        save: write the result to ``manifest["stats"][split]`` with an atomic rewrite of
-            manifest.json that keeps every other field.
+        save: write the result to ``manifest["stats"][split]`` (:func:`save_stats`: under the
+            dataset's lock, an atomic rewrite of manifest.json that keeps every other field);
+            when it cannot be saved, ``result.not_saved`` says why (nothing is raised).
         progress: show a tqdm progress bar on stderr.
 
     Returns:
+        a :class:`StatsResult`, the dict
         ``{"mean": [r, g, b], "std": [r, g, b], "num_samples": k, "hue": {...}}``: floats on the
         0-1 scale, RGB order, population std over all pixels; ``k`` samples were read; ``hue``
         is :meth:`ClassHue.result` of the same ``k`` images (per-class mean hue, ``eta2``). A
@@ -320,14 +370,12 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
         img = decode_rgb(data, decoder, limit)
         moments.update(img)
         hues.update(img, int(labels[pos]))
-    result = {"mean": list(moments.mean()), "std": list(moments.std()),
-              "num_samples": moments.num_images, "hue": hues.result()}
+    result = StatsResult(mean=list(moments.mean()), std=list(moments.std()),
+                         num_samples=moments.num_images, hue=hues.result())
     if packed_downscaled(manifest):
         rows = read_rows(root, split, ("key",))
         result["max_side"] = stored_resolution(manifest, {split: rows})["max_side"]
         result["num_downscaled"] = sum(is_downscaled(r) for r in rows[:n])
     if save:
-        fresh = load_manifest_dict(root)  # re-read: keep fields written since we started
-        fresh.setdefault("stats", {})[split] = result
-        save_manifest_dict(root, fresh)
+        result.not_saved = save_stats(root, split, result, manifest)
     return result

@@ -137,7 +137,7 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
             at ``root``, or a remote URL. ShardCorruptError: shards that do not match the
             split index. OutputLockedError: a pack is writing to ``root``.
     """
-    from shardkit.pack_out import _RunLock
+    from shardkit.swap import BRIEF_WAIT_S, DatasetLock
 
     tools = tuple(dict.fromkeys(tools))
     unknown = [t for t in tools if t not in TOOLS]
@@ -155,12 +155,8 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
                           "(shardkit does not replace files it did not write), or load without "
                           "a card: datasets.load_dataset(\"webdataset\", data_files={\"train\": "
                           f"\"{root}/shards/train-*.tar\", ...}})")
-    lock = _RunLock(root)
-    lock.acquire()
-    try:
+    with DatasetLock(root, "export", wait=BRIEF_WAIT_S, wait_for_pack=False):
         return _write(root, manifest, tools, strict=True)
-    finally:
-        lock.release()
 
 
 def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool,
