@@ -55,7 +55,8 @@ class ScannedSource:
         items: sample candidates sorted by relpath. ``group`` is set on every item except those
             at the positions in ``ungrouped`` (None there); without a group rule each item is its
             own group (its relpath), unless a CSV list gave it one.
-        missing: CSV rows and broken links whose file does not exist (quarantined later).
+        missing: CSV rows and broken links whose file does not exist, and links that cannot be
+            followed (quarantined later, with ``missing_reasons[relpath]`` or "file not found").
         ignored: ``(relpath, reason)`` of entries that are not samples.
         kind, root: ``"folder"`` or ``"csv"``, and the absolute source root.
         group_rule: the manifest's ``split.group_rule``: ``{"kind": "none"}``,
@@ -81,6 +82,7 @@ class ScannedSource:
     given: dict | None = None
     layout: str = "class"
     warnings: list[str] = field(default_factory=list)
+    missing_reasons: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_files(self) -> int:
@@ -126,7 +128,8 @@ def scan_source(src: Path, options: PackOptions) -> ScannedSource:
     return ScannedSource(items=items, missing=list(result.missing), ignored=list(result.ignored),
                          kind=result.kind, root=result.root, group_rule=rule, ungrouped=ungrouped,
                          no_group_error=no_group_error, given=given, layout=result.layout,
-                         warnings=list(result.warnings))
+                         warnings=list(result.warnings),
+                         missing_reasons=dict(result.missing_reasons))
 
 
 def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
@@ -234,7 +237,9 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
                                        ray_address=options.ray_address,
                                        concurrency=options.read_concurrency)):
         results[i] = res
-    quarantine = [{"path": m.relpath, "reason": "file not found"} for m in source.missing]
+    quarantine = [{"path": m.relpath, "reason": source.missing_reasons.get(m.relpath,
+                                                                       "file not found")}
+                  for m in source.missing]
     keep: list[int] = []
     for i, it in enumerate(items):
         res = results.meta(i)

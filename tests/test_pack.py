@@ -362,6 +362,25 @@ def test_csv_source_with_groups_and_a_missing_row(sample_dir, tmp_path):
     assert verify(tmp_path / "o").ok
 
 
+def test_a_file_symlink_loop_is_quarantined_naming_the_loop(sample_dir, tmp_path):
+    """a.jpg -> b.jpg -> a.jpg in SRC: the pack goes on (exit 0) and quarantines both links
+    with the loop as reason, as it quarantines a dangling link ("file not found")."""
+    photos = sample_files(sample_dir, 3)
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    os.symlink("b.jpg", src / "daisy" / "a.jpg")
+    os.symlink("a.jpg", src / "daisy" / "b.jpg")
+    os.symlink(tmp_path / "nowhere.jpg", src / "roses" / "dangling.jpg")
+    res = CliRunner().invoke(pack_command, [str(src), str(tmp_path / "o"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert quarantine(tmp_path / "o") == [
+        {"path": "daisy/a.jpg", "reason": "symlink loop: a.jpg -> b.jpg -> a.jpg"},
+        {"path": "daisy/b.jpg", "reason": "symlink loop: b.jpg -> a.jpg -> b.jpg"},
+        {"path": "roses/dangling.jpg", "reason": "file not found"}]
+    assert f"scanned {len(photos) + 3} = packed {len(photos)} + quarantined 3 (file not " \
+        "found=1, symlink loop=2)" in res.output
+    check_packed(tmp_path / "o", src, len(photos) + 3)
+
+
 def test_strict_rejects_what_decodes_only_with_warnings(awkward_dir, sample_dir, tmp_path):
     files = {"x/corrupt_scan_data.jpg": awkward_dir / "corrupt_scan_data.jpg"}
     files.update({f"x/{p.name}": p for p in sample_files(sample_dir, 1)})
