@@ -35,6 +35,7 @@ __all__ = ["normalize_label", "LabelMap"]
 
 _CLOSE_CUTOFF = 0.6
 _CLOSE_COUNT = 3
+_LISTED = 20  # names an error lists at most (a label map may hold 100,000 classes)
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's parser with PyYAML's safe constructor (the same documents and tags as
 ``yaml.safe_load``, ~20x faster: a 100,000-class map loads in about a second); the pure-Python
@@ -84,8 +85,10 @@ class LabelMap:
             raise LabelError(f"class names must not be empty, got {list(classes)!r}")
         dups = sorted(n for n, k in Counter(names).items() if k > 1)  # linear: 100k classes
         if dups:
-            raise LabelError(f"duplicate class name(s) {dups} (after Unicode NFC + strip) in "
-                             f"{names}")
+            shown = dups[:_LISTED] + (["..."] if len(dups) > _LISTED else [])
+            raise LabelError(f"duplicate class name(s) {shown} (after Unicode NFC + strip): "
+                             f"{len(dups)} name(s) given more than once among {len(names)} "
+                             "classes")
         self.classes: list[str] = names
         self._index = {n: i for i, n in enumerate(names)}
         self.aliases: dict[str, str] = {}

@@ -630,6 +630,37 @@ def test_warns_about_a_class_without_samples_in_a_split(sample_dir, tmp_path):
     assert not any("only one class" in w for w in summary.warnings)
 
 
+def test_a_100k_class_label_map_gives_one_warning_per_split_and_a_small_manifest(sample_dir,
+                                                                                  tmp_path):
+    """labels.yaml with the 5 real classes and 99,995 unused ones: each split gets ONE warning
+    counting its classes without samples and naming the first 20 (not one per class: 300,000
+    lines, a 21 MB manifest); the summary lists at most 20 class counts per split."""
+    names = ["daisy", "dandelion", "roses", "sunflowers", "tulips"] + \
+        [f"class_{i:06d}" for i in range(99_995)]
+    (tmp_path / "labels.yaml").write_text("classes:\n" + "".join(f"- {n}\n" for n in names))
+    photos = sample_files(sample_dir, 4)
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    summary = pack(src, tmp_path / "o", labels=tmp_path / "labels.yaml", near_duplicates="off",
+                   split={"train": 0.5, "val": 0.5}, progress=False)
+    man = load_manifest(tmp_path / "o")
+    assert man["classes"] == names
+    expected = []
+    for split, info in man["splits"].items():
+        empty = [c for c, n in zip(names, info["class_counts"]) if n == 0]
+        assert len(empty) >= 99_995
+        expected.append(f"{len(empty)} of 100000 classes have no samples in split {split!r}: "
+                        + ", ".join(repr(c) for c in empty[:20])
+                        + f" and {len(empty) - 20} more (the split's class_counts has them all)")
+    warned = [w for w in man["split"]["warnings"] if "no samples in split" in w]
+    assert warned == expected and len(man["split"]["warnings"]) <= len(expected) + 2
+    assert all(w in summary.warnings for w in expected)
+    # the manifest holds the 100,000 names and 2 x 100,000 counts, little else
+    assert (tmp_path / "o" / "manifest.json").stat().st_size < 60 * len(names)
+    text = summary.format_text()
+    assert len(text) < 10_000 and "99995 classes without samples (the manifest's class_counts" \
+        in text
+
+
 def test_warns_about_a_single_class(sample_dir, tmp_path):
     photos = sorted((sample_dir / "daisy").glob("*.jpg"))[:4]
     src = copy_folder(tmp_path / "src", {f"daisy/{p.name}": p for p in photos})
