@@ -18,7 +18,8 @@ schema: ``docs/DESIGN.md``:
 3. **Check** every file: read, sha256, full decode (:func:`shardkit.images.check_image`), in a
    process pool of ``workers`` processes (ordered ``map``, so the result does not depend on
    ``workers``). Rejects go to ``OUT/quarantine.jsonl`` (``path``, ``reason``, ``sha256``,
-   ``size``).
+   ``size``). With ``fail_fast`` the first reject (in scan order; missing files first, before
+   anything is read) raises SourceError and the checks not yet started are cancelled.
 4. **Split** (:func:`shardkit.split.assign_splits`): group-atomic after dedup, stratified by class.
    ``split_method="hash"`` (default) decides each group's split by a keyed hash of its name, so
    re-packing a grown source with the same seed moves no old group; ``"balanced"`` meets the
@@ -152,7 +153,7 @@ class PackOptions:
     wds_cls: bool = True                        # also write "<key>.cls" tar members (wds)
     wds_json: bool = False                      # also write "<key>.json" (key, label, class, path)
     on_label_conflict: str = "error"            # one of LABEL_CONFLICT_POLICIES
-    fail_fast: bool = False                     # raise on the first reject, write nothing
+    fail_fast: bool = False                     # raise at the first reject, write nothing
     writer_options: Mapping[str, Any] | None = None  # extra kwargs of the format's Writer
     layout: str = "auto"                        # folder layout, one of shardkit.layout.LAYOUTS
     split_column: str | None = None             # given split column (CSV source or metadata)
@@ -399,6 +400,11 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         _fail_if_nothing_to_pack(src, source, checked.keep, checked.quarantine)
         outcome = plan.plan_split(source, label_map, label_idx, checked, opts,       # 4
                                   previous)
+        if opts.fail_fast and outcome.quarantined:  # on_label_conflict="quarantine"
+            first = outcome.quarantined[0]
+            raise SourceError(printable(
+                f"{first['path']}: rejected ({first['reason']}); --fail-fast stops at the "
+                "first rejected file, nothing was written"))
         quarantine = checked.quarantine + outcome.quarantined
         _fail_if_nothing_to_pack(src, source, outcome.keep, quarantine)
         root = target.prepare()  # 5: OUT is written from here on
@@ -536,7 +542,12 @@ def _source_arg(ctx, param, value: str) -> Path | str:
               help="Also write '<key>.json' (key, label, class, source path) per sample (wds).")
 @click.option("--on-label-conflict", type=click.Choice(LABEL_CONFLICT_POLICIES), default="error",
               show_default=True, help="Identical bytes under different labels.")
-@click.option("--fail-fast", is_flag=True, help="Stop at the first rejected file.")
+@click.option("--fail-fast", is_flag=True,
+              help="Stop at the first rejected file (missing, unreadable, not an image, "
+                   "damaged; degenerate with --strict; a label conflict with "
+                   "--on-label-conflict quarantine): exit 2 with its path and reason, nothing "
+                   "written. Files are checked in scan order and the check stops there (checks "
+                   "already running in other --workers finish).")
 @click.option("--no-progress", is_flag=True,
               help="No progress bars (the summary is still printed).")
 def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_method, split_from,

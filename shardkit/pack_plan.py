@@ -9,6 +9,7 @@ in :mod:`shardkit.pack_write`. Notes go to the ``shardkit.pack`` logger.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -208,9 +209,14 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     Items the group rule gives no group are checked first: a real image among them raises the
     rule's error before the long check of the rest; non-images among them are quarantined.
 
+    With ``options.fail_fast`` the first rejected file ends the step: a missing or unreachable
+    file (known from the scan) before anything is read, else the first reject in scan order as
+    its result arrives; the checks not started yet are cancelled (those in flight in the other
+    ``workers`` finish first, at most one chunk of :func:`chunk_size` files each).
+
     Raises:
-        SourceError: an image without a group; a reject while ``options.fail_fast``; a check
-            process that died.
+        SourceError: an image without a group; the first reject while ``options.fail_fast``
+            (naming the file and its reason); a check process that died.
     """
     items = source.items
     want_hash = options.near_duplicates != "off"
@@ -219,27 +225,30 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
                     "checks", options.workers)
     jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash,
              options.max_side, options.jpeg_quality) for it in items]
+    quarantine = [{"path": m.relpath, "reason": source.missing_reasons.get(m.relpath,
+                                                                       "file not found")}
+                  for m in source.missing]
+    if options.fail_fast and source.missing:  # rejected by the scan: nothing to read
+        raise _fail_fast_error(source.missing[0].path, quarantine[0]["reason"])
     results = CheckRecords(len(items))  # columns, not a dict per file (pack_records)
+
+    def check(positions: list[int], desc: str = "check") -> None:
+        with contextlib.closing(_check_all(
+                [jobs[i] for i in positions], options.workers, options.progress, desc=desc,
+                engine=options.engine, ray_address=options.ray_address,
+                concurrency=options.read_concurrency)) as checked:  # closed: pending cancelled
+            for i, res in zip(positions, checked):
+                results[i] = res
+                if options.fail_fast and not res["ok"]:
+                    raise _fail_fast_error(items[i].path, res["reason"])
+
     if source.ungrouped:
-        checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
-                             options.progress, desc="check (no group)", engine=options.engine,
-                             ray_address=options.ray_address,
-                             concurrency=options.read_concurrency)
-        for i, res in zip(source.ungrouped, checked):
-            results[i] = res
+        check(source.ungrouped, desc="check (no group)")
         images_without_group = [items[i].relpath for i in source.ungrouped
                                 if results.meta(i)["ok"]]
         if images_without_group:
             raise source.no_group_error(images_without_group)
-    rest = results.unset
-    for i, res in zip(rest, _check_all([jobs[i] for i in rest], options.workers,
-                                       options.progress, engine=options.engine,
-                                       ray_address=options.ray_address,
-                                       concurrency=options.read_concurrency)):
-        results[i] = res
-    quarantine = [{"path": m.relpath, "reason": source.missing_reasons.get(m.relpath,
-                                                                       "file not found")}
-                  for m in source.missing]
+    check(results.unset)
     keep: list[int] = []
     for i, it in enumerate(items):
         res = results.meta(i)
@@ -249,12 +258,15 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
         entry = {"path": it.relpath, "reason": res["reason"]}
         entry.update({k: res[k] for k in ("sha256", "size") if k in res})
         quarantine.append(entry)
-        if options.fail_fast:
-            raise SourceError(f"{it.path}: rejected ({res['reason']}); fail_fast is on, nothing "
-                              "was written")
     logger.info("checked %d files: %d accepted, %d quarantined", len(items), len(keep),
                 len(quarantine))
     return CheckedFiles(results=results, keep=keep, quarantine=quarantine)
+
+
+def _fail_fast_error(path: str, reason: str) -> SourceError:
+    """The error of ``fail_fast`` for the first rejected file (``path``, its quarantine reason)."""
+    return SourceError(f"{path}: rejected ({reason}); --fail-fast stops at the first rejected "
+                       "file, nothing was written")
 
 
 def _unreadable(e: BaseException, location: str) -> str:
@@ -358,12 +370,15 @@ def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
         size = chunk_size(jobs, max(1, min(32, len(jobs) // (workers * 8))), workers,
                           concurrency)
         chunks = [jobs[k:k + size] for k in range(0, len(jobs), size)]
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
-                                 initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
+                                   initializer=exit_with_parent, initargs=(os.getpid(),))
+        try:
             for res in pool.map(check_chunk, chunks, [concurrency] * len(chunks)):
                 yield from res
                 done += len(res)
                 bar.update(len(res))
+        finally:  # also when the caller stops early (fail_fast): chunks not started are dropped
+            pool.shutdown(wait=True, cancel_futures=True)
     except BrokenProcessPool:
         raise SourceError(f"a check worker process died near file {done} of {len(jobs)} "
                           f"({jobs[min(done, len(jobs) - 1)][0]} or one of the next "

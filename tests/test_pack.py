@@ -244,10 +244,44 @@ def test_case11_14_empty_tiny_truncated_files_quarantined(sample_dir, awkward_di
     assert summary.num_packed == 6 and summary.num_quarantined == 4
     assert summary.quarantine_reasons["empty file"] == 1
     check_packed(tmp_path / "o", src, 10)
-    with pytest.raises(SourceError, match="fail_fast"):
+    with pytest.raises(SourceError, match="one.jpg: rejected .*--fail-fast stops at the first"):
         pack(src, tmp_path / "ff", format="hdf5", split={"train": 1.0}, fail_fast=True,
              progress=False)
     assert not (tmp_path / "ff" / "manifest.json").exists()
+
+
+def test_fail_fast_stops_at_the_first_rejected_file(sample_dir, tmp_path, monkeypatch):
+    """--fail-fast: the check stops at the first reject in scan order (the files after it are
+    not checked), exit 2 with one line naming it and its reason, nothing written; the same
+    file is named with --workers 2; a dangling link stops it before any file is read."""
+    from shardkit import pack_plan
+
+    photos = sample_files(sample_dir, 6)  # 6 per class; daisy sorts first
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    (src / "dandelion" / "0_broken.jpg").write_bytes(b"\xff")  # 7th file in scan order
+    (src / "tulips" / "0_empty.jpg").write_bytes(b"")
+    calls = []
+    real = pack_plan._check_one
+    monkeypatch.setattr(pack_plan, "_check_one", lambda job, got=None: calls.append(job[1]) or
+                        real(job, got))
+    line = (f"Error: SourceError: {src / 'dandelion' / '0_broken.jpg'}: rejected (not an image "
+            "(sniffed: unknown)); --fail-fast stops at the first rejected file, nothing was "
+            "written")
+    for workers in ("1", "2"):
+        out = tmp_path / f"o{workers}"
+        res = CliRunner().invoke(pack_command, [str(src), str(out), "--fail-fast", "--workers",
+                                                workers, "--no-progress"])
+        assert res.exit_code == 2 and res.output.strip().splitlines() == [line], res.output
+        assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+        if workers == "1":  # in this process: the 6 daisy photos, the reject, nothing after
+            assert calls == sorted(calls) and len(calls) == 7
+            assert calls[-1] == "dandelion/0_broken.jpg"
+    calls.clear()
+    (src / "daisy" / "0_gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    with pytest.raises(SourceError, match=r"0_gone.jpg: rejected \(file not found\); "
+                                          "--fail-fast stops"):
+        pack(src, tmp_path / "o3", fail_fast=True, progress=False)
+    assert calls == []
 
 
 # ------------------------------------------------------------------ case 15 + awkward folder
