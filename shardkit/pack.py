@@ -109,10 +109,8 @@ DEFAULT_SPLIT = {"train": 0.8, "val": 0.1, "test": 0.1}
 """Split ratios when none are given."""
 KNOWN_SPLIT_NAMES = ("train", "val", "test")
 """Split names that ``shardkit train`` uses by default; other names get a warning."""
-DEFAULT_SHARD_BYTES = 256 << 20
-"""Rollover size when neither ``shard_samples`` nor ``shard_bytes`` is given (256 MiB): big enough
-that per-shard overhead vanishes, small enough that a writer buffering a shard (HDF5) stays modest
-and a split has several shards to spread over loader workers."""
+DEFAULT_SHARD_BYTES = plan.DEFAULT_SHARD_BYTES
+"""Largest average shard of the default shard plan (256 MiB; see :class:`PackOptions`)."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +125,18 @@ class PackOptions:
     True: the splits a source gives (a split-first tree, ``split_column``) are kept, and only a
     source without given splits is split to ``split``. ``split="given"`` requires given splits;
     ratios pool a split-first tree's files and re-split them (the summary says so). Defaults
-    that depend on two options are properties: :attr:`shard_byte_limit`,
-    :attr:`sink_writer_options`. :meth:`replace` re-validates.
+    that depend on two options are properties (:attr:`sink_writer_options`) or methods
+    (:meth:`shard_limits`). :meth:`replace` re-validates.
+
+    **Shard plan.** ``shard_samples`` and/or ``shard_bytes`` roll a shard over at that count or
+    size. With neither (the default), each split gets ``S`` shards of ``ceil(n / S)`` samples
+    (the last holds the rest; :func:`shardkit.pack_plan.default_shard_count`): ``S`` is the
+    largest power of two up to 32 that leaves at least 64 samples per shard (a split under 128
+    samples is one shard, 1,483 samples -> 16, 2,048 or more -> 32), raised for a split over
+    8 GiB to a multiple of 32 that keeps the average shard at or under 256 MiB. Readers that
+    hand whole shards to ``world_size x num_workers`` processes (timm, webdataset, DALI) need at
+    least that many shards per split, equal in length: the summary warns about splits with
+    fewer than :data:`shardkit.pack_plan.READER_PARALLELISM` (8) shards.
 
     Raises:
         ConfigError: a value outside its allowed set or range, or a bad group option combination
@@ -144,7 +152,8 @@ class PackOptions:
     group_column: str | None = None             # column of `metadata` holding the group
     labels: str | os.PathLike | None = None     # LabelMap YAML; None: the sorted source labels
     shard_samples: int | None = None            # roll over after this many samples per shard
-    shard_bytes: int | str | None = None        # roll over at this size (int or "64MB")
+    shard_bytes: int | str | None = None        # roll over at this size (int or "64MB");
+    #                                             neither: the default plan (class doc)
     workers: int = 1                            # check processes, >= 1
     strict: bool = False                        # reject images with decoder warnings
     max_pixels: int | None = None               # width*height limit; None: images' default
@@ -254,13 +263,11 @@ class PackOptions:
         if self.group_by is not None:
             compile_group_regex(self.group_by)
 
-    @property
-    def shard_byte_limit(self) -> int | None:
-        """Rollover size in bytes for the shard sink: ``shard_bytes``, else
-        :data:`DEFAULT_SHARD_BYTES` when ``shard_samples`` is unset too, else None."""
-        if self.shard_bytes is None and self.shard_samples is None:
-            return DEFAULT_SHARD_BYTES
-        return self.shard_bytes
+    def shard_limits(self, num_samples: int, num_bytes: int) -> tuple[int | None, int | None]:
+        """``(max_samples, max_bytes)`` of the shard sink for a split of ``num_samples`` samples
+        and ``num_bytes`` stored bytes: ``shard_samples`` / ``shard_bytes`` when either is set,
+        else the default plan (class doc; :func:`shardkit.pack_plan.shard_limits`)."""
+        return plan.shard_limits(self.shard_samples, self.shard_bytes, num_samples, num_bytes)
 
     @property
     def sink_writer_options(self) -> dict:
@@ -411,7 +418,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         write.write_quarantine(root, quarantine)
         splits = write.write_shards(root, source, label_idx, checked, outcome,       # 6
                                     label_map.classes, opts, upload=target.upload)
-        packed_warnings = write.class_warnings(label_map.classes, splits)            # 7
+        packed_warnings = (write.class_warnings(label_map.classes, splits)          # 7
+                           + plan.few_shards_warning(splits))
         manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
                                         packed_warnings, opts,
                                         write.transcoded_counts(checked, outcome.keep))
@@ -504,10 +512,15 @@ def _source_arg(ctx, param, value: str) -> Path | str:
 @click.option("--group-column", metavar="COL", help="Column of --metadata holding the group.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="LABELS.yaml: classes and aliases.")
-@click.option("--shard-samples", type=click.IntRange(min=1), metavar="N", help="Samples per shard.")
+@click.option("--shard-samples", type=click.IntRange(min=1), metavar="N",
+              help="Samples per shard [default: see --shard-bytes].")
 @click.option("--shard-bytes", metavar="SIZE",
-              help="Bytes per shard, e.g. 64MB or 512MiB [default: 256MiB when neither limit "
-                   "is set].")
+              help="Bytes per shard, e.g. 64MB or 512MiB [default, when neither limit is set: "
+                   "each split in S equal shards, S the largest power of two up to 32 leaving "
+                   ">= 64 samples per shard (1 under 128 samples, 32 from 2,048), more for "
+                   "splits over 8 GiB (a multiple of 32, <= 256MiB per shard on average), so "
+                   "shard-level readers (timm, webdataset, DALI) can split it over world_size x "
+                   "num_workers; the summary warns about splits of fewer than 8 shards].")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Check processes.")
 @click.option("--strict", is_flag=True,

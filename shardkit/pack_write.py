@@ -171,8 +171,10 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
         upload(path, record, records[first[0]:])
         first[0] = len(records)
 
-    sink = formats.ShardSink(out, name, options.format, max_samples=options.shard_samples,
-                             max_bytes=options.shard_byte_limit,
+    max_samples, max_bytes = options.shard_limits(  # the shard plan (PackOptions)
+        len(members), sum(results.stored_size(i) for i in members))
+    sink = formats.ShardSink(out, name, options.format, max_samples=max_samples,
+                             max_bytes=max_bytes,
                              writer_options=options.sink_writer_options,
                              on_close=None if upload is None else on_close)
     reads = source_reads(((items[i].path, results.meta(i)) for i in members),

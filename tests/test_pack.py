@@ -508,18 +508,24 @@ pack({str(src)!r}, {str(out)!r}, format="wds", split={{"train": 1.0}}, shard_sam
     check_packed(out, src, 25)
 
 
-def test_default_rollover_by_bytes(sample_dir, tmp_path, monkeypatch):
-    import shardkit.pack as pack_mod
+def test_default_shard_plan_by_bytes(sample_dir, tmp_path, monkeypatch):
+    """The default plan raises a split's shard count where its bytes need it: 20 photos of
+    ~1.2 MB with a 300 kB target average are 5 shards by bytes -> 8 (a power of two), so
+    ceil(20 / 8) = 3 samples per shard, the last holding the rest: 7 shards (fewer than 8 only
+    because a shard holds fewer samples than there are shards)."""
+    from shardkit import pack_plan
 
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir, 4)})
-    monkeypatch.setattr(pack_mod, "DEFAULT_SHARD_BYTES", 300_000)
+    monkeypatch.setattr(pack_plan, "DEFAULT_SHARD_BYTES", 300_000)
     pack(src, tmp_path / "o", format="hdf5", split={"train": 1.0}, progress=False)
     recs = read_split_records(tmp_path / "o", "train")
-    per_shard = Counter()
-    for r in recs:
-        per_shard[r["shard"]] += r["size"]
-    assert len(per_shard) > 1 and max(per_shard.values()) <= 300_000
+    total = sum(r["size"] for r in recs)
+    assert 4 * 300_000 < total <= 8 * 300_000  # the premise: 5-8 shards by bytes
+    per_shard = Counter(r["shard"] for r in recs)
+    assert [per_shard[k] for k in sorted(per_shard)] == [3, 3, 3, 3, 3, 3, 2]
+    assert [s["num_samples"] for s in load_manifest(tmp_path / "o")["splits"]["train"][
+        "shards"]] == [3, 3, 3, 3, 3, 3, 2]
 
 
 # ------------------------------------------------------------------ new-user reports
