@@ -59,7 +59,8 @@ schema: ``docs/DESIGN.md``:
    ``split.group_to_split`` is null when there is no group rule (each file its own group; the
    per-sample ``group`` in the split files says the same without a manifest entry per file).
    ``split.warnings`` (and the summary) also name classes without samples in a split and a
-   dataset with fewer than two classes. ``normalization.transcoded`` counts the packed samples
+   dataset with fewer than two classes; the summary alone also names the splits with fewer
+   shards than :data:`shardkit.pack_plan.READER_PARALLELISM` (a note on reading them). ``normalization.transcoded`` counts the packed samples
    stored transcoded, by rule (``{"exif-transpose+png": 3}``); the summary repeats it and names
    ``quarantine.jsonl`` when files were rejected.
 
@@ -418,8 +419,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         write.write_quarantine(root, quarantine)
         splits = write.write_shards(root, source, label_idx, checked, outcome,       # 6
                                     label_map.classes, opts, upload=target.upload)
-        packed_warnings = (write.class_warnings(label_map.classes, splits)          # 7
-                           + plan.few_shards_warning(splits))
+        packed_warnings = write.class_warnings(label_map.classes, splits)            # 7
+        shard_warnings = plan.few_shards_warning(splits)  # the summary's, not the manifest's
         manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
                                         packed_warnings, opts,
                                         write.transcoded_counts(checked, outcome.keep))
@@ -429,7 +430,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
             manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
         target.commit()
     summary = PackSummary.from_manifest(
-        out, manifest, quarantine, warnings=option_warnings + outcome.warnings + packed_warnings,
+        out, manifest, quarantine,
+        warnings=option_warnings + outcome.warnings + packed_warnings + shard_warnings,
         cleaned=target.cleaned, replaced=target.replaced,
         num_with_warnings=sum(bool(checked.results.meta(i)["warnings"]) for i in outcome.keep))
     checked.results.close()  # its temporary file of normalised bytes (a failed run: at GC)

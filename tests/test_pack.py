@@ -701,6 +701,20 @@ def test_a_100k_class_label_map_gives_one_warning_per_split_and_a_small_manifest
         in text
 
 
+def test_summary_warns_about_splits_with_fewer_shards_than_reader_processes(sample_dir,
+                                                                           tmp_path):
+    """The embedded sample with the default plan: train (161 samples) is 2 shards, val and test
+    one each; the summary (not the manifest's split warnings) says so in one line."""
+    summary = pack(sample_dir, tmp_path / "o", near_duplicates="off", progress=False)
+    man = load_manifest(tmp_path / "o")
+    counts = {s: len(info["shards"]) for s, info in man["splits"].items()}
+    assert counts == {"train": 2, "val": 1, "test": 1}
+    (w,) = [w for w in summary.warnings if "fewer than 8 shards" in w]
+    assert w.startswith("split(s) with fewer than 8 shards: train (2), val (1), test (1). ")
+    assert f"  warning: {w}" in summary.format_text()
+    assert not [x for x in man["split"]["warnings"] if "shards" in x]
+
+
 def test_warns_about_a_single_class(sample_dir, tmp_path):
     photos = sorted((sample_dir / "daisy").glob("*.jpg"))[:4]
     src = copy_folder(tmp_path / "src", {f"daisy/{p.name}": p for p in photos})
