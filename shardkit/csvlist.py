@@ -81,9 +81,10 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
     read error. A path absent as written is also tried with Windows "\\"
     separators read as "/" and in its NFC and NFD spellings. A row whose file does not exist is
     not dropped: it goes to ``ScanResult.missing`` (the packer quarantines it with "file not
-    found", or the reason of :func:`shardkit.scan.unreachable_reason` for a symlink loop). An empty ``group`` cell gives ``group=None``. With ``split_column``, each row's
-    value there is its given split (mapped by :func:`shardkit.layout.map_split_names`; the
-    mapping is ``given_splits``).
+    found", or the reason of :func:`shardkit.scan.unreachable_reason` for a symlink loop). An
+    empty ``group`` cell gives ``group=None``. With ``split_column``, each row's value there is
+    its given split (mapped by :func:`shardkit.layout.map_split_names`; the mapping is
+    ``given_splits``).
 
     Raises:
         ConfigError: ``split_column`` is not a column (the message lists the columns).

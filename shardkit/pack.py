@@ -60,9 +60,10 @@ schema: ``docs/DESIGN.md``:
    per-sample ``group`` in the split files says the same without a manifest entry per file).
    ``split.warnings`` (and the summary) also name classes without samples in a split and a
    dataset with fewer than two classes; the summary alone also names the splits with fewer
-   shards than :data:`shardkit.pack_plan.READER_PARALLELISM` (a note on reading them). ``normalization.transcoded`` counts the packed samples
-   stored transcoded, by rule (``{"exif-transpose+png": 3}``); the summary repeats it and names
-   ``quarantine.jsonl`` when files were rejected.
+   shards than :data:`shardkit.pack_plan.READER_PARALLELISM` (a note on reading them).
+   ``normalization.transcoded`` counts the packed samples stored transcoded, by rule
+   (``{"exif-transpose+png": 3}``); the summary repeats it and names ``quarantine.jsonl`` when
+   files were rejected.
 
 File names that are not valid UTF-8 (read as str with lone surrogates, Python's surrogateescape)
 are packed: the bytes are read by path, keys do not depend on names, ``path`` metadata keeps the

@@ -178,7 +178,7 @@ def unreachable_reason(path: str) -> str:
     (a folder on the way that cannot be searched, a name too long). Reads links only."""
     try:
         os.stat(path)
-        return "file not found"  # it became reachable since the scan looked (or vanished)
+        return "unreachable when the source was scanned"  # it changed since
     except FileNotFoundError:
         return "file not found"
     except OSError as e:
@@ -198,8 +198,7 @@ def unreachable_reason(path: str) -> str:
     if len(chain) > _MAX_LINK_HOPS:
         return (f"symlink chain longer than {_MAX_LINK_HOPS} links: "
                 + " -> ".join(chain[:4]) + " -> ...")
-    return "symlink loop on the way to it: " + " -> ".join(chain) + " (Too many levels of " \
-        "symbolic links)"
+    return "symlink loop in the path to it (Too many levels of symbolic links)"
 
 
 class _LocalTree:
