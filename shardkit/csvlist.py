@@ -25,7 +25,8 @@ from pathlib import Path, PurePosixPath
 from shardkit import layout as layout_mod
 from shardkit.errors import ConfigError, SourceError
 from shardkit.manifest import is_url
-from shardkit.scan import ScanResult, SourceItem, _check_unique, _kind, _listing, _nfc
+from shardkit.scan import (ScanResult, SourceItem, _check_unique, _kind, _listing, _nfc,
+                           unreachable_reason)
 
 __all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
            "apply_group_metadata", "csv_location"]
@@ -94,9 +95,10 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
     read error. A path absent as written is also tried with Windows "\\"
     separators read as "/" and in its NFC and NFD spellings. A row whose file does not exist is
     not dropped: it goes to ``ScanResult.missing`` (the packer quarantines it with "file not
-    found"). An empty ``group`` cell gives ``group=None``. With ``split_column``, each row's
-    value there is its given split (mapped by :func:`shardkit.layout.map_split_names`; the
-    mapping is ``given_splits``).
+    found", or the reason of :func:`shardkit.scan.unreachable_reason` for a symlink loop). An
+    empty ``group`` cell gives ``group=None``. With ``split_column``, each row's value there is
+    its given split (mapped by :func:`shardkit.layout.map_split_names`; the mapping is
+    ``given_splits``).
 
     Raises:
         ConfigError: ``split_column`` is not a column (the message lists the columns).
@@ -119,8 +121,10 @@ def _local_row(base: str):
         kind = _kind(path)
         if kind == "dir":
             return False
-        if kind == "broken":
+        if kind in ("broken", "unreachable"):
             out.missing.append(item)
+            if kind == "unreachable":  # a symlink loop, say: quarantined with that reason
+                out.missing_reasons[item.relpath] = unreachable_reason(path)
         elif kind == "other":
             out.ignored.append((item.relpath, "not a regular file (device, socket or pipe)"))
         else:

@@ -60,6 +60,7 @@ _PREC = 22  # Pillow's PRECISION_BITS for 8-bit resampling: 32 - 8 - 2
 _LUMA = (np.array([19595, 38470, 7471], np.float32) / 65536).astype(np.float32)  # Pillow L24
 _GEMM_MAX = 1 << 16  # multiply-adds per matrix product (OpenBLAS threads above 4 * 65,536)
 _GEMV_ROWS = 3000  # pixels per gray product (OpenBLAS gemv threads from 9,216 elements)
+_CHUNK_PIXELS = 1 << 18  # pixels of one band of rows turned to gray at once (~6 MB of floats)
 _TABLE_BITS = 22  # blocks up to this width use a dense bucket table, wider ones searchsorted
 _CHUNK = 1 << 21  # candidate pairs (and probes) handled at once: bounds the working memory
 _MAX_FLIPS = 1 << 16  # bit-flip patterns per block beyond which a layout is not considered
@@ -136,12 +137,22 @@ def _resample(in_size: int, x: np.ndarray) -> np.ndarray:
     products are exact whatever the summation order. Each product is kept under
     :data:`_GEMM_MAX` multiply-adds, where OpenBLAS stays on the calling thread: its threads,
     woken for a whole-image product, made the pHash 5-20x slower on a loaded 2-core machine."""
-    m = x.shape[1]
-    s = np.zeros((_OUT, m))
+    s = np.zeros((_OUT, x.shape[1]))
     for c0, c1, o0, o1, w in _bands(in_size):
-        step = max(1, _GEMM_MAX // ((o1 - o0) * (c1 - c0)))
-        for m0 in range(0, m, step):
-            s[o0:o1, m0:m0 + step] += w @ x[c0:c1, m0:m0 + step]
+        _add_product(s[o0:o1], w, x[c0:c1])
+    return _round8(s)
+
+
+def _add_product(s: np.ndarray, w: np.ndarray, x: np.ndarray) -> None:
+    """``s += w @ x`` in column blocks of at most :data:`_GEMM_MAX` multiply-adds (see
+    :func:`_resample`); exact, as every sum there is."""
+    step = max(1, _GEMM_MAX // (w.shape[0] * w.shape[1]))
+    for m0 in range(0, x.shape[1], step):
+        s[:, m0:m0 + step] += w @ x[:, m0:m0 + step]
+
+
+def _round8(s: np.ndarray) -> np.ndarray:
+    """Pillow's ``clip8((2**21 + sum) >> 22)`` of the fixed-point sums ``s``, in place."""
     s += 1 << (_PREC - 1)
     s *= 1.0 / (1 << _PREC)
     np.floor(s, out=s)
@@ -166,6 +177,11 @@ def thumbnail32(rgb: np.ndarray) -> np.ndarray:
       horizontally first, so for such tall images its thumbnail, and imagehash's hash, differ);
       this function follows Pillow 13 whatever Pillow is installed.
 
+    Memory: the gray conversion and the first pass run over bands of rows of at most
+    ``2**18`` pixels, so the working set beyond ``rgb`` is a few MB plus ``32 * max(H, W)``
+    floats whatever the size (a 48 MP photo: ~10 MB, where whole-image float copies took
+    1.1 GB); the sums are exact in any order, so the result does not depend on the bands.
+
     Args:
         rgb: ``(H, W, 3)`` uint8 RGB array, any size >= 1x1.
 
@@ -177,20 +193,36 @@ def thumbnail32(rgb: np.ndarray) -> np.ndarray:
     """
     _check_rgb(rgb, "thumbnail32")
     h, w = rgb.shape[:2]
-    f = rgb.reshape(-1, 3).astype(np.float32)
-    gray = np.empty(h * w, np.float32)
-    for s in range(0, h * w, _GEMV_ROWS):  # one-thread products, as in _resample
-        np.matmul(f[s:s + _GEMV_ROWS], _LUMA, out=gray[s:s + _GEMV_ROWS])
-    gray += 0.5
-    x = np.floor(gray, out=gray).reshape(h, w).astype(np.float64)
-    if h > _OUT and 2 * w < h + _OUT:  # vertical pass first
-        x = _resample(h, x)
+    rows = max(1, _CHUNK_PIXELS // w)  # gray rows converted at once: the memory bound
+    if h > _OUT and 2 * w < h + _OUT:  # vertical pass first, summed over bands of rows
+        s = np.zeros((_OUT, w))
+        for c0, c1, o0, o1, wb in _bands(h):
+            for r0 in range(c0, c1, rows):
+                r1 = min(c1, r0 + rows)
+                _add_product(s[o0:o1], wb[:, r0 - c0:r1 - c0], _gray(rgb[r0:r1]))
+        x = _round8(s)
         return _resample(w, x.T).T if w != _OUT else x
-    if w != _OUT:
-        x = _resample(w, x.T).T
+    if w != _OUT:  # horizontal pass first, row band by row band: a (H, 32) result
+        x = np.empty((h, _OUT))
+        for r0 in range(0, h, rows):
+            x[r0:r0 + rows] = _resample(w, _gray(rgb[r0:r0 + rows]).T).T
+    else:
+        x = _gray(rgb)
     if h != _OUT:
         x = _resample(h, x)
     return x
+
+
+def _gray(rgb: np.ndarray) -> np.ndarray:
+    """Pillow's ``L`` of ``(n, w, 3)`` uint8 rows, as ``(n, w)`` float64 integers 0-255 (float32
+    products: every partial sum is a multiple of 2**-16 below 256, exact in 24 bits)."""
+    n, w = rgb.shape[:2]
+    f = rgb.reshape(-1, 3).astype(np.float32)
+    gray = np.empty(n * w, np.float32)
+    for s in range(0, n * w, _GEMV_ROWS):  # one-thread products, as in _resample
+        np.matmul(f[s:s + _GEMV_ROWS], _LUMA, out=gray[s:s + _GEMV_ROWS])
+    gray += 0.5
+    return np.floor(gray, out=gray).reshape(n, w).astype(np.float64)
 
 
 def phash64(rgb: np.ndarray) -> int:

@@ -18,7 +18,8 @@ schema: ``docs/DESIGN.md``:
 3. **Check** every file: read, sha256, full decode (:func:`shardkit.images.check_image`), in a
    process pool of ``workers`` processes (ordered ``map``, so the result does not depend on
    ``workers``). Rejects go to ``OUT/quarantine.jsonl`` (``path``, ``reason``, ``sha256``,
-   ``size``).
+   ``size``). With ``fail_fast`` the first reject (in scan order; missing files first, before
+   anything is read) raises SourceError and the checks not yet started are cancelled.
 4. **Split** (:func:`shardkit.split.assign_splits`): group-atomic after dedup, stratified by class.
    ``split_method="hash"`` (default) decides each group's split by a keyed hash of its name, so
    re-packing a grown source with the same seed moves no old group; ``"balanced"`` meets the
@@ -58,9 +59,11 @@ schema: ``docs/DESIGN.md``:
    ``split.group_to_split`` is null when there is no group rule (each file its own group; the
    per-sample ``group`` in the split files says the same without a manifest entry per file).
    ``split.warnings`` (and the summary) also name classes without samples in a split and a
-   dataset with fewer than two classes. ``normalization.transcoded`` counts the packed samples
-   stored transcoded, by rule (``{"exif-transpose+png": 3}``); the summary repeats it and names
-   ``quarantine.jsonl`` when files were rejected.
+   dataset with fewer than two classes; the summary alone also names the splits with fewer
+   shards than :data:`shardkit.pack_plan.READER_PARALLELISM` (a note on reading them).
+   ``normalization.transcoded`` counts the packed samples stored transcoded, by rule
+   (``{"exif-transpose+png": 3}``); the summary repeats it and names ``quarantine.jsonl`` when
+   files were rejected.
 
 File names that are not valid UTF-8 (read as str with lone surrogates, Python's surrogateescape)
 are packed: the bytes are read by path, keys do not depend on names, ``path`` metadata keeps the
@@ -108,10 +111,8 @@ DEFAULT_SPLIT = {"train": 0.8, "val": 0.1, "test": 0.1}
 """Split ratios when none are given."""
 KNOWN_SPLIT_NAMES = ("train", "val", "test")
 """Split names that ``shardkit train`` uses by default; other names get a warning."""
-DEFAULT_SHARD_BYTES = 256 << 20
-"""Rollover size when neither ``shard_samples`` nor ``shard_bytes`` is given (256 MiB): big enough
-that per-shard overhead vanishes, small enough that a writer buffering a shard (HDF5) stays modest
-and a split has several shards to spread over loader workers."""
+DEFAULT_SHARD_BYTES = plan.DEFAULT_SHARD_BYTES
+"""Largest average shard of the default shard plan (256 MiB; see :class:`PackOptions`)."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,18 @@ class PackOptions:
     True: the splits a source gives (a split-first tree, ``split_column``) are kept, and only a
     source without given splits is split to ``split``. ``split="given"`` requires given splits;
     ratios pool a split-first tree's files and re-split them (the summary says so). Defaults
-    that depend on two options are properties: :attr:`shard_byte_limit`,
-    :attr:`sink_writer_options`. :meth:`replace` re-validates.
+    that depend on two options are properties (:attr:`sink_writer_options`) or methods
+    (:meth:`shard_limits`). :meth:`replace` re-validates.
+
+    **Shard plan.** ``shard_samples`` and/or ``shard_bytes`` roll a shard over at that count or
+    size. With neither (the default), each split gets ``S`` shards of ``ceil(n / S)`` samples
+    (the last holds the rest; :func:`shardkit.pack_plan.default_shard_count`): ``S`` is the
+    largest power of two up to 32 that leaves at least 64 samples per shard (a split under 128
+    samples is one shard, 1,483 samples -> 16, 2,048 or more -> 32), raised for a split over
+    8 GiB to a multiple of 32 that keeps the average shard at or under 256 MiB. Readers that
+    hand whole shards to ``world_size x num_workers`` processes (timm, webdataset, DALI) need at
+    least that many shards per split, equal in length: the summary warns about splits with
+    fewer than :data:`shardkit.pack_plan.READER_PARALLELISM` (8) shards.
 
     Raises:
         ConfigError: a value outside its allowed set or range, or a bad group option combination
@@ -143,7 +154,8 @@ class PackOptions:
     group_column: str | None = None             # column of `metadata` holding the group
     labels: str | os.PathLike | None = None     # LabelMap YAML; None: the sorted source labels
     shard_samples: int | None = None            # roll over after this many samples per shard
-    shard_bytes: int | str | None = None        # roll over at this size (int or "64MB")
+    shard_bytes: int | str | None = None        # roll over at this size (int or "64MB");
+    #                                             neither: the default plan (class doc)
     workers: int = 1                            # check processes, >= 1
     strict: bool = False                        # reject images with decoder warnings
     max_pixels: int | None = None               # width*height limit; None: images' default
@@ -152,7 +164,7 @@ class PackOptions:
     wds_cls: bool = True                        # also write "<key>.cls" tar members (wds)
     wds_json: bool = False                      # also write "<key>.json" (key, label, class, path)
     on_label_conflict: str = "error"            # one of LABEL_CONFLICT_POLICIES
-    fail_fast: bool = False                     # raise on the first reject, write nothing
+    fail_fast: bool = False                     # raise at the first reject, write nothing
     writer_options: Mapping[str, Any] | None = None  # extra kwargs of the format's Writer
     layout: str = "auto"                        # folder layout, one of shardkit.layout.LAYOUTS
     split_column: str | None = None             # given split column (CSV source or metadata)
@@ -253,13 +265,11 @@ class PackOptions:
         if self.group_by is not None:
             compile_group_regex(self.group_by)
 
-    @property
-    def shard_byte_limit(self) -> int | None:
-        """Rollover size in bytes for the shard sink: ``shard_bytes``, else
-        :data:`DEFAULT_SHARD_BYTES` when ``shard_samples`` is unset too, else None."""
-        if self.shard_bytes is None and self.shard_samples is None:
-            return DEFAULT_SHARD_BYTES
-        return self.shard_bytes
+    def shard_limits(self, num_samples: int, num_bytes: int) -> tuple[int | None, int | None]:
+        """``(max_samples, max_bytes)`` of the shard sink for a split of ``num_samples`` samples
+        and ``num_bytes`` stored bytes: ``shard_samples`` / ``shard_bytes`` when either is set,
+        else the default plan (class doc; :func:`shardkit.pack_plan.shard_limits`)."""
+        return plan.shard_limits(self.shard_samples, self.shard_bytes, num_samples, num_bytes)
 
     @property
     def sink_writer_options(self) -> dict:
@@ -399,6 +409,11 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         _fail_if_nothing_to_pack(src, source, checked.keep, checked.quarantine)
         outcome = plan.plan_split(source, label_map, label_idx, checked, opts,       # 4
                                   previous)
+        if opts.fail_fast and outcome.quarantined:  # on_label_conflict="quarantine"
+            first = outcome.quarantined[0]
+            raise SourceError(printable(
+                f"{first['path']}: rejected ({first['reason']}); --fail-fast stops at the "
+                "first rejected file, nothing was written"))
         quarantine = checked.quarantine + outcome.quarantined
         _fail_if_nothing_to_pack(src, source, outcome.keep, quarantine)
         root = target.prepare()  # 5: OUT is written from here on
@@ -406,6 +421,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         splits = write.write_shards(root, source, label_idx, checked, outcome,       # 6
                                     label_map.classes, opts, upload=target.upload)
         packed_warnings = write.class_warnings(label_map.classes, splits)            # 7
+        shard_warnings = plan.few_shards_warning(splits)  # the summary's, not the manifest's
         manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
                                         packed_warnings, opts,
                                         write.transcoded_counts(checked, outcome.keep))
@@ -415,7 +431,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
             manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
         target.commit()
     summary = PackSummary.from_manifest(
-        out, manifest, quarantine, warnings=option_warnings + outcome.warnings + packed_warnings,
+        out, manifest, quarantine,
+        warnings=option_warnings + outcome.warnings + packed_warnings + shard_warnings,
         cleaned=target.cleaned, replaced=target.replaced,
         num_with_warnings=sum(bool(checked.results.meta(i)["warnings"]) for i in outcome.keep))
     checked.results.close()  # its temporary file of normalised bytes (a failed run: at GC)
@@ -507,10 +524,15 @@ def _metadata_arg(ctx, param, value: str | None) -> Path | str | None:
 @click.option("--group-column", metavar="COL", help="Column of --metadata holding the group.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="LABELS.yaml: classes and aliases.")
-@click.option("--shard-samples", type=click.IntRange(min=1), metavar="N", help="Samples per shard.")
+@click.option("--shard-samples", type=click.IntRange(min=1), metavar="N",
+              help="Samples per shard [default: see --shard-bytes].")
 @click.option("--shard-bytes", metavar="SIZE",
-              help="Bytes per shard, e.g. 64MB or 512MiB [default: 256MiB when neither limit "
-                   "is set].")
+              help="Bytes per shard, e.g. 64MB or 512MiB [default, when neither limit is set: "
+                   "each split in S equal shards, S the largest power of two up to 32 leaving "
+                   ">= 64 samples per shard (1 under 128 samples, 32 from 2,048), more for "
+                   "splits over 8 GiB (a multiple of 32, <= 256MiB per shard on average), so "
+                   "shard-level readers (timm, webdataset, DALI) can split it over world_size x "
+                   "num_workers; the summary warns about splits of fewer than 8 shards].")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Check processes.")
 @click.option("--strict", is_flag=True,
@@ -545,7 +567,12 @@ def _metadata_arg(ctx, param, value: str | None) -> Path | str | None:
               help="Also write '<key>.json' (key, label, class, source path) per sample (wds).")
 @click.option("--on-label-conflict", type=click.Choice(LABEL_CONFLICT_POLICIES), default="error",
               show_default=True, help="Identical bytes under different labels.")
-@click.option("--fail-fast", is_flag=True, help="Stop at the first rejected file.")
+@click.option("--fail-fast", is_flag=True,
+              help="Stop at the first rejected file (missing, unreadable, not an image, "
+                   "damaged; degenerate with --strict; a label conflict with "
+                   "--on-label-conflict quarantine): exit 2 with its path and reason, nothing "
+                   "written. Files are checked in scan order and the check stops there (checks "
+                   "already running in other --workers finish).")
 @click.option("--no-progress", is_flag=True,
               help="No progress bars (the summary is still printed).")
 def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_method, split_from,

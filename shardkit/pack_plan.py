@@ -9,6 +9,7 @@ in :mod:`shardkit.pack_write`. Notes go to the ``shardkit.pack`` logger.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ScannedSource", "CheckedFiles", "SplitOutcome", "PreviousSplits", "scan_source",
            "resolve_labels", "check_files", "plan_split", "load_previous",
-           "ratios_from_previous", "NO_GROUP_RULE_WARNING"]
+           "ratios_from_previous", "NO_GROUP_RULE_WARNING", "DEFAULT_SHARD_BYTES",
+           "SHARDS_PER_SPLIT", "MIN_SHARD_SAMPLES", "READER_PARALLELISM", "default_shard_count",
+           "shard_limits", "few_shards_warning"]
 
 logger = logging.getLogger("shardkit.pack")
 
@@ -55,7 +58,8 @@ class ScannedSource:
         items: sample candidates sorted by relpath. ``group`` is set on every item except those
             at the positions in ``ungrouped`` (None there); without a group rule each item is its
             own group (its relpath), unless a CSV list gave it one.
-        missing: CSV rows and broken links whose file does not exist (quarantined later).
+        missing: CSV rows and broken links whose file does not exist, and links that cannot be
+            followed (quarantined later, with ``missing_reasons[relpath]`` or "file not found").
         ignored: ``(relpath, reason)`` of entries that are not samples.
         kind, root: ``"folder"`` or ``"csv"``, and the absolute source root.
         group_rule: the manifest's ``split.group_rule``: ``{"kind": "none"}``,
@@ -81,6 +85,7 @@ class ScannedSource:
     given: dict | None = None
     layout: str = "class"
     warnings: list[str] = field(default_factory=list)
+    missing_reasons: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_files(self) -> int:
@@ -126,7 +131,8 @@ def scan_source(src: Path, options: PackOptions) -> ScannedSource:
     return ScannedSource(items=items, missing=list(result.missing), ignored=list(result.ignored),
                          kind=result.kind, root=result.root, group_rule=rule, ungrouped=ungrouped,
                          no_group_error=no_group_error, given=given, layout=result.layout,
-                         warnings=list(result.warnings))
+                         warnings=list(result.warnings),
+                         missing_reasons=dict(result.missing_reasons))
 
 
 def _apply_group_rule(src: Path, items: list[SourceItem], options: PackOptions):
@@ -205,9 +211,14 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     Items the group rule gives no group are checked first: a real image among them raises the
     rule's error before the long check of the rest; non-images among them are quarantined.
 
+    With ``options.fail_fast`` the first rejected file ends the step: a missing or unreachable
+    file (known from the scan) before anything is read, else the first reject in scan order as
+    its result arrives; the checks not started yet are cancelled (those in flight in the other
+    ``workers`` finish first, at most one chunk of :func:`chunk_size` files each).
+
     Raises:
-        SourceError: an image without a group; a reject while ``options.fail_fast``; a check
-            process that died.
+        SourceError: an image without a group; the first reject while ``options.fail_fast``
+            (naming the file and its reason); a check process that died.
     """
     items = source.items
     want_hash = options.near_duplicates != "off"
@@ -216,25 +227,30 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
                     "checks", options.workers)
     jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash,
              options.max_side, options.jpeg_quality) for it in items]
+    quarantine = [{"path": m.relpath, "reason": source.missing_reasons.get(m.relpath,
+                                                                       "file not found")}
+                  for m in source.missing]
+    if options.fail_fast and source.missing:  # rejected by the scan: nothing to read
+        raise _fail_fast_error(source.missing[0].path, quarantine[0]["reason"])
     results = CheckRecords(len(items))  # columns, not a dict per file (pack_records)
+
+    def check(positions: list[int], desc: str = "check") -> None:
+        with contextlib.closing(_check_all(
+                [jobs[i] for i in positions], options.workers, options.progress, desc=desc,
+                engine=options.engine, ray_address=options.ray_address,
+                concurrency=options.read_concurrency)) as checked:  # closed: pending cancelled
+            for i, res in zip(positions, checked):
+                results[i] = res
+                if options.fail_fast and not res["ok"]:
+                    raise _fail_fast_error(items[i].path, res["reason"])
+
     if source.ungrouped:
-        checked = _check_all([jobs[i] for i in source.ungrouped], options.workers,
-                             options.progress, desc="check (no group)", engine=options.engine,
-                             ray_address=options.ray_address,
-                             concurrency=options.read_concurrency)
-        for i, res in zip(source.ungrouped, checked):
-            results[i] = res
+        check(source.ungrouped, desc="check (no group)")
         images_without_group = [items[i].relpath for i in source.ungrouped
                                 if results.meta(i)["ok"]]
         if images_without_group:
             raise source.no_group_error(images_without_group)
-    rest = results.unset
-    for i, res in zip(rest, _check_all([jobs[i] for i in rest], options.workers,
-                                       options.progress, engine=options.engine,
-                                       ray_address=options.ray_address,
-                                       concurrency=options.read_concurrency)):
-        results[i] = res
-    quarantine = [{"path": m.relpath, "reason": "file not found"} for m in source.missing]
+    check(results.unset)
     keep: list[int] = []
     for i, it in enumerate(items):
         res = results.meta(i)
@@ -244,12 +260,15 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
         entry = {"path": it.relpath, "reason": res["reason"]}
         entry.update({k: res[k] for k in ("sha256", "size") if k in res})
         quarantine.append(entry)
-        if options.fail_fast:
-            raise SourceError(f"{it.path}: rejected ({res['reason']}); fail_fast is on, nothing "
-                              "was written")
     logger.info("checked %d files: %d accepted, %d quarantined", len(items), len(keep),
                 len(quarantine))
     return CheckedFiles(results=results, keep=keep, quarantine=quarantine)
+
+
+def _fail_fast_error(path: str, reason: str) -> SourceError:
+    """The error of ``fail_fast`` for the first rejected file (``path``, its quarantine reason)."""
+    return SourceError(f"{path}: rejected ({reason}); --fail-fast stops at the first rejected "
+                       "file, nothing was written")
 
 
 def _unreadable(e: BaseException, location: str) -> str:
@@ -353,12 +372,15 @@ def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
         size = chunk_size(jobs, max(1, min(32, len(jobs) // (workers * 8))), workers,
                           concurrency)
         chunks = [jobs[k:k + size] for k in range(0, len(jobs), size)]
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
-                                 initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
+                                   initializer=exit_with_parent, initargs=(os.getpid(),))
+        try:
             for res in pool.map(check_chunk, chunks, [concurrency] * len(chunks)):
                 yield from res
                 done += len(res)
                 bar.update(len(res))
+        finally:  # also when the caller stops early (fail_fast): chunks not started are dropped
+            pool.shutdown(wait=True, cancel_futures=True)
     except BrokenProcessPool:
         raise SourceError(f"a check worker process died near file {done} of {len(jobs)} "
                           f"({jobs[min(done, len(jobs) - 1)][0]} or one of the next "
@@ -408,6 +430,82 @@ def _watch_parent(parent_pid: int, first_parent: int) -> None:
         time.sleep(0.5)
         if os.getppid() != first_parent or not pid_alive(parent_pid):
             os._exit(1)
+
+
+# ----------------------------------------------------------------------------- shard plan
+DEFAULT_SHARD_BYTES = 256 << 20
+"""Largest average shard of the default plan (256 MiB): a split of more than
+``SHARDS_PER_SPLIT x 256 MiB`` (8 GiB) gets more shards (a multiple of 32) so that each holds at
+most this on average; big enough that per-shard overhead vanishes, small enough that a writer
+buffering a shard (HDF5) stays modest."""
+SHARDS_PER_SPLIT = 32
+"""Shards the default plan gives a split that is big enough: 32 = world_size x num_workers of
+e.g. 4 GPUs x 8 workers, and every power of two up to it divides it."""
+MIN_SHARD_SAMPLES = 64
+"""Fewest samples per shard of the default plan: a small split is cut into fewer shards (a
+power of two) rather than shattered, e.g. 100 samples -> 1 shard, 1,483 -> 16, 2,048 -> 32."""
+READER_PARALLELISM = 8
+"""Reader processes (world_size x num_workers) that pack expects a split to feed: a split with
+fewer shards gets a warning (see :func:`few_shards_warning`)."""
+
+
+def default_shard_count(num_samples: int, num_bytes: int) -> int:
+    """Shards the default plan (neither ``shard_samples`` nor ``shard_bytes`` given) aims at for
+    a split of ``num_samples`` samples holding ``num_bytes`` stored bytes.
+
+    The largest power of two ``S <= SHARDS_PER_SPLIT`` (32) with at least
+    ``MIN_SHARD_SAMPLES`` (64) samples per shard (1 for splits under 128 samples); raised, for a
+    split over ``S x DEFAULT_SHARD_BYTES``, to the smallest power of two (up to 32), then
+    multiple of 32, that keeps the average shard at or under :data:`DEFAULT_SHARD_BYTES`; never
+    more than ``num_samples``. 0 for an empty split.
+
+    Why: readers that hand whole shards to each of ``world_size x num_workers`` processes
+    (timm's ``ReaderWds``, webdataset's ``split_by_worker``, DALI's shard split) give nothing to
+    a process beyond the shard count; a power of two (or multiple of 32) of equal shards splits
+    evenly over any power-of-two reader count up to it.
+    """
+    if num_samples <= 0:
+        return 0
+    count = 1
+    while count < SHARDS_PER_SPLIT and num_samples // (2 * count) >= MIN_SHARD_SAMPLES:
+        count *= 2
+    by_bytes = -(-int(num_bytes) // DEFAULT_SHARD_BYTES)
+    if by_bytes > count:
+        count = 1 << (by_bytes - 1).bit_length() if by_bytes <= SHARDS_PER_SPLIT else \
+            SHARDS_PER_SPLIT * -(-by_bytes // SHARDS_PER_SPLIT)
+    return min(count, num_samples)
+
+
+def shard_limits(shard_samples: int | None, shard_bytes: int | None, num_samples: int,
+                 num_bytes: int) -> tuple[int | None, int | None]:
+    """``(max_samples, max_bytes)`` of :class:`shardkit.formats.ShardSink` for one split of
+    ``num_samples`` samples and ``num_bytes`` stored bytes: the given ``shard_samples`` /
+    ``shard_bytes`` as they are when either is set; else the default plan,
+    ``ceil(num_samples / S)`` samples per shard for ``S = default_shard_count(...)`` (so ``S``
+    shards of equal length, the last one holding the rest; fewer only where a shard would hold
+    fewer samples than there are shards), with ``2 x DEFAULT_SHARD_BYTES`` (512 MiB) as a cap
+    that only very uneven file sizes reach. Both engines cut a split with the same limits."""
+    if shard_samples is not None or shard_bytes is not None:
+        return shard_samples, shard_bytes
+    count = default_shard_count(num_samples, num_bytes)
+    return (max(1, -(-num_samples // max(1, count))), 2 * DEFAULT_SHARD_BYTES)
+
+
+def few_shards_warning(split_manifest: dict[str, dict],
+                       parallelism: int = READER_PARALLELISM) -> list[str]:
+    """One warning naming the non-empty splits with fewer than ``parallelism`` shards (and
+    their shard counts), or none: what shard-level readers with more processes do with them."""
+    few = [f"{name} ({len(sm['shards'])})" for name, sm in split_manifest.items()
+           if sm["num_samples"] and len(sm["shards"]) < parallelism]
+    if not few:
+        return []
+    return [f"split(s) with fewer than {parallelism} shards: {', '.join(few)}. Readers that hand "
+            "whole shards to each of world_size x num_workers processes (timm's wds reader, "
+            "webdataset's split_by_worker, DALI) leave the processes beyond a split's shard "
+            "count without data, and timm's training reader then repeats some samples and "
+            "skips others every epoch; use at most that many processes for these splits, or "
+            "pack more shards (--shard-samples N). shardkit's own loader splits shards by "
+            "sample and is not affected"]
 
 
 # step 4 lives in its own module; its names stay importable from here

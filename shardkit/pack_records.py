@@ -115,6 +115,13 @@ class CheckRecords(Sequence):
         summary, which never need the bytes."""
         return self._record(i, with_data=False)
 
+    def stored_size(self, i: int) -> int:
+        """Bytes a packed file stores (``len(self[i]["data"])`` when normalised, else its
+        ``size``), without reading the spill file; ``i`` must be accepted."""
+        i = int(i) + (len(self) if i < 0 else 0)
+        spilled = self._sparse.get(i, {}).get("data")
+        return int(self._size[i]) if spilled is None else int(spilled[1])
+
     def _record(self, i: int, with_data: bool) -> dict | None:
         i = int(i) + (len(self) if i < 0 else 0)
         kind = self._kind[i]

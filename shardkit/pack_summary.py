@@ -78,7 +78,7 @@ class PackSummary:
         """The human-readable summary (printed by ``shardkit pack``)."""
         lines = [f"packed {self.out} (format {self.format}, {len(self.classes)} classes)"]
         for name, s in self.splits.items():
-            counts = ", ".join(f"{c}={n}" for c, n in zip(self.classes, s["class_counts"]))
+            counts = _class_counts_text(self.classes, s["class_counts"])
             lines.append(f"  {name}: {s['samples']} samples ({s['fraction']:.3f}), {s['groups']} "
                          f"groups, {s['shards']} shards [{counts}]")
         reasons = ", ".join(f"{r}={n}" for r, n in sorted(self.quarantine_reasons.items()))
@@ -136,6 +136,25 @@ class PackSummary:
                          "files overwritten or removed)")
         lines += [f"  warning: {w}" for w in self.warnings]
         return printable("\n".join(lines))
+
+
+SUMMARY_CLASSES = 20
+"""Per-class counts the summary line of a split shows at most (the manifest has them all)."""
+
+
+def _class_counts_text(classes: list[str], counts: list[int]) -> str:
+    """``daisy=29, roses=28, ...``: every class when there are at most :data:`SUMMARY_CLASSES`,
+    else the first of those with samples and how many more there are, with and without."""
+    pairs = list(zip(classes, counts))
+    if len(pairs) <= SUMMARY_CLASSES:
+        return ", ".join(f"{c}={n}" for c, n in pairs)
+    shown = [(c, n) for c, n in pairs if n][:SUMMARY_CLASSES]
+    empty = sum(1 for n in counts if not n)
+    more = len(pairs) - len(shown) - empty
+    rest = ([f"{more} more classes with samples"] if more else []) + \
+        ([f"{empty} classes without samples"] if empty else [])
+    return (", ".join(f"{c}={n}" for c, n in shown) + (", " if shown else "")
+            + f"... and {' and '.join(rest)} (the manifest's class_counts has every count)")
 
 
 def printable(text: str) -> str:

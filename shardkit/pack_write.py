@@ -171,8 +171,10 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
         upload(path, record, records[first[0]:])
         first[0] = len(records)
 
-    sink = formats.ShardSink(out, name, options.format, max_samples=options.shard_samples,
-                             max_bytes=options.shard_byte_limit,
+    max_samples, max_bytes = options.shard_limits(  # the shard plan (PackOptions)
+        len(members), sum(results.stored_size(i) for i in members))
+    sink = formats.ShardSink(out, name, options.format, max_samples=max_samples,
+                             max_bytes=max_bytes,
                              writer_options=options.sink_writer_options,
                              on_close=None if upload is None else on_close)
     reads = source_reads(((items[i].path, results.meta(i)) for i in members),
@@ -234,8 +236,8 @@ def class_warnings(classes: list[str], split_manifest: dict[str, dict]) -> list[
     out = []
     for name, sm in split_manifest.items():
         if sm["num_samples"]:  # an empty split has its own warning from the splitter
-            out += [f"class {c!r} has no samples in split {name!r}"
-                    for c, n in zip(classes, sm["class_counts"]) if n == 0]
+            out += _missing_classes_warning(name, [c for c, n in zip(classes, sm["class_counts"])
+                                                   if n == 0], len(classes))
     totals = [sum(sm["class_counts"][k] for sm in split_manifest.values())
               for k in range(len(classes))]
     with_samples = [c for c, n in zip(classes, totals) if n]
@@ -244,6 +246,26 @@ def class_warnings(classes: list[str], split_manifest: dict[str, dict]) -> list[
         out.append(f"{head}: classification needs at least 2 (classes with packed samples: "
                    f"{with_samples} of {len(classes)} in the label map)")
     return out
+
+
+MISSING_CLASSES_LISTED = 20
+"""Classes named in the warning about the classes without samples in a split (the count is
+exact; the split's ``class_counts`` in the manifest holds every class's count)."""
+
+
+def _missing_classes_warning(split: str, missing: list[str], num_classes: int) -> list[str]:
+    """One warning (or none) for the classes of a split without samples, naming at most
+    :data:`MISSING_CLASSES_LISTED` of them: a 100,000-class label map gives one line per split,
+    not one per class."""
+    if len(missing) == 1:
+        return [f"class {missing[0]!r} has no samples in split {split!r}"]
+    if not missing:
+        return []
+    named = ", ".join(repr(c) for c in missing[:MISSING_CLASSES_LISTED])
+    more = len(missing) - MISSING_CLASSES_LISTED
+    return [f"{len(missing)} of {num_classes} classes have no samples in split {split!r}: "
+            f"{named}" + (f" and {more} more (the split's class_counts has them all)"
+                          if more > 0 else "")]
 
 
 def transcoded_counts(checked: CheckedFiles, keep: list[int]) -> dict[str, int]:

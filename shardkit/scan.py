@@ -32,7 +32,11 @@ become equal after NFC normalisation raise :class:`SourceError`.
 Symbolic links are followed: a link to a file is a sample (its ``path`` is the link; reading it
 yields the target's bytes); a link to a folder is entered unless it points back into a folder
 being walked (a loop, listed in ``ignored``). A broken link is reported in ``ScanResult.missing``
-like a missing CSV row, so the packer quarantines it with "file not found".
+like a missing CSV row, so the packer quarantines it with "file not found". A file link that can
+never be followed - a loop of links (``a.jpg -> b.jpg -> a.jpg``, ``ELOOP``) or a path through a
+folder that cannot be searched - is in ``missing`` too, with its reason in
+``ScanResult.missing_reasons`` (``"symlink loop: a.jpg -> b.jpg -> a.jpg"``, from
+:func:`unreachable_reason`), and quarantined with that reason: one such link never stops a scan.
 
 Group rules attach a grouping key (photographer, video, subject) used by the splitter:
 :func:`apply_group_regex` (from the relative path) and :func:`apply_group_metadata` (from a
@@ -50,6 +54,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import os
 import re
 import stat
@@ -63,7 +68,7 @@ __all__ = ["SourceItem", "ScanResult", "scan_folder", "scan_tree", "scan_csv",
            "compile_group_regex",
            "apply_group_regex", "apply_group_metadata", "match_group_regex",
            "match_group_metadata", "match_split_metadata", "unmatched_regex_error",
-           "lacking_metadata_error", "ignore_reason"]
+           "lacking_metadata_error", "ignore_reason", "unreachable_reason"]
 
 _SYSTEM_FILES = {"thumbs.db": "Windows thumbnail cache (Thumbs.db)",
                  "desktop.ini": "Windows folder settings (desktop.ini)",
@@ -97,8 +102,11 @@ class ScanResult:
     Attributes:
         items: sample candidates, sorted by relpath.
         ignored: (relpath, reason) of entries that are not samples, sorted by relpath.
-        missing: candidates whose file does not exist (CSV rows, broken symlinks), sorted by
-            relpath; the packer quarantines them with reason "file not found".
+        missing: candidates whose file does not exist (CSV rows, broken symlinks) or cannot be
+            reached (symlink loops), sorted by relpath; the packer quarantines them with reason
+            ``missing_reasons[relpath]``, else "file not found".
+        missing_reasons: relpath -> quarantine reason of the ``missing`` entries that exist
+            but cannot be reached (:func:`unreachable_reason`).
         root: absolute source root.
         kind: "folder" or "csv".
         layout: "class" or "split/class" (folders), "csv" (CSV lists).
@@ -111,6 +119,7 @@ class ScanResult:
     items: list[SourceItem]
     ignored: list[tuple[str, str]] = field(default_factory=list)
     missing: list[SourceItem] = field(default_factory=list)
+    missing_reasons: dict[str, str] = field(default_factory=dict)
     root: str = ""
     kind: str = "folder"
     layout: str = "class"
@@ -143,16 +152,53 @@ def ignore_reason(name: str) -> str | None:
 
 
 def _kind(path: str) -> str:
-    """'file', 'dir', 'broken' (dangling link) or 'other', following symlinks."""
+    """'file', 'dir', 'broken' (dangling link), 'unreachable' (a symlink loop, a folder on the
+    way that cannot be searched: see :func:`unreachable_reason`) or 'other', following
+    symlinks."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return "broken"
+    except OSError:  # ELOOP, EACCES, ENAMETOOLONG...: this entry cannot be used, the scan goes on
+        return "unreachable"
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
         return "dir"
     return "other"
+
+
+_MAX_LINK_HOPS = 40  # Linux's own limit on symlinks followed in one path lookup
+
+
+def unreachable_reason(path: str) -> str:
+    """The quarantine reason of a path that exists as a directory entry but cannot be opened:
+    ``"symlink loop: a.jpg -> b.jpg -> a.jpg"`` (each link's target as written, up to the first
+    repeat), ``"symlink chain longer than 40 links: ..."``, or ``"unreachable: <strerror>"``
+    (a folder on the way that cannot be searched, a name too long). Reads links only."""
+    try:
+        os.stat(path)
+        return "unreachable when the source was scanned"  # it changed since
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            return f"unreachable: {e.strerror or e}"
+    chain, seen, cur = [os.path.basename(path)], {os.path.abspath(path)}, path
+    while os.path.islink(cur) and len(chain) <= _MAX_LINK_HOPS:
+        try:
+            target = os.readlink(cur)
+        except OSError:
+            break
+        chain.append(target)
+        cur = os.path.abspath(os.path.join(os.path.dirname(cur), target))
+        if cur in seen:
+            return "symlink loop: " + " -> ".join(chain)
+        seen.add(cur)
+    if len(chain) > _MAX_LINK_HOPS:
+        return (f"symlink chain longer than {_MAX_LINK_HOPS} links: "
+                + " -> ".join(chain[:4]) + " -> ...")
+    return "symlink loop in the path to it (Too many levels of symbolic links)"
 
 
 class _LocalTree:
@@ -205,6 +251,9 @@ def _walk_class(tree, folder, rel: str, label: str, stack: set[str], out: ScanRe
                 _walk_class(tree, handle, relpath, label, stack, out, split)
         elif kind == "broken":
             out.missing.append(SourceItem(tree.path(handle), relpath, label, None, split))
+        elif kind == "unreachable":  # only local trees: a symlink loop, say
+            out.missing.append(SourceItem(tree.path(handle), relpath, label, None, split))
+            out.missing_reasons[relpath] = unreachable_reason(handle)
         else:
             out.ignored.append((relpath, tree.other_reason(handle)))
 
@@ -236,6 +285,8 @@ def _top_entries(tree, folder, rel: str, beside: str, out: ScanResult) -> list[t
             out.ignored.append((relname, f"file beside {beside} (not a sample)"))
         elif kind == "broken":
             out.ignored.append((relname, f"broken symlink beside {beside}"))
+        elif kind == "unreachable":
+            out.ignored.append((relname, f"{unreachable_reason(handle)}, beside {beside}"))
         else:
             out.ignored.append((relname, tree.other_reason(handle)))
     return dirs

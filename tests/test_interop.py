@@ -8,6 +8,7 @@ per shard); every check compares each sample with the split records (label, stor
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +154,86 @@ def test_timm_create_loader_runs_one_training_batch(wds_out):
     assert images.shape == (8, 3, 64, 64) and images.dtype.is_floating_point
     assert labels.shape == (8,) and 0 <= int(labels.min()) and int(labels.max()) < 5
     assert float(images.std()) > 0.1  # normalised photos, not blank tensors
+
+
+# ------------------------------------------------- the default shard plan, read by timm's workers
+@pytest.fixture(scope="module", params=["sample-x3", "flowers"])
+def default_plan_out(request, sample_dir, tmp_path_factory) -> Path:
+    """A pack with the default shard plan (no --shard-samples/--shard-bytes): the embedded
+    sample linked three times into one train split (600 samples: 8 shards of 75; runs in CI),
+    and the full flowers set by photographer (train split of ~1,500: 16 shards; skipped where
+    ../shared/data is absent)."""
+    base = tmp_path_factory.mktemp("plan")
+    if request.param == "flowers":
+        flowers = request.getfixturevalue("flowers_dir")
+        pack(flowers, base / "out", metadata=flowers / "metadata.csv",
+             group_column="group_flickr_user", near_duplicates="off", workers=2, progress=False)
+        return base / "out"
+    src = base / "src"
+    for copy in range(3):
+        for photo in sorted(sample_dir.glob("*/*.jpg")):
+            link = src / photo.parent.name / f"{copy}_{photo.name}"
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(photo)
+    pack(src, base / "out", split={"train": 1.0}, near_duplicates="off", progress=False)
+    return base / "out"
+
+
+def _fingerprint(image, label) -> tuple[str, int]:
+    return hashlib.sha1(image.numpy().tobytes()).hexdigest(), int(label)
+
+
+@pytest.fixture(scope="module")
+def timm_view(default_plan_out):
+    """A fixed timm transform (resize + centre crop to 32 px, no random op) and the multiset of
+    fingerprints of the train split's stored images through it: what an epoch must hold."""
+    import timm.data
+
+    transform = timm.data.create_transform(input_size=(3, 32, 32), is_training=True, no_aug=True)
+    expected = Counter(
+        _fingerprint(transform(Image.open(io.BytesIO(stored_bytes(default_plan_out, "train", rec)))
+                               .convert("RGB")), rec["label"])
+        for rec in tar_order(default_plan_out, "train"))
+    return transform, expected
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_timm_workers_get_every_sample_of_the_default_shard_plan(default_plan_out, timm_view,
+                                                                 workers):
+    """timm's ``create_loader`` at 2 and 4 workers hands each worker whole shards (worker k
+    takes shards k, k + W, ... of the shuffled list) and, in training, a quota of
+    ceil(ceil(N / W) / B) * B samples that its shards are re-read to fill or cut to. With the
+    default plan (power-of-two shards of equal length, the last shorter) every sample of the
+    train split comes in the epoch, and the only repeats are timm's padding up to its quota;
+    in eval mode every sample comes exactly once. (A one-shard split gave 768 of 1,535.)"""
+    import timm.data
+
+    out, (transform, expected) = default_plan_out, timm_view
+    info = load_manifest(out)["splits"]["train"]
+    lengths = [sh["num_samples"] for sh in info["shards"]]
+    n = info["num_samples"]
+    assert sum(expected.values()) == n
+    assert len(lengths) in (8, 16) and len(lengths) % workers == 0
+    assert set(lengths[:-1]) == {-(-n // len(lengths))} and lengths[-1] <= lengths[0]
+    assert json.loads((out / "shards" / "_info.json").read_text())["splits"]["train"][
+        "shard_lengths"] == lengths
+    batch = 8
+    for training in (True, False) if workers == 4 else (True,):
+        ds = timm.data.create_dataset("wds/x", root=str(out / "shards"), split="train",
+                                      is_training=training, batch_size=batch, seed=0)
+        loader = timm.data.create_loader(ds, input_size=(3, 32, 32), batch_size=batch,
+                                         is_training=training, num_workers=workers,
+                                         use_prefetcher=False, persistent_workers=False)
+        ds.transform = transform  # fixed, so a sample's fingerprint is known (before the fork)
+        got = Counter(_fingerprint(image, label) for images, labels in loader
+                      for image, label in zip(images, labels))
+        if training:
+            quota = -(-(-(-n // workers)) // batch) * batch
+            assert sum(got.values()) == workers * quota == len(ds)
+            assert not expected - got  # every sample at least once
+            assert sum((got - expected).values()) == workers * quota - n  # timm's padding only
+        else:
+            assert got == expected  # exactly once
 
 
 def test_webdataset_reads_every_split_with_keys_and_labels(wds_out):

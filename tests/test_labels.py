@@ -138,3 +138,19 @@ def test_yaml_non_string_names(tmp_path):
     path.write_text("classes: [a]\naliases: {1.5: a}\n", encoding="utf-8")
     with pytest.raises(LabelError, match=r"name 1.5 \(float\)"):
         LabelMap.from_yaml(path)
+
+
+def test_a_100k_class_map_loads_and_its_duplicates_are_named(tmp_path):
+    """The duplicate check is linear (a pairwise one takes minutes at this size) and the error
+    names the duplicates and counts, without the 100,000 names."""
+    names = FLOWERS + [f"class_{i:06d}" for i in range(99_995)]
+    path = tmp_path / "labels.yaml"
+    path.write_text("classes:\n" + "".join(f"- {n}\n" for n in names))
+    m = LabelMap.from_yaml(path)
+    assert m.num_classes == 100_000 and m.resolve("class_099994") == 99_999
+    assert m.resolve_all(FLOWERS) == {n: i for i, n in enumerate(FLOWERS)}
+    with pytest.raises(LabelError) as err:
+        LabelMap(names + ["class_000007 ", "tulips"])
+    assert str(err.value) == ("duplicate class name(s) ['class_000007', 'tulips'] (after Unicode "
+                              "NFC + strip): 2 name(s) given more than once among 100002 "
+                              "classes")

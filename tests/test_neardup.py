@@ -79,6 +79,50 @@ def test_phash64_equals_imagehash_on_odd_sizes(sample_dir, shape):
     assert neardup.phash64(photo[:, ::-1]) == _imagehash64(np.ascontiguousarray(photo[:, ::-1]))
 
 
+def test_a_48_megapixel_photo_is_checked_and_hashed_in_bounded_memory(tmp_path):
+    """The pack's per-file check (decode, degenerate test, pHash) of an 8000x6000 JPEG, in a
+    child process: its peak RSS stays under 400 MB (the decoded pixels are 144 MB; the pHash
+    used to add 1.1 GB of whole-image float copies)."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    path = tmp_path / "48mp.jpg"
+    Image.fromarray(blocks.repeat(100, axis=0).repeat(100, axis=1)).save(path, quality=85)
+    child = (
+        "import resource, sys\n"
+        "from shardkit.images import DEFAULT_MAX_PIXELS\n"
+        "from shardkit.pack_plan import check_chunk\n"
+        "(res,) = check_chunk([(sys.argv[1], '48mp.jpg', DEFAULT_MAX_PIXELS, False, True, None, "
+        "95)])\n"
+        "assert res['ok'] and (res['width'], res['height']) == (8000, 6000), res\n"
+        "peak = [line.split()[1] for line in open('/proc/self/status') if "
+        "line.startswith('VmHWM:')]\n"
+        "print(res['phash'], peak[0] if peak else "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    # VmHWM: this process's own peak (ru_maxrss would also count the test process it was forked
+    # from, whose high-water mark Linux carries across exec); both in KiB
+    out = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[0] != "None" and int(out[0]) >= 0  # hashed (not taken as degenerate)
+    assert int(out[1]) < 400 * 1024, f"peak RSS {int(out[1]) // 1024} MB"
+
+
+@pytest.mark.parametrize("shape", [(1000, 1500), (1500, 1000), (40, 9000), (9000, 40)])
+def test_thumbnail_by_bands_of_rows_equals_pillows(shape, monkeypatch):
+    """thumbnail32 converts and resamples bands of rows (its memory bound): over many bands,
+    wide and tall (vertical pass first), the result is Pillow's convert("L") + LANCZOS resize,
+    exactly; and the pHash is imagehash's."""
+    rng = np.random.default_rng(sum(shape))
+    rgb = np.asarray(Image.fromarray(rng.integers(0, 256, (shape[0] // 20, shape[1] // 20, 3),
+                                                  dtype=np.uint8)).resize(shape[::-1]))
+    monkeypatch.setattr(neardup, "_CHUNK_PIXELS", 50_000)  # 20-1250 bands
+    pillow = np.asarray(Image.fromarray(rgb).convert("L").resize((32, 32), Image.LANCZOS))
+    assert np.array_equal(neardup.thumbnail32(rgb), pillow)
+    assert neardup.phash64(rgb) == _imagehash64(rgb)
+
+
 def test_phash64_rejects_non_rgb():
     for bad in (np.zeros((8, 8), np.uint8), np.zeros((8, 8, 4), np.uint8),
                 np.zeros((8, 8, 3), np.float32)):

@@ -244,10 +244,44 @@ def test_case11_14_empty_tiny_truncated_files_quarantined(sample_dir, awkward_di
     assert summary.num_packed == 6 and summary.num_quarantined == 4
     assert summary.quarantine_reasons["empty file"] == 1
     check_packed(tmp_path / "o", src, 10)
-    with pytest.raises(SourceError, match="fail_fast"):
+    with pytest.raises(SourceError, match="one.jpg: rejected .*--fail-fast stops at the first"):
         pack(src, tmp_path / "ff", format="hdf5", split={"train": 1.0}, fail_fast=True,
              progress=False)
     assert not (tmp_path / "ff" / "manifest.json").exists()
+
+
+def test_fail_fast_stops_at_the_first_rejected_file(sample_dir, tmp_path, monkeypatch):
+    """--fail-fast: the check stops at the first reject in scan order (the files after it are
+    not checked), exit 2 with one line naming it and its reason, nothing written; the same
+    file is named with --workers 2; a dangling link stops it before any file is read."""
+    from shardkit import pack_plan
+
+    photos = sample_files(sample_dir, 6)  # 6 per class; daisy sorts first
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    (src / "dandelion" / "0_broken.jpg").write_bytes(b"\xff")  # 7th file in scan order
+    (src / "tulips" / "0_empty.jpg").write_bytes(b"")
+    calls = []
+    real = pack_plan._check_one
+    monkeypatch.setattr(pack_plan, "_check_one", lambda job, got=None: calls.append(job[1]) or
+                        real(job, got))
+    line = (f"Error: SourceError: {src / 'dandelion' / '0_broken.jpg'}: rejected (not an image "
+            "(sniffed: unknown)); --fail-fast stops at the first rejected file, nothing was "
+            "written")
+    for workers in ("1", "2"):
+        out = tmp_path / f"o{workers}"
+        res = CliRunner().invoke(pack_command, [str(src), str(out), "--fail-fast", "--workers",
+                                                workers, "--no-progress"])
+        assert res.exit_code == 2 and res.output.strip().splitlines() == [line], res.output
+        assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+        if workers == "1":  # in this process: the 6 daisy photos, the reject, nothing after
+            assert calls == sorted(calls) and len(calls) == 7
+            assert calls[-1] == "dandelion/0_broken.jpg"
+    calls.clear()
+    (src / "daisy" / "0_gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    with pytest.raises(SourceError, match=r"0_gone.jpg: rejected \(file not found\); "
+                                          "--fail-fast stops"):
+        pack(src, tmp_path / "o3", fail_fast=True, progress=False)
+    assert calls == []
 
 
 # ------------------------------------------------------------------ case 15 + awkward folder
@@ -362,6 +396,25 @@ def test_csv_source_with_groups_and_a_missing_row(sample_dir, tmp_path):
     assert verify(tmp_path / "o").ok
 
 
+def test_a_file_symlink_loop_is_quarantined_naming_the_loop(sample_dir, tmp_path):
+    """a.jpg -> b.jpg -> a.jpg in SRC: the pack goes on (exit 0) and quarantines both links
+    with the loop as reason, as it quarantines a dangling link ("file not found")."""
+    photos = sample_files(sample_dir, 3)
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    os.symlink("b.jpg", src / "daisy" / "a.jpg")
+    os.symlink("a.jpg", src / "daisy" / "b.jpg")
+    os.symlink(tmp_path / "nowhere.jpg", src / "roses" / "dangling.jpg")
+    res = CliRunner().invoke(pack_command, [str(src), str(tmp_path / "o"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert quarantine(tmp_path / "o") == [
+        {"path": "daisy/a.jpg", "reason": "symlink loop: a.jpg -> b.jpg -> a.jpg"},
+        {"path": "daisy/b.jpg", "reason": "symlink loop: b.jpg -> a.jpg -> b.jpg"},
+        {"path": "roses/dangling.jpg", "reason": "file not found"}]
+    assert f"scanned {len(photos) + 3} = packed {len(photos)} + quarantined 3 (file not " \
+        "found=1, symlink loop=2)" in res.output
+    check_packed(tmp_path / "o", src, len(photos) + 3)
+
+
 def test_strict_rejects_what_decodes_only_with_warnings(awkward_dir, sample_dir, tmp_path):
     files = {"x/corrupt_scan_data.jpg": awkward_dir / "corrupt_scan_data.jpg"}
     files.update({f"x/{p.name}": p for p in sample_files(sample_dir, 1)})
@@ -455,18 +508,24 @@ pack({str(src)!r}, {str(out)!r}, format="wds", split={{"train": 1.0}}, shard_sam
     check_packed(out, src, 25)
 
 
-def test_default_rollover_by_bytes(sample_dir, tmp_path, monkeypatch):
-    import shardkit.pack as pack_mod
+def test_default_shard_plan_by_bytes(sample_dir, tmp_path, monkeypatch):
+    """The default plan raises a split's shard count where its bytes need it: 20 photos of
+    ~1.2 MB with a 300 kB target average are 5 shards by bytes -> 8 (a power of two), so
+    ceil(20 / 8) = 3 samples per shard, the last holding the rest: 7 shards (fewer than 8 only
+    because a shard holds fewer samples than there are shards)."""
+    from shardkit import pack_plan
 
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir, 4)})
-    monkeypatch.setattr(pack_mod, "DEFAULT_SHARD_BYTES", 300_000)
+    monkeypatch.setattr(pack_plan, "DEFAULT_SHARD_BYTES", 300_000)
     pack(src, tmp_path / "o", format="hdf5", split={"train": 1.0}, progress=False)
     recs = read_split_records(tmp_path / "o", "train")
-    per_shard = Counter()
-    for r in recs:
-        per_shard[r["shard"]] += r["size"]
-    assert len(per_shard) > 1 and max(per_shard.values()) <= 300_000
+    total = sum(r["size"] for r in recs)
+    assert 4 * 300_000 < total <= 8 * 300_000  # the premise: 5-8 shards by bytes
+    per_shard = Counter(r["shard"] for r in recs)
+    assert [per_shard[k] for k in sorted(per_shard)] == [3, 3, 3, 3, 3, 3, 2]
+    assert [s["num_samples"] for s in load_manifest(tmp_path / "o")["splits"]["train"][
+        "shards"]] == [3, 3, 3, 3, 3, 3, 2]
 
 
 # ------------------------------------------------------------------ new-user reports
@@ -609,6 +668,51 @@ def test_warns_about_a_class_without_samples_in_a_split(sample_dir, tmp_path):
     assert msg in summary.warnings and msg in man["split"]["warnings"]
     assert f"  warning: {msg}" in summary.format_text()
     assert not any("only one class" in w for w in summary.warnings)
+
+
+def test_a_100k_class_label_map_gives_one_warning_per_split_and_a_small_manifest(sample_dir,
+                                                                                  tmp_path):
+    """labels.yaml with the 5 real classes and 99,995 unused ones: each split gets ONE warning
+    counting its classes without samples and naming the first 20 (not one per class: 300,000
+    lines, a 21 MB manifest); the summary lists at most 20 class counts per split."""
+    names = ["daisy", "dandelion", "roses", "sunflowers", "tulips"] + \
+        [f"class_{i:06d}" for i in range(99_995)]
+    (tmp_path / "labels.yaml").write_text("classes:\n" + "".join(f"- {n}\n" for n in names))
+    photos = sample_files(sample_dir, 4)
+    src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
+    summary = pack(src, tmp_path / "o", labels=tmp_path / "labels.yaml", near_duplicates="off",
+                   split={"train": 0.5, "val": 0.5}, progress=False)
+    man = load_manifest(tmp_path / "o")
+    assert man["classes"] == names
+    expected = []
+    for split, info in man["splits"].items():
+        empty = [c for c, n in zip(names, info["class_counts"]) if n == 0]
+        assert len(empty) >= 99_995
+        expected.append(f"{len(empty)} of 100000 classes have no samples in split {split!r}: "
+                        + ", ".join(repr(c) for c in empty[:20])
+                        + f" and {len(empty) - 20} more (the split's class_counts has them all)")
+    warned = [w for w in man["split"]["warnings"] if "no samples in split" in w]
+    assert warned == expected and len(man["split"]["warnings"]) <= len(expected) + 2
+    assert all(w in summary.warnings for w in expected)
+    # the manifest holds the 100,000 names and 2 x 100,000 counts, little else
+    assert (tmp_path / "o" / "manifest.json").stat().st_size < 60 * len(names)
+    text = summary.format_text()
+    assert len(text) < 10_000 and "99995 classes without samples (the manifest's class_counts" \
+        in text
+
+
+def test_summary_warns_about_splits_with_fewer_shards_than_reader_processes(sample_dir,
+                                                                           tmp_path):
+    """The embedded sample with the default plan: train (161 samples) is 2 shards, val and test
+    one each; the summary (not the manifest's split warnings) says so in one line."""
+    summary = pack(sample_dir, tmp_path / "o", near_duplicates="off", progress=False)
+    man = load_manifest(tmp_path / "o")
+    counts = {s: len(info["shards"]) for s, info in man["splits"].items()}
+    assert counts == {"train": 2, "val": 1, "test": 1}
+    (w,) = [w for w in summary.warnings if "fewer than 8 shards" in w]
+    assert w.startswith("split(s) with fewer than 8 shards: train (2), val (1), test (1). ")
+    assert f"  warning: {w}" in summary.format_text()
+    assert not [x for x in man["split"]["warnings"] if "shards" in x]
 
 
 def test_warns_about_a_single_class(sample_dir, tmp_path):

@@ -63,10 +63,61 @@ def test_options_are_resolved_once_and_frozen():
         pack("src", "out", options={"seed": 1})
 
 
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("samples, nbytes, shards", [
+    (0, 0, 0), (1, 10, 1), (100, 6 * MIB, 1), (127, 8 * MIB, 1), (128, 8 * MIB, 2),
+    (176, 11 * MIB, 2), (511, 30 * MIB, 4), (512, 30 * MIB, 8), (1483, 95 * MIB, 16),
+    (1535, 98 * MIB, 16), (2047, 130 * MIB, 16), (2048, 130 * MIB, 32), (1_281_167, 0, 32),
+    (50_000, 8 * 1024 * MIB, 32),             # 8 GiB: 32 shards of 256 MiB
+    (1_281_167, 140 * 1024 * MIB, 576),       # ImageNet train: 560 -> a multiple of 32
+    (100, 5 * 1024 * MIB, 32),                # 100 photos of 50 MB: 20 by bytes -> 32
+    (10, 5 * 1024 * MIB, 10),                 # never more shards than samples
+])
+def test_default_shard_count_per_split_size(samples, nbytes, shards):
+    """The default plan: the largest power of two <= 32 leaving >= 64 samples per shard, raised
+    to keep the average shard <= 256 MiB (a power of two up to 32, then a multiple of 32)."""
+    assert pack_plan.default_shard_count(samples, nbytes) == shards
+
+
+@pytest.mark.parametrize("samples, nbytes", [(1483, 95 * MIB), (2048, 130 * MIB),
+                                              (100_000, 9 * 1024 * MIB), (512, 1), (65, 1)])
+def test_default_limits_cut_a_split_into_that_many_equal_shards(samples, nbytes):
+    """shard_limits + the sink's rollover (pack_write.shard_ranges, which both engines follow)
+    give exactly default_shard_count shards, all of ceil(n / S) samples but the last; shards
+    stay under the 512 MiB cap, which equal files never reach."""
+    from shardkit.pack_write import shard_ranges
+
+    count = pack_plan.default_shard_count(samples, nbytes)
+    max_samples, max_bytes = PackOptions().shard_limits(samples, nbytes)
+    assert (max_samples, max_bytes) == (-(-samples // count), 2 * DEFAULT_SHARD_BYTES)
+    ranges = shard_ranges([nbytes // samples] * samples, max_samples, max_bytes)
+    lengths = [b - a for a, b in ranges]
+    assert len(lengths) == count and sum(lengths) == samples
+    assert set(lengths[:-1]) <= {max_samples} and 0 < lengths[-1] <= max_samples
+
+
+def test_given_shard_limits_replace_the_default_plan():
+    assert PackOptions(shard_samples=10).shard_limits(1000, 10 * MIB) == (10, None)
+    assert PackOptions(shard_bytes="1MB").shard_limits(1000, 10 * MIB) == (None, 1_000_000)
+    assert PackOptions(shard_samples=10, shard_bytes="1MB").shard_limits(5, 1) == (10, 1_000_000)
+    assert DEFAULT_SHARD_BYTES == pack_plan.DEFAULT_SHARD_BYTES == 256 * MIB
+
+
+def test_few_shards_warning_names_the_splits_under_the_reader_parallelism():
+    def split(n, shards):
+        return {"num_samples": n, "shards": [{}] * shards}
+
+    assert pack_plan.READER_PARALLELISM == 8
+    assert pack_plan.few_shards_warning({"train": split(2048, 32), "val": split(0, 0)}) == []
+    (w,) = pack_plan.few_shards_warning({"train": split(1483, 16), "val": split(176, 2),
+                                         "test": split(180, 1)})
+    assert w.startswith("split(s) with fewer than 8 shards: val (2), test (1). Readers that "
+                        "hand whole shards to each of world_size x num_workers processes")
+
+
 def test_defaults_that_depend_on_two_options_follow_both():
-    assert PackOptions().shard_byte_limit == DEFAULT_SHARD_BYTES == 256 << 20
-    assert PackOptions(shard_samples=10).shard_byte_limit is None
-    assert PackOptions(shard_samples=10, shard_bytes="1MB").shard_byte_limit == 1_000_000
     with_cls = PackOptions(format="wds")
     assert with_cls.sink_writer_options == {"wds_cls": True, "wds_json": False}
     assert PackOptions(wds_cls=False, wds_json=True).sink_writer_options == {

@@ -110,6 +110,31 @@ def test_symlinks(tmp_path):
     assert ("cat/loop", "symlink loop (points to a folder being walked)") in result.ignored
 
 
+def test_file_symlink_loops_are_missing_with_the_loop_as_reason(tmp_path):
+    """A loop of file links (a.jpg -> b.jpg -> a.jpg, a link to itself) cannot be followed
+    (ELOOP): each link is a missing entry whose reason names the loop; the scan goes on, also
+    for a looped entry beside the class folders and a CSV row naming a looped link."""
+    root = tmp_path / "src"
+    _touch(root, "cat/real.jpg")
+    os.symlink("b.jpg", root / "cat" / "a.jpg")
+    os.symlink("a.jpg", root / "cat" / "b.jpg")
+    os.symlink("self.jpg", root / "cat" / "self.jpg")
+    os.symlink("y", root / "x")  # beside the class folders: x -> y -> x
+    os.symlink("x", root / "y")
+    result = scan_folder(root)
+    assert [i.relpath for i in result.items] == ["cat/real.jpg"]
+    assert [i.relpath for i in result.missing] == ["cat/a.jpg", "cat/b.jpg", "cat/self.jpg"]
+    assert result.missing_reasons == {"cat/a.jpg": "symlink loop: a.jpg -> b.jpg -> a.jpg",
+                                      "cat/b.jpg": "symlink loop: b.jpg -> a.jpg -> b.jpg",
+                                      "cat/self.jpg": "symlink loop: self.jpg -> self.jpg"}
+    assert ("x", "symlink loop: x -> y -> x, beside the class folders") in result.ignored
+    listing = tmp_path / "list.csv"
+    listing.write_text("path,label\nsrc/cat/real.jpg,cat\nsrc/cat/a.jpg,cat\n")
+    rows = scan_csv(listing)
+    assert [i.relpath for i in rows.items] == ["src/cat/real.jpg"]
+    assert rows.missing_reasons == {"src/cat/a.jpg": "symlink loop: a.jpg -> b.jpg -> a.jpg"}
+
+
 def test_empty_or_classless_root_raises(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -269,8 +269,8 @@ def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_id
     url = None if upload is None else upload.url
     args, owner, weights = [], [], []
     for s, (name, members) in enumerate(splits):
-        ranges = shard_ranges([stored_size(results[i]) for i in members],
-                              options.shard_samples, options.shard_byte_limit)
+        sizes = [stored_size(results[i]) for i in members]
+        ranges = shard_ranges(sizes, *options.shard_limits(len(members), sum(sizes)))
         for k, (a, b) in enumerate(ranges):
             rows = [(f"{name}_{n:08d}", items[i], results[i], label_idx[i])
                     for n, i in zip(range(a, b), members[a:b])]
