@@ -59,6 +59,9 @@ def test_extension_is_built_where_it_can_be():
     mod = _jpegroi()
     level, best = mod.simd_level()
     assert level == best and mod.SIMD_SCALAR <= best <= mod.SIMD_AVX2
+    pre = _ext.build_prerequisites()
+    assert mod.LIBJPEG_TURBO_VERSION_NUMBER == pre["libjpeg_turbo"]  # the headers it was built with
+    assert bool(mod.ROI_SAFE) is pre["roi_expected"] is roi.ROIDecoder.available()
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -248,6 +251,7 @@ def test_other_libjpeg_headers_stop_the_build_with_a_clear_error(tmp_path):
 @pytest.mark.parametrize("number,safe", [(1005000, 0), (1005002, 0), (1005003, 1), (1005090, 0),
                                          (2000005, 0), (2000006, 1), (2001005, 1), (3000004, 1)])
 def test_roi_floor_is_2_0_6_or_1_5_3(number, safe, tmp_path):
+    assert _ext.roi_floor_ok(number) is bool(safe)  # the Python mirror the tests rely on
     res = _compile(_with_version(number, f"_Static_assert(ROI_SAFE == {safe}, \"floor\");\n"),
                    tmp_path, f"v{number}")
     assert res.returncode == 0, res.stderr

@@ -25,7 +25,7 @@ import shutil
 import sys
 import sysconfig
 
-__all__ = ["jpeg_header", "libjpeg_turbo_version", "compiler", "python_header",
+__all__ = ["jpeg_header", "libjpeg_turbo_version", "roi_floor_ok", "compiler", "python_header",
            "build_prerequisites", "load", "load_kernels", "status_line", "main"]
 
 _loaded: tuple | None = None
@@ -80,6 +80,13 @@ def libjpeg_turbo_version(jpeglib_h: str | None = None) -> int | None:
     return 0
 
 
+def roi_floor_ok(version: int | None) -> bool:
+    """Whether libjpeg-turbo ``version`` (``LIBJPEG_TURBO_VERSION_NUMBER``) is at the ROI floor
+    of ``_jpegroi.c`` (``ROI_SAFE``): 2.0.6 or later, or 1.5.3 on the 1.5 branch (1.5.90 is 2.0
+    beta1)."""
+    return version is not None and (version >= 2000006 or 1005003 <= version < 1005090)
+
+
 def compiler() -> str | None:
     """Path of the C compiler setuptools would use (``$CC``, else Python's configured ``CC``,
     else ``cc``), or None when it is not on PATH."""
@@ -98,8 +105,10 @@ def build_prerequisites() -> dict:
 
     Returns ``{"compiler": path|None, "jpeglib_h": path|None, "python_h": path|None,
     "libjpeg_turbo": int|None (see :func:`libjpeg_turbo_version`), "missing": [str],
-    "can_build": bool, "kernels_missing": [str], "kernels_can_build": bool}``: ``missing`` /
-    ``can_build`` for ``_jpegroi``, ``kernels_*`` for ``shardkit.augment._kernels``; each
+    "can_build": bool, "roi_expected": bool, "kernels_missing": [str],
+    "kernels_can_build": bool}``: ``missing`` / ``can_build`` for ``_jpegroi``, ``roi_expected``
+    when it can be built and the headers are at the ROI floor (:func:`roi_floor_ok`: the ROI
+    decoder must then be available), ``kernels_*`` for ``shardkit.augment._kernels``; each
     missing piece is named with the Debian package that provides it.
     """
     found = {"compiler": compiler(), "jpeglib_h": jpeg_header(), "python_h": python_header()}
@@ -115,6 +124,7 @@ def build_prerequisites() -> dict:
                        f"{_dotted(turbo)}, older than 1.5")
     kernels_missing = [hints[k] for k in ("compiler", "python_h") if found[k] is None]
     return {**found, "libjpeg_turbo": turbo, "missing": missing, "can_build": not missing,
+            "roi_expected": not missing and roi_floor_ok(turbo),
             "kernels_missing": kernels_missing, "kernels_can_build": not kernels_missing}
 
 
