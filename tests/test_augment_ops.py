@@ -438,11 +438,10 @@ def test_nearest_affine_samples_the_exact_nearest_source_pixel(h, w):
     rng = np.random.default_rng(h * 1000 + w)
     near = total = 0
     for _ in range(12):
-        m = _get_inverse_affine_matrix(
-            [float(rng.uniform(-w / 2, w / 2)), float(rng.uniform(-h / 2, h / 2))],
-            float(rng.uniform(-180, 180)), [float(rng.uniform(-w / 4, w / 4)),
-                                            float(rng.uniform(-h / 4, h / 4))],
-            float(rng.uniform(0.5, 2.0)), [float(rng.uniform(-30, 30)), float(rng.uniform(-30, 30))])
+        u = lambda lo, hi: float(rng.uniform(lo, hi))  # noqa: E731
+        m = _get_inverse_affine_matrix([u(-w / 2, w / 2), u(-h / 2, h / 2)], u(-180, 180),
+                                       [u(-w / 4, w / 4), u(-h / 4, h / 4)], u(0.5, 2.0),
+                                       [u(-30, 30), u(-30, 30)])
         theta = np.asarray(m, np.float32)
         fx, fy = exact_source(theta, h, w)
         sx, sy, inside = kernel_choice(theta, h, w)

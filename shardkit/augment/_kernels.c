@@ -77,9 +77,10 @@ static int get_u8(PyObject *obj, Py_buffer *view, Py_ssize_t len, int writable,
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) return -1;
     if (view->itemsize != 1 || !u8_format(view->format) || view->len != len) {
+        const Py_ssize_t items = view->len / (view->itemsize ? view->itemsize : 1);
         PyErr_Format(PyExc_ValueError, "%s: a buffer of %zd items of %zd bytes (format %s); "
-                     "expected %zd uint8 bytes", what, view->len / (view->itemsize ? view->itemsize : 1),
-                     view->itemsize, view->format ? view->format : "B", len);
+                     "expected %zd uint8 bytes", what, items, view->itemsize,
+                     view->format ? view->format : "B", len);
         PyBuffer_Release(view);
         return -1;
     }
@@ -342,7 +343,8 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
     for (Py_ssize_t y = 0; y < h; y++) {
         const float by = -(float)h * 0.5f + 0.5f + (float)y;
 #ifdef HAVE_FMA_CLONE
-        if (path_used == PATH_FMA) affine_coords_fma(ix, iy, w, h, by, r00, r10, r20, r01, r11, r21);
+        if (path_used == PATH_FMA)
+            affine_coords_fma(ix, iy, w, h, by, r00, r10, r20, r01, r11, r21);
         else
 #endif
             affine_coords_generic(ix, iy, w, h, by, r00, r10, r20, r01, r11, r21);

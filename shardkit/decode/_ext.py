@@ -13,8 +13,9 @@ with ``--require`` after installing, and the tests use it to skip the headline-p
 where an extension cannot be built at all.
 
 Command line: ``python -c "import sys; from shardkit.decode._ext import main; sys.exit(main())"
-[--require]`` prints one status line; with ``--require`` it exits 1 (with the reason) when an
-extension that can be built here does not import, i.e. the install silently lost a fast path.
+[--require]`` prints one status line per extension; with ``--require`` it exits 1 (with the
+reason) when an extension that can be built here does not import, i.e. the install silently
+lost a fast path.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import sys
 import sysconfig
 
 __all__ = ["jpeg_header", "libjpeg_turbo_version", "roi_floor_ok", "compiler", "python_header",
-           "build_prerequisites", "load", "load_kernels", "status_line", "main"]
+           "build_prerequisites", "load", "load_kernels", "status_line",
+           "kernels_status_line", "main"]
 
 _loaded: tuple | None = None
 _kernels_loaded: tuple | None = None
@@ -114,7 +116,8 @@ def build_prerequisites() -> dict:
     found = {"compiler": compiler(), "jpeglib_h": jpeg_header(), "python_h": python_header()}
     turbo = libjpeg_turbo_version(found["jpeglib_h"])
     hints = {"compiler": "a C compiler (gcc; Debian: build-essential)",
-             "jpeglib_h": _TURBO_HINT, "python_h": "Python's headers (Python.h; Debian: python3-dev)"}
+             "jpeglib_h": _TURBO_HINT,
+             "python_h": "Python's headers (Python.h; Debian: python3-dev)"}
     missing = [hints[k] for k, v in found.items() if v is None]
     if turbo == 0:
         missing.append(f"{_TURBO_HINT}: {found['jpeglib_h']} is another libjpeg (its jconfig.h "
@@ -172,23 +175,29 @@ def load_kernels() -> tuple:
 
 
 def status_line() -> str:
-    """One line: whether ``_jpegroi`` imports (its SIMD level, whether ROI decoding is on) and
-    whether ``shardkit.augment._kernels`` imports."""
+    """One line: whether ``_jpegroi`` imports, its SIMD level and whether ROI decoding is on."""
     mod, reason = load()
-    if mod is not None:
-        level, best = mod.simd_level()
-        names = {mod.SIMD_SCALAR: "scalar", mod.SIMD_SSE41: "sse4.1", mod.SIMD_AVX2: "avx2"}
-        roi = ("ROI decoding on" if mod.ROI_SAFE else
-               f"ROI decoding OFF (built against libjpeg-turbo "
-               f"{_dotted(mod.LIBJPEG_TURBO_VERSION_NUMBER)}, below {mod.ROI_FLOOR})")
-        line = (f"shardkit.decode._jpegroi: built ({mod.__file__}); resize SIMD "
-                f"{names.get(level, level)} (best here {names.get(best, best)}); {roi}")
-    else:
-        line = f"shardkit.decode._jpegroi: NOT available: {reason}"
-    kernels, kreason = load_kernels()
-    if kernels is not None:
-        return line + f" | shardkit.augment._kernels: built ({kernels.__file__})"
-    return line + f" | shardkit.augment._kernels: NOT available: {kreason}"
+    if mod is None:
+        return f"shardkit.decode._jpegroi: NOT available: {reason}"
+    level, best = mod.simd_level()
+    names = {mod.SIMD_SCALAR: "scalar", mod.SIMD_SSE41: "sse4.1", mod.SIMD_AVX2: "avx2"}
+    roi = ("ROI decoding on" if mod.ROI_SAFE else
+           f"ROI decoding OFF (built against libjpeg-turbo "
+           f"{_dotted(mod.LIBJPEG_TURBO_VERSION_NUMBER)}, below {mod.ROI_FLOOR})")
+    return (f"shardkit.decode._jpegroi: built ({mod.__file__}); resize SIMD "
+            f"{names.get(level, level)} (best here {names.get(best, best)}); {roi}")
+
+
+def kernels_status_line() -> str:
+    """One line: whether ``shardkit.augment._kernels`` imports (importing it imports
+    ``shardkit.augment``, hence torch: the install check's business, not the decoders')."""
+    mod, reason = load_kernels()
+    if mod is None:
+        return f"shardkit.augment._kernels: NOT available: {reason}"
+    used, best = mod.path()
+    names = {mod.PATH_PORTABLE: "portable", mod.PATH_FMA: "avx2+fma"}
+    return (f"shardkit.augment._kernels: built ({mod.__file__}); code path "
+            f"{names.get(used, used)} (best here {names.get(best, best)}; the same bytes)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,4 +227,5 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         return 1
     print(status_line())
+    print(kernels_status_line())
     return 0

@@ -234,10 +234,6 @@ static int roi_h_fancy(const struct jpeg_decompress_struct *cinfo) {
     return 0;
 }
 
-/* Decode window (x, y, w, h) (scaled coordinates; w <= 0 or h <= 0: whole image) at scale m/8
- * into dst (w*h*3 bytes), or, when dst is NULL, only report the scaled size. Runs without the
- * GIL. Returns 0 on success, 1 on a libjpeg error (err->error), 2 for a window outside the image,
- * 3 when out of memory. *sw, *sh receive the scaled image size. */
 /* bytes of the whole-image coefficient buffer libjpeg keeps for a multi-scan file (jdcoefct.c:
  * one JBLOCK per block, rows and columns rounded up to the sampling factors) */
 static size_t roi_coef_bytes(const struct jpeg_decompress_struct *cinfo) {
@@ -254,6 +250,11 @@ static size_t roi_coef_bytes(const struct jpeg_decompress_struct *cinfo) {
     return total;
 }
 
+/* Decode window (x, y, w, h) (scaled coordinates; w <= 0 or h <= 0: whole image) at scale m/8
+ * into dst (w*h*3 bytes), or, when dst is NULL, only report the scaled size, within the limits
+ * *lim. Runs without the GIL. Returns 0 on success, 1 on an error (err->error: libjpeg's, or a
+ * limit when err->limited), 2 for a window outside the image, 3 when out of memory, 4 for a
+ * window below the library floor (!ROI_SAFE). *sw, *sh receive the scaled image size. */
 static int roi_window(const unsigned char *data, size_t len, long x, long y, long w, long h,
                       int m, int flags, unsigned char *dst, roi_error_mgr *err, long *sw,
                       long *sh, const roi_limits *lim) {
