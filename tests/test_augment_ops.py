@@ -210,7 +210,8 @@ def nearest_sampling(monkeypatch):
     monkeypatch.setattr(_geometry, "_affine_grid", check.affine_grid)
     monkeypatch.setattr(_geometry, "_apply_grid_transform", check.apply_grid_transform)
     yield check
-    assert check.flips <= check.pixels * MAX_FLIPS_PER_MILLION / 1e6, (
+    # a small test has a few pixels' allowance: a flip is a property of the host's BLAS, not a rate
+    assert check.flips <= 3 + check.pixels * MAX_FLIPS_PER_MILLION / 1e6, (
         f"the kernel and torchvision sampled different neighbours at {check.flips} of "
         f"{check.pixels} pixels ({check.near} within {BOUNDARY_PX} px of a boundary)")
 
@@ -318,13 +319,15 @@ def test_every_primitive_and_op_has_a_case():
 
 
 @pytest.mark.parametrize("name", sorted(PRIMS))
-def test_primitive_equals_torchvision(photos, name):
+def test_primitive_equals_torchvision(photos, name, nearest_sampling):
     for a in photos:
         for args, ref in PRIMS[name]:
             expected = ref(_t(a))
             _same(_fast(a, [(name, args)]), expected, f"apply_hwc {name}{args}")
             _same(apply_torch(_t(a), [(name, args)]).permute(1, 2, 0).numpy(), expected,
                   f"apply_torch {name}{args}")
+    if name in ("rotate", "affine", "shear_origin"):  # torchvision's grid went through the check
+        assert nearest_sampling.pixels >= 2 * len(photos) * 224 * 224 * 10
 
 
 @pytest.mark.parametrize("shape", ["16x16", "2x224", "224x150", "flat red"])
