@@ -22,8 +22,10 @@ sysdeps:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libturbojpeg0 libjpeg62-turbo-dev; }; \
 	else echo "note: not root or no apt-get; install libturbojpeg0 and libjpeg62-turbo-dev yourself"; fi
 
-# The C extension must import wherever the libjpeg headers are installed (the check fails the
-# install with the reason otherwise, instead of every ROI/fused test skipping).
+# The C extensions must import wherever they can be built: _jpegroi where a compiler, Python.h and
+# libjpeg-turbo's headers are installed, _kernels where a compiler and Python.h are (the check
+# fails the install with the reason otherwise, instead of the ROI decoder, the fused transform or
+# the augmentation kernels silently falling back).
 $(STAMP): pyproject.toml setup.py shardkit/decode/_jpegroi.c shardkit/decode/_resample.c \
           shardkit/augment/_kernels.c \
           shardkit/decode/_resample.h

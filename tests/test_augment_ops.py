@@ -9,11 +9,31 @@ test replays the draws from a copy of the sample's generator in torchvision's or
 ``torch.rand``/``randint``/``randperm`` to numpy) and calls the class's own ``transform`` (or,
 for the policies, ``_apply_image_or_video_transform``, the one method RandAugment,
 TrivialAugmentWide and AugMix apply each drawn op with).
+
+Two things in torch itself depend on the CPU, and the comparisons account for them the same way
+on every host, so no test depends on which CPU runs it (checked with ``ATEN_CPU_CAPABILITY``
+``default`` / ``avx2`` / ``avx512`` and ``MKL_ENABLE_INSTRUCTIONS`` ``SSE4_2`` / ``AVX2``):
+
+- torch's ``add_(b, alpha=k)`` is fused on AVX2 / AVX-512 / NEON and rounded twice by its scalar
+  DEFAULT kernels (an x86-64 CPU without AVX2). :func:`torch_fuses` probes it; where torch rounds
+  twice the kernels are switched to the same rounding (``_set_separate_rounding``), and
+  :func:`test_separate_rounding_moves_pixels_by_a_level_at_most` bounds what that changes.
+- torchvision's nearest affine grid is a float32 bmm whose MKL kernel (AVX-512, AVX2, SSE4.2) is
+  chosen per CPU, so torchvision's own output moves between CPUs at sampling boundaries.
+  :class:`NearestSampling` wraps torchvision's ``_affine_grid`` / ``_apply_grid_transform``:
+  for every output pixel it checks that both the kernel and torchvision sample the exact nearest
+  source pixel (or the fill) wherever the exact coordinate is more than ``BOUNDARY_PX`` from a
+  pixel boundary, one of the two neighbours nearer than that, and that they disagree on at most
+  ``MAX_FLIPS_PER_MILLION`` pixels; then it hands torchvision a grid with those boundary pixels
+  resolved as the kernel did, so that everything downstream (fill, later ops of a program) is
+  compared exactly.
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +42,11 @@ import torch
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as F
 from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2.functional import _geometry
 from torchvision.transforms.v2.functional._color import _rgb_to_grayscale_image
-from torchvision.transforms.v2.functional._geometry import _get_perspective_coeffs
+from torchvision.transforms.v2.functional._geometry import (
+    _get_inverse_affine_matrix, _get_perspective_coeffs,
+)
 
 from shardkit.augment import BatchMix, apply_hwc, apply_torch, mix_rng, ops, prims
 from shardkit.sharding import sample_rng
@@ -40,6 +63,157 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def torch_fuses() -> bool:
+    """Whether torch's vectorised ``a.add_(b, alpha=k)`` here is one fused multiply-add (AVX2,
+    AVX-512, NEON) or rounds twice (the scalar DEFAULT kernels): for b = k = 1 + 2**-12 and
+    a = -(1 + 2**-11), ``b * k`` rounds to ``-a`` (a tie, to even), so only the fused form
+    leaves 2**-24."""
+    a = torch.full((64,), -1.00048828125)
+    out = a.add_(torch.full((64,), 1.000244140625), alpha=1.000244140625)
+    assert bool((out == out[0]).all()) and float(out[0]) in (0.0, 2.0 ** -24), out
+    return float(out[0]) != 0.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_rounding():
+    """The kernels round as torch does here (fused unless torch's kernels are the scalar DEFAULT
+    ones); restored to fused after the module."""
+    separate = not torch_fuses()
+    prims._kernels._set_separate_rounding(separate)
+    yield separate
+    prims._kernels._set_separate_rounding(False)
+
+
+BOUNDARY_PX = 1e-3
+"""Distance (px) of an exact sampling coordinate from a pixel boundary (.5) within which either
+neighbour may be sampled. float32 rounding of a 224 px grid moves a coordinate by at most
+~1e-4 px in any summation order (4.4e-5 measured on MKL's AVX-512, AVX2 and SSE4.2 paths)."""
+MAX_FLIPS_PER_MILLION = 100
+"""Bound on output pixels where the kernel and torchvision sample different neighbours. Measured on
+15 million pixels: 0 (MKL AVX-512), 1.1 per million (MKL AVX2 / SSE4.2, the AMD EPYC case)."""
+
+
+def exact_source(theta: np.ndarray, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (float64) source coordinates ``(fx, fy)``, each ``(h, w)`` px, of every output pixel
+    of torchvision's nearest affine with the float32 inverse matrix ``theta`` (6 values): the
+    grid ``base @ rescaled`` (rescaled theta in float32, as torchvision divides it) unnormalised
+    as ``grid_sample(align_corners=False)``."""
+    t = torch.tensor(np.asarray(theta, np.float32).reshape(1, 2, 3))
+    r = t.transpose(1, 2).div_(torch.tensor([0.5 * w, 0.5 * h]))[0].double().numpy()
+    bx, by = np.meshgrid(np.arange(w) - w * 0.5 + 0.5, np.arange(h) - h * 0.5 + 0.5)
+    gx = bx * r[0, 0] + by * r[1, 0] + r[2, 0]
+    gy = bx * r[0, 1] + by * r[1, 1] + r[2, 1]
+    return ((gx + 1) * w - 1) / 2, ((gy + 1) * h - 1) / 2
+
+
+def coordinate_image(h: int, w: int) -> np.ndarray:
+    """``(h, w, 3)`` uint8 with pixel ``(y, x) = (x, y, 255)``: sampled, it shows which source
+    pixel each output pixel took (blue 0: the fill)."""
+    assert h <= 256 and w <= 256, (h, w)
+    img = np.empty((h, w, 3), np.uint8)
+    img[..., 0] = np.arange(w)[None, :]
+    img[..., 1] = np.arange(h)[:, None]
+    img[..., 2] = 255
+    return img
+
+
+def kernel_choice(theta, h: int, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(sx, sy, inside)`` (each ``(h, w)``) the C kernel samples with ``theta``."""
+    img = coordinate_image(h, w)
+    row = np.zeros((1, 10))
+    row[0, :7] = [10, *np.asarray(theta, np.float32).astype(np.float64)]
+    prims._kernels.run(img, h, w, row)
+    return img[..., 0].astype(int), img[..., 1].astype(int), img[..., 2] == 255
+
+
+def check_choice(fx, fy, sx, sy, inside, who: str) -> np.ndarray:
+    """Asserts ``(sx, sy, inside)`` (each ``(h, w)``) is the exact nearest source pixel (or the
+    fill) of ``(fx, fy)`` wherever both coordinates are more than ``BOUNDARY_PX`` from a pixel
+    boundary, and one of the two neighbours (a pixel inside the image, or the fill) nearer than
+    that. Returns the boolean ``(h, w)`` mask of pixels near a boundary."""
+    h, w = fx.shape
+    near, cands = np.zeros((h, w), bool), []
+    for f, size in ((fx, w), (fy, h)):
+        lo = np.floor(f)
+        at = np.abs(f - lo - 0.5) < BOUNDARY_PX
+        near |= at
+        first = np.where(at, lo, np.rint(f))
+        second = np.where(at, lo + 1, first)
+        cands.append([(c, (c >= 0) & (c < size)) for c in (first, second)])
+    good = np.zeros((h, w), bool)
+    for cx, in_x in cands[0]:
+        for cy, in_y in cands[1]:
+            good |= np.where(in_x & in_y, inside & (sx == cx) & (sy == cy), ~inside)
+    bad = ~good
+    assert not bad.any(), (
+        f"{who}: {int(bad.sum())} of {bad.size} pixels sample neither the exact nearest source "
+        f"pixel nor a neighbour at a boundary, e.g. output {np.argwhere(bad)[0].tolist()} "
+        f"(fx, fy = {fx[bad][0]!r}, {fy[bad][0]!r}) took {(sx[bad][0], sy[bad][0])}, inside "
+        f"{bool(inside[bad][0])}")
+    return near
+
+
+class NearestSampling:
+    """Wraps torchvision's ``_affine_grid`` / ``_apply_grid_transform`` (see the module
+    docstring): checks both samplings of every nearest affine grid torchvision builds, counts
+    the pixels where they disagree, and resolves the boundary pixels as the kernel does."""
+
+    def __init__(self):
+        self.pixels = self.near = self.flips = 0
+        self._grid_of: dict[int, tuple] = {}
+        self._affine_grid = _geometry._affine_grid
+        self._apply = _geometry._apply_grid_transform
+
+    def affine_grid(self, theta, w, h, ow, oh):
+        matrix = theta[0].reshape(6).cpu().numpy().copy()  # before: _affine_grid divides it
+        grid = self._affine_grid(theta, w=w, h=h, ow=ow, oh=oh)
+        if (ow, oh) == (w, h) and grid.device.type == "cpu":
+            self._grid_of[id(grid)] = (grid, matrix, h, w)
+        return grid
+
+    def apply_grid_transform(self, img, grid, mode, fill):
+        known = self._grid_of.pop(id(grid), None)
+        if mode == "nearest" and known is not None and known[0] is grid:
+            grid = self.resolve(grid, *known[1:])
+        return self._apply(img, grid, mode, fill)
+
+    def resolve(self, grid, theta, h, w):
+        fx, fy = exact_source(theta, h, w)
+        sx, sy, inside = kernel_choice(theta, h, w)
+        near = check_choice(fx, fy, sx, sy, inside, "C kernel")
+        coords = torch.from_numpy(coordinate_image(h, w)).permute(2, 0, 1)[None].float()
+        coords[:, 2] = 1.0
+        took = torch.nn.functional.grid_sample(coords, grid, mode="nearest",
+                                               padding_mode="zeros", align_corners=False)[0]
+        tx, ty = took[0].numpy().astype(int), took[1].numpy().astype(int)
+        t_inside = took[2].numpy() > 0.5
+        check_choice(fx, fy, tx, ty, t_inside, "torchvision")
+        differ = (t_inside != inside) | (inside & ((tx != sx) | (ty != sy)))
+        assert not (differ & ~near).any()  # implied by both checks: only at boundaries
+        self.pixels += h * w
+        self.near += int(near.sum())
+        self.flips += int(differ.sum())
+        out = grid.clone()
+        gx = torch.from_numpy(np.where(inside, (2 * sx + 1) / w - 1, -3.0)).float()
+        gy = torch.from_numpy(np.where(inside, (2 * sy + 1) / h - 1, -3.0)).float()
+        nm = torch.from_numpy(near)
+        out[0, ..., 0] = torch.where(nm, gx, out[0, ..., 0])
+        out[0, ..., 1] = torch.where(nm, gy, out[0, ..., 1])
+        return out
+
+
+@pytest.fixture(autouse=True)
+def nearest_sampling(monkeypatch):
+    check = NearestSampling()
+    monkeypatch.setattr(_geometry, "_affine_grid", check.affine_grid)
+    monkeypatch.setattr(_geometry, "_apply_grid_transform", check.apply_grid_transform)
+    yield check
+    # a small test has a few pixels' allowance: a flip is a property of the host's BLAS, not a rate
+    assert check.flips <= 3 + check.pixels * MAX_FLIPS_PER_MILLION / 1e6, (
+        f"the kernel and torchvision sampled different neighbours at {check.flips} of "
+        f"{check.pixels} pixels ({check.near} within {BOUNDARY_PX} px of a boundary)")
 
 
 @pytest.fixture(scope="module")
@@ -145,13 +319,15 @@ def test_every_primitive_and_op_has_a_case():
 
 
 @pytest.mark.parametrize("name", sorted(PRIMS))
-def test_primitive_equals_torchvision(photos, name):
+def test_primitive_equals_torchvision(photos, name, nearest_sampling):
     for a in photos:
         for args, ref in PRIMS[name]:
             expected = ref(_t(a))
             _same(_fast(a, [(name, args)]), expected, f"apply_hwc {name}{args}")
             _same(apply_torch(_t(a), [(name, args)]).permute(1, 2, 0).numpy(), expected,
                   f"apply_torch {name}{args}")
+    if name in ("rotate", "affine", "shear_origin"):  # torchvision's grid went through the check
+        assert nearest_sampling.pixels >= 2 * len(photos) * 224 * 224 * 10
 
 
 @pytest.mark.parametrize("shape", ["16x16", "2x224", "224x150", "flat red"])
@@ -181,6 +357,170 @@ def test_gray_kernel_equals_torchvision_on_every_rgb_colour():
     ref = ref[0].to(torch.uint8).numpy()
     assert np.array_equal(gray, ref), f"{int((gray != ref).sum())} of 2**24 colours differ"
     assert total == int(ref.sum(dtype=np.int64))
+
+
+def test_separate_rounding_moves_pixels_by_a_level_at_most(photos):
+    """What a torch without fused multiply-adds (x86-64 without AVX2) changes: single colour
+    primitives differ from the fused result by at most one level (saturation moves near-grey
+    pixels, whose value sits on an integer, on ~1.3% of pixels; sharpness ~0.02%)."""
+    kernels, moved = prims._kernels, {}
+    before = kernels._set_separate_rounding(False)
+    try:
+        for name in ("contrast", "saturation", "sharpness", "grayscale"):
+            moved[name] = 0
+            for a in photos[:4]:
+                for args, _ in PRIMS[name]:
+                    fused = _fast(a, [(name, args)])
+                    kernels._set_separate_rounding(True)
+                    separate = _fast(a, [(name, args)])
+                    kernels._set_separate_rounding(False)
+                    diff = np.abs(fused.astype(int) - separate.astype(int))
+                    assert diff.max() <= 1, (name, args, int(diff.max()))
+                    moved[name] += int((diff > 0).any(-1).sum())
+    finally:
+        kernels._set_separate_rounding(before)
+    assert moved["saturation"] > 0 and moved["saturation"] < 0.05 * 4 * 7 * 224 * 224, moved
+
+
+def _digest_image(h: int, w: int) -> np.ndarray:
+    """A deterministic (h, w, 3) uint8 test card: gradients plus hash noise (no RNG library)."""
+    raw = b"".join(hashlib.sha256(b"shardkit %d" % i).digest() for i in range(h * w * 3 // 32 + 1))
+    noise = np.frombuffer(raw[:h * w * 3], np.uint8).reshape(h, w, 3).astype(int)
+    yy, xx = np.mgrid[0:h, 0:w]
+    base = xx * 200 // max(w - 1, 1) + yy * 90 // max(h - 1, 1)
+    return ((base[..., None] * np.array([1, 2, 3]) + (noise >> 2)) % 256).astype(np.uint8)
+
+
+# one row per opcode, every argument a literal (no libm, no torchvision in the way)
+_DIGEST_ROWS = [[1, 1.37], [2, 0.61], [3, 1.83], [3, 0.0], [4, 2.2], [4, 0.3], [5, 3], [6, 140.0],
+                [7], [8], [9], [10, 0.9659258, -0.258819, 3.25, 0.258819, 0.9659258, -2.5, 5, 6, 7],
+                [10, 1.1, 0.35, -7.0, -0.1, 0.8, 4.0, 0, 0, 0], [11, 3, 4, 20, 9, 1, 2, 3]]
+KERNEL_DIGEST = "8a18054a17515620010c269a4fdf74231176033503172459a8b65b4536d0fe63"
+"""sha256 of the kernels' output on the test cards: the same on every host (x86-64 portable and
+AVX2+FMA paths, aarch64). Recompute it only when the kernels' arithmetic changes on purpose."""
+
+
+def _kernel_digest() -> str:
+    out = hashlib.sha256()
+    for h, w in ((61, 47), (224, 224), (3, 3), (1, 5), (150, 224)):
+        card = _digest_image(h, w)
+        for rows in [[r] for r in _DIGEST_ROWS] + [_DIGEST_ROWS]:
+            img = card.copy()
+            ops = np.zeros((len(rows), 10))
+            for k, r in enumerate(rows):
+                ops[k, :len(r)] = r
+            prims._kernels.run(img, h, w, ops)
+            out.update(img.tobytes())
+        gray = np.empty((h, w), np.uint8)
+        out.update(str(prims._kernels.gray(card, h, w, gray)).encode() + gray.tobytes())
+    return out.hexdigest()
+
+
+def test_kernels_give_the_same_bytes_on_every_code_path_and_host():
+    """The portable C path and the AVX2+FMA clones give the same bytes here, and both equal the
+    digest recorded on another host: the kernels' pixels do not depend on the CPU."""
+    kernels = prims._kernels
+    used, best = kernels.path()
+    rounding = kernels._set_separate_rounding(False)
+    digests = {}
+    try:
+        for level in sorted({kernels.PATH_PORTABLE, best}):
+            assert kernels._set_path(level) == level
+            digests[level] = _kernel_digest()
+    finally:
+        kernels._set_path(used)
+        kernels._set_separate_rounding(rounding)
+    assert set(digests.values()) == {KERNEL_DIGEST}, digests
+
+
+@pytest.mark.parametrize("h,w", [(224, 224), (150, 224), (224, 97), (16, 16), (2, 224), (1, 1)])
+def test_nearest_affine_samples_the_exact_nearest_source_pixel(h, w):
+    """Without torch: for random rotations, shears, scales and translations, every output pixel
+    samples the source pixel nearest to its exact coordinate (or the fill outside), except within
+    BOUNDARY_PX of a pixel boundary (about 0.4% of pixels), where it takes one of the two."""
+    rng = np.random.default_rng(h * 1000 + w)
+    near = total = 0
+    for _ in range(12):
+        u = lambda lo, hi: float(rng.uniform(lo, hi))  # noqa: E731
+        m = _get_inverse_affine_matrix([u(-w / 2, w / 2), u(-h / 2, h / 2)], u(-180, 180),
+                                       [u(-w / 4, w / 4), u(-h / 4, h / 4)], u(0.5, 2.0),
+                                       [u(-30, 30), u(-30, 30)])
+        theta = np.asarray(m, np.float32)
+        fx, fy = exact_source(theta, h, w)
+        sx, sy, inside = kernel_choice(theta, h, w)
+        near += int(check_choice(fx, fy, sx, sy, inside, f"{h}x{w} {theta}").sum())
+        total += h * w
+    assert near <= 0.02 * total + 2, (near, total)
+
+
+def _row(*values) -> np.ndarray:
+    ops = np.zeros((1, 10))
+    ops[0, :len(values)] = values
+    return ops
+
+
+@pytest.mark.parametrize("bad,message", [
+    (dict(h=0), "image size h=0"), (dict(w=-3), "image size h=8, w=-3"),
+    (dict(h=1 << 25), "image size"), (dict(image=np.zeros((8, 9, 3), np.uint8)), "expected 192"),
+    (dict(image=np.zeros((8, 8, 3), np.int8)), "format b"),
+    (dict(image=np.zeros((8, 8, 6), np.uint8)[..., :3]), "contiguous"),
+    (dict(ops=np.zeros((1, 9))), "float64 (n, 10)"), (dict(ops=np.zeros((1, 10), np.float32)),
+                                                      "float64 (n, 10)"),
+    (dict(ops=_row(0)), "unknown opcode"), (dict(ops=_row(12)), "unknown opcode"),
+    (dict(ops=_row(1.5, 1.0)), "unknown opcode"), (dict(ops=_row(np.nan)), "unknown opcode"),
+    (dict(ops=_row(1, -0.5)), "factor must be"), (dict(ops=_row(3, np.inf)), "factor must be"),
+    (dict(ops=_row(4, np.nan)), "factor must be"), (dict(ops=_row(5, 9)), "posterize bits"),
+    (dict(ops=_row(5, -1)), "posterize bits"), (dict(ops=_row(5, 2.5)), "posterize bits"),
+    (dict(ops=_row(6, np.nan)), "solarize threshold"),
+    (dict(ops=_row(10, 1, 0, np.nan, 0, 1, 0)), "affine matrix"),
+    (dict(ops=_row(10, 1, 0, 1e39, 0, 1, 0)), "affine matrix"),
+    (dict(ops=_row(10, 1, 0, 0, 0, 1, 0, 256, 0, 0)), "affine fill"),
+    (dict(ops=_row(10, 1, 0, 0, 0, 1, 0, 0, -1, 0)), "affine fill"),
+    (dict(ops=_row(11, -2, 0, 4, 4, 1, 2, 3)), "erase i, j, h, w"),
+    (dict(ops=_row(11, 0, -1, 4, 4, 1, 2, 3)), "erase i, j, h, w"),
+    (dict(ops=_row(11, 0, 0, -4, 4, 1, 2, 3)), "erase i, j, h, w"),
+    (dict(ops=_row(11, 0, 0, 4, 1e12, 1, 2, 3)), "erase i, j, h, w"),
+    (dict(ops=_row(11, 0, 0, 4, 4, 1, 300, 3)), "erase value"),
+])
+def test_kernels_refuse_bad_arguments_and_write_nothing(bad, message):
+    """Every C entry point checks sizes, buffers and each op row before touching a pixel
+    (the old erase with a negative corner wrote before the buffer)."""
+    args = dict(image=_digest_image(8, 8), h=8, w=8,
+                ops=np.vstack([_row(11, 0, 0, 8, 8, 9, 9, 9), _row(1, 2.0)]))
+    if "ops" in bad and bad["ops"].shape == (1, 10) and bad["ops"].dtype == np.float64:
+        # the bad row comes after a good one: nothing runs
+        bad = dict(ops=np.vstack([_row(11, 0, 0, 8, 8, 9, 9, 9), bad["ops"]]))
+    args.update(bad)
+    before = np.array(args["image"], copy=True)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        prims._kernels.run(args["image"], args["h"], args["w"], args["ops"])
+    assert np.array_equal(args["image"], before)
+
+
+def test_gray_refuses_bad_arguments():
+    img = _digest_image(4, 5)
+    for h, w, out, message in ((0, 5, np.empty(0, np.uint8), "image size h=0"),
+                               (4, 5, np.empty(21, np.uint8), "expected 20 uint8"),
+                               (4, 5, np.empty(20, np.uint16), "format H"),
+                               (5, 5, np.empty(25, np.uint8), "expected 75")):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            prims._kernels.gray(img, h, w, out)
+    with pytest.raises(BufferError, match="not writable"):
+        prims._kernels.gray(img, 4, 5, bytes(20))  # read-only out
+
+
+def test_erase_clips_at_the_far_edges_as_torchvision():
+    """A box past the bottom-right edge is clipped (torchvision's slicing); one wholly outside
+    changes nothing; the bytes around the image buffer are never touched."""
+    guard = np.full(16 + 6 * 7 * 3 + 16, 77, np.uint8)
+    img = guard[16:-16].reshape(6, 7, 3)
+    img[...] = _digest_image(6, 7)
+    for i, j, eh, ew in ((4, 5, 10, 10), (0, 0, 6, 7), (9, 0, 3, 3), (0, 7, 2, 2), (5, 6, 1, 1)):
+        expected = F.erase(_t(img), i, j, eh, ew, torch.tensor([1, 2, 3], dtype=torch.uint8)
+                           .view(3, 1, 1)).permute(1, 2, 0).numpy()
+        prims._kernels.run(img, 6, 7, _row(11, i, j, eh, ew, 1, 2, 3))
+        assert np.array_equal(img, expected), (i, j, eh, ew)
+    assert (guard[:16] == 77).all() and (guard[-16:] == 77).all()
 
 
 # ---------------------------------------------------------------- ops: replayed torchvision draws

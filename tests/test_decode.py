@@ -48,11 +48,11 @@ ALL_DECODERS = list(DECODERS)  # contract tests: every registered one (skips nam
 
 def _decoder_or_skip(name: str, **kwargs):
     """The decoder, or a skip naming why it is unavailable; for "roi" a FAILURE wherever the
-    extension can be built (compiler + jpeglib.h + Python.h), so the fast path never vanishes
-    behind green skips."""
+    extension can be built (compiler + jpeglib.h + Python.h) and libjpeg-turbo is at the ROI
+    floor (``_ext.roi_floor_ok``), so the fast path never vanishes behind green skips."""
     cls = DECODERS[name]
     if not cls.available():
-        if name == "roi" and _ext.build_prerequisites()["can_build"]:
+        if name == "roi" and _ext.build_prerequisites()["roi_expected"]:
             pytest.fail(f"the roi decoder must be available where it can be built: "
                         f"{cls.unavailable_reason()}")
         pytest.skip(f"decoder {name!r} is not available here: {cls.unavailable_reason()}")

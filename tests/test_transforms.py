@@ -23,7 +23,7 @@ from shardkit.transforms import (
 
 STOCK_PILLOW = ".post" not in Image.__version__
 CPU_DECODERS = [n for n in DECODERS if n != "nvjpeg" and DECODERS[n].available()]
-if "roi" not in CPU_DECODERS and _ext.build_prerequisites()["can_build"]:
+if "roi" not in CPU_DECODERS and _ext.build_prerequisites()["roi_expected"]:
     # the fused path must never vanish behind a shorter parameter list (see test_cext.py)
     raise RuntimeError(f"the roi decoder must be available where it can be built: "
                        f"{DECODERS['roi'].unavailable_reason()}")

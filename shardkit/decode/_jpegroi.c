@@ -21,16 +21,34 @@
  * Errors use a setjmp/longjmp error manager (libjpeg's example.c pattern); warnings are
  * counted (and the last one kept) instead of printed. The GIL is released while libjpeg runs.
  *
+ * Untrusted input: every decode caps the number of scans (ROI_DEFAULT_MAX_SCANS, TurboJPEG's
+ * limit: a crafted progressive file repeats scans to cost minutes of CPU; the progress monitor
+ * stops it at scan max_scans + 1) and the memory libjpeg may take (cinfo->mem->max_memory_to_use,
+ * and before that a check of the whole-image coefficient buffer a multi-scan file needs, about 2
+ * bytes per sample), each refused with a RuntimeError naming the limit.
+ *
+ * Library floor: jpeg_skip_scanlines() and jpeg_crop_scanline() had crash fixes in 1.5.3 and
+ * 2.0.6 (CVE-2017-15232, CVE-2020-35538). Built against an older libjpeg-turbo, the module still
+ * imports (header(), resize() and whole-image decodes work) but ROI_SAFE is 0 and a window or
+ * crop_resize() raises RuntimeError; shardkit/decode/roi.py then reports the ROI decoder as
+ * unavailable, so "auto" falls back to the next decoder with one warning. Headers of another
+ * libjpeg (IJG, no LIBJPEG_TURBO_VERSION) stop the build with #error (setup.py skips the
+ * extension there, printing why).
+ *
  * Python API (wrapped by shardkit/decode/roi.py):
  *   header(data) -> (width, height, num_components, jpeg_color_space, progressive)
- *   decode(data, x, y, w, h, scale_num, flags)
+ *   decode(data, x, y, w, h, scale_num, flags[, max_scans, max_memory])
  *       -> (bytearray of h*w*3 RGB bytes, (n_warnings, last_warning or None), scaled_w, scaled_h)
  *     x, y, w, h: window in *scaled* pixel coordinates; w <= 0 or h <= 0 means the whole image.
  *     scale_num: M in 1..8 (scale M/8). flags: 1 = JDCT_IFAST, 2 = no fancy upsampling.
- *   Raises ValueError for a bad window or scale, RuntimeError("libjpeg: ...") for fatal errors.
+ *     max_scans (>= 1; default ROI_DEFAULT_MAX_SCANS), max_memory (bytes libjpeg may allocate,
+ *     >= 1 MiB; default ROI_DEFAULT_MAX_MEMORY).
+ *   Raises ValueError for a bad window, scale or limit, RuntimeError("libjpeg: ...") for fatal
+ *   errors, RuntimeError for a file over a limit or a window below the library floor.
  *   resize(src, src_w, src_h, (x0, y0, x1, y1), out, out_w, out_h, flip, filter) -> None
  *     Pillow-exact resize of a float box of a packed RGB buffer into a packed RGB buffer.
- *   crop_resize(data, x, y, w, h, scale_num, flags, box, out, out_w, out_h, flip, filter)
+ *   crop_resize(data, x, y, w, h, scale_num, flags, box, out, out_w, out_h, flip, filter
+ *               [, max_scans, max_memory])
  *       -> (n_warnings, last_warning or None): decode() of the window, then resize() of the
  *       box (window coordinates) into out, in one call without the GIL.
  *   simd_level() -> (level in use, best level supported here): SIMD_SCALAR, SIMD_SSE41 or
@@ -42,10 +60,37 @@
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <jpeglib.h>
+#include <jerror.h>
 
 #include "_resample.h"
+
+#ifndef LIBJPEG_TURBO_VERSION
+#error "shardkit's _jpegroi needs libjpeg-turbo's headers (jconfig.h defines LIBJPEG_TURBO_VERSION); this jpeglib.h is another libjpeg (IJG?). Install libjpeg-turbo's (Debian: libjpeg62-turbo-dev, Ubuntu: libjpeg-turbo8-dev)."
+#endif
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
+#error "shardkit's _jpegroi needs libjpeg-turbo >= 1.5 (jpeg_crop_scanline, jpeg_skip_scanlines)"
+#endif
+
+/* jpeg_skip_scanlines / jpeg_crop_scanline crash fixes: 1.5.3 (CVE-2017-15232) on the 1.5 branch
+ * (1.5.90 is 2.0 beta1), 2.0.6 (CVE-2020-35538) on the 2.x line */
+#if LIBJPEG_TURBO_VERSION_NUMBER >= 2000006 || \
+    (LIBJPEG_TURBO_VERSION_NUMBER >= 1005003 && LIBJPEG_TURBO_VERSION_NUMBER < 1005090)
+#define ROI_SAFE 1
+#else
+#define ROI_SAFE 0
+#endif
+#define ROI_FLOOR "libjpeg-turbo 2.0.6 (or 1.5.3 on the 1.5 branch)"
+#define ROI_STR2(x) #x
+#define ROI_STR(x) ROI_STR2(x)
+
+/* untrusted input: TurboJPEG's scan limit, and what a progressive 4-component image of
+ * shardkit's default pixel limit (89.5 MP) needs (8 bytes per pixel) with room to spare */
+#define ROI_DEFAULT_MAX_SCANS 500
+#define ROI_DEFAULT_MAX_MEMORY ((Py_ssize_t)768 << 20)
+#define ROI_MIN_MEMORY ((Py_ssize_t)1 << 20)
 
 #define ROI_FAST_DCT 1
 #define ROI_FAST_UPSAMPLE 2
@@ -82,13 +127,46 @@ typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
     int n_warnings;
+    int limited; /* 1: error is shardkit's (a limit or the floor), not libjpeg's */
     char last_warning[JMSG_LENGTH_MAX];
-    char error[JMSG_LENGTH_MAX];
+    char error[JMSG_LENGTH_MAX + 160];
 } roi_error_mgr;
+
+/* the limits of one decode */
+typedef struct {
+    int max_scans;
+    Py_ssize_t max_memory;
+} roi_limits;
+
+typedef struct {
+    struct jpeg_progress_mgr pub;
+    int max_scans;
+} roi_progress_mgr;
+
+/* called by libjpeg at every iMCU row while it absorbs a multi-scan file: stops at scan
+ * max_scans + 1 (libjpeg-turbo's turbojpeg.c does the same with its scan limit) */
+static void roi_progress(j_common_ptr cinfo) {
+    roi_progress_mgr *prog = (roi_progress_mgr *)cinfo->progress;
+    if (cinfo->is_decompressor &&
+        ((j_decompress_ptr)cinfo)->input_scan_number > prog->max_scans) {
+        roi_error_mgr *err = (roi_error_mgr *)cinfo->err;
+        snprintf(err->error, sizeof(err->error),
+                 "the JPEG has more than %d scans (the limit; a progressive file needs about 10, "
+                 "more is a crafted or broken file)", prog->max_scans);
+        err->limited = 1;
+        longjmp(err->jump, 1);
+    }
+}
 
 static void roi_error_exit(j_common_ptr cinfo) {
     roi_error_mgr *err = (roi_error_mgr *)cinfo->err;
     (*cinfo->err->format_message)(cinfo, err->error);
+    if (cinfo->err->msg_code == JERR_NO_BACKING_STORE) { /* over mem->max_memory_to_use */
+        snprintf(err->error, sizeof(err->error),
+                 "the JPEG needs more than the %ld-byte memory limit to decode",
+                 (long)cinfo->mem->max_memory_to_use);
+        err->limited = 1;
+    }
     longjmp(err->jump, 1);
 }
 
@@ -109,6 +187,7 @@ static void roi_init(struct jpeg_decompress_struct *cinfo, roi_error_mgr *err) {
     err->pub.emit_message = roi_emit_message;
     err->pub.output_message = roi_output_message;
     err->n_warnings = 0;
+    err->limited = 0;
     err->last_warning[0] = '\0';
     err->error[0] = '\0';
 }
@@ -155,21 +234,53 @@ static int roi_h_fancy(const struct jpeg_decompress_struct *cinfo) {
     return 0;
 }
 
+/* bytes of the whole-image coefficient buffer libjpeg keeps for a multi-scan file (jdcoefct.c:
+ * one JBLOCK per block, rows and columns rounded up to the sampling factors) */
+static size_t roi_coef_bytes(const struct jpeg_decompress_struct *cinfo) {
+    size_t total = 0;
+    int ci;
+    for (ci = 0; ci < cinfo->num_components; ci++) {
+        const jpeg_component_info *c = &cinfo->comp_info[ci];
+        size_t bw = ((size_t)c->width_in_blocks + c->h_samp_factor - 1) / c->h_samp_factor *
+                    c->h_samp_factor;
+        size_t bh = ((size_t)c->height_in_blocks + c->v_samp_factor - 1) / c->v_samp_factor *
+                    c->v_samp_factor;
+        total += bw * bh * sizeof(JBLOCK);
+    }
+    return total;
+}
+
 /* Decode window (x, y, w, h) (scaled coordinates; w <= 0 or h <= 0: whole image) at scale m/8
- * into dst (w*h*3 bytes), or, when dst is NULL, only report the scaled size. Runs without the
- * GIL. Returns 0 on success, 1 on a libjpeg error (err->error), 2 for a window outside the image,
- * 3 when out of memory. *sw, *sh receive the scaled image size. */
+ * into dst (w*h*3 bytes), or, when dst is NULL, only report the scaled size, within the limits
+ * *lim. Runs without the GIL. Returns 0 on success, 1 on an error (err->error: libjpeg's, or a
+ * limit when err->limited), 2 for a window outside the image, 3 when out of memory, 4 for a
+ * window below the library floor (!ROI_SAFE). *sw, *sh receive the scaled image size. */
 static int roi_window(const unsigned char *data, size_t len, long x, long y, long w, long h,
                       int m, int flags, unsigned char *dst, roi_error_mgr *err, long *sw,
-                      long *sh) {
+                      long *sh, const roi_limits *lim) {
     struct jpeg_decompress_struct cinfo;
+    roi_progress_mgr prog;
     unsigned char *volatile row = NULL;
     volatile int rc = 1;
     roi_init(&cinfo, err);
     jpeg_create_decompress(&cinfo);
+    prog.pub.progress_monitor = roi_progress;
+    prog.max_scans = lim->max_scans;
+    cinfo.progress = &prog.pub;
+    cinfo.mem->max_memory_to_use = (long)lim->max_memory;
     if (setjmp(err->jump) == 0) {
         jpeg_mem_src(&cinfo, data, (unsigned long)len);
         jpeg_read_header(&cinfo, TRUE);
+        if (jpeg_has_multiple_scans(&cinfo) && dst &&
+            roi_coef_bytes(&cinfo) > (size_t)lim->max_memory) {
+            snprintf(err->error, sizeof(err->error),
+                     "the %ux%u %s JPEG needs %zu bytes of coefficient memory, over the "
+                     "%zd-byte memory limit", cinfo.image_width, cinfo.image_height,
+                     cinfo.progressive_mode ? "progressive" : "multi-scan",
+                     roi_coef_bytes(&cinfo), lim->max_memory);
+            err->limited = 1;
+            longjmp(err->jump, 1);
+        }
         cinfo.out_color_space = JCS_EXT_RGB;
         cinfo.scale_num = (unsigned int)m;
         cinfo.scale_denom = 8;
@@ -186,6 +297,8 @@ static int roi_window(const unsigned char *data, size_t len, long x, long y, lon
                 rc = 2;
             } else if (!dst) {
                 rc = 0;
+            } else if (!ROI_SAFE && (Y > 0 || W < *sw || H < *sh)) {
+                rc = 4; /* a window needs jpeg_skip_scanlines / jpeg_crop_scanline */
             } else if (!(row = (unsigned char *)malloc((size_t)*sw * 3 + 64))) {
                 rc = 3;
             } else {
@@ -227,7 +340,25 @@ static PyObject *roi_fail(int rc, roi_error_mgr *err, long x, long y, long w, lo
                             "window x=%ld y=%ld w=%ld h=%ld lies outside the %ldx%ld scaled image",
                             x, y, w, h, sw, sh);
     if (rc == 3) return PyErr_NoMemory();
+    if (rc == 4)
+        return PyErr_Format(PyExc_RuntimeError,
+                            "ROI decoding is disabled: built against libjpeg-turbo %s, below "
+                            ROI_FLOOR " (jpeg_skip_scanlines / jpeg_crop_scanline crash fixes, "
+                            "CVE-2017-15232, CVE-2020-35538)",
+                            ROI_STR(LIBJPEG_TURBO_VERSION));
+    if (err->limited) return PyErr_Format(PyExc_RuntimeError, "%s", err->error);
     return PyErr_Format(PyExc_RuntimeError, "libjpeg: %s", err->error);
+}
+
+/* checks the optional limits of decode() / crop_resize(); -1 with ValueError when bad */
+static int roi_check_limits(roi_limits *lim) {
+    if (lim->max_scans < 1 || lim->max_memory < ROI_MIN_MEMORY || lim->max_memory > LONG_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "limits: max_scans=%d (expected >= 1), max_memory=%zd (expected %zd..%ld "
+                     "bytes)", lim->max_scans, lim->max_memory, ROI_MIN_MEMORY, LONG_MAX);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *roi_warnings(roi_error_mgr *err) {
@@ -240,16 +371,24 @@ static PyObject *roi_decode(PyObject *self, PyObject *args) {
     long x, y, w, h, sw = 0, sh = 0;
     int m, flags, rc;
     roi_error_mgr err;
+    roi_limits lim = {ROI_DEFAULT_MAX_SCANS, ROI_DEFAULT_MAX_MEMORY};
     PyObject *out, *warn;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*llllii", &buf, &x, &y, &w, &h, &m, &flags)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*llllii|in", &buf, &x, &y, &w, &h, &m, &flags, &lim.max_scans,
+                          &lim.max_memory))
+        return NULL;
+    if (roi_check_limits(&lim) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
     if (m < 1 || m > 8) {
         PyBuffer_Release(&buf);
         return PyErr_Format(PyExc_ValueError, "scale_num must be in 1..8 (scale M/8), got %d", m);
     }
     if (w <= 0 || h <= 0) { /* whole image: learn its scaled size first */
         Py_BEGIN_ALLOW_THREADS
-        rc = roi_window(buf.buf, (size_t)buf.len, 0, 0, 0, 0, m, flags, NULL, &err, &sw, &sh);
+        rc = roi_window(buf.buf, (size_t)buf.len, 0, 0, 0, 0, m, flags, NULL, &err, &sw, &sh,
+                        &lim);
         Py_END_ALLOW_THREADS
         if (rc) {
             PyBuffer_Release(&buf);
@@ -268,7 +407,7 @@ static PyObject *roi_decode(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     rc = roi_window(buf.buf, (size_t)buf.len, x, y, w, h, m, flags,
-                    (unsigned char *)PyByteArray_AS_STRING(out), &err, &sw, &sh);
+                    (unsigned char *)PyByteArray_AS_STRING(out), &err, &sw, &sh, &lim);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     if (rc) {
@@ -316,11 +455,18 @@ static PyObject *roi_crop_resize(PyObject *self, PyObject *args) {
     int m, flags, ow, oh, flip, filter, rc;
     float box[4];
     roi_error_mgr err;
+    roi_limits lim = {ROI_DEFAULT_MAX_SCANS, ROI_DEFAULT_MAX_MEMORY};
     unsigned char *tmp;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*llllii(ffff)w*iiii", &buf, &x, &y, &w, &h, &m, &flags,
-                          &box[0], &box[1], &box[2], &box[3], &dst, &ow, &oh, &flip, &filter))
+    if (!PyArg_ParseTuple(args, "y*llllii(ffff)w*iiii|in", &buf, &x, &y, &w, &h, &m, &flags,
+                          &box[0], &box[1], &box[2], &box[3], &dst, &ow, &oh, &flip, &filter,
+                          &lim.max_scans, &lim.max_memory))
         return NULL;
+    if (roi_check_limits(&lim) < 0) {
+        PyBuffer_Release(&buf);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
     if (m < 1 || m > 8 || w < 1 || h < 1 || ow < 1 || oh < 1 ||
         dst.len != (Py_ssize_t)ow * oh * 3 || !(box[0] >= 0 && box[1] >= 0 && box[2] <= w &&
         box[3] <= h && box[0] < box[2] && box[1] < box[3]) || !RS_FILTER_OK(filter)) {
@@ -337,7 +483,8 @@ static PyObject *roi_crop_resize(PyObject *self, PyObject *args) {
     if (!tmp) {
         rc = 3;
     } else {
-        rc = roi_window(buf.buf, (size_t)buf.len, x, y, w, h, m, flags, tmp, &err, &sw, &sh);
+        rc = roi_window(buf.buf, (size_t)buf.len, x, y, w, h, m, flags, tmp, &err, &sw, &sh,
+                        &lim);
         if (rc == 0 && rs_resize(tmp, (int)w, (int)h, box, (unsigned char *)dst.buf, ow, oh,
                                  flip, filter))
             rc = 3;
@@ -367,12 +514,13 @@ static PyMethodDef roi_methods[] = {
     {"header", roi_header, METH_VARARGS,
      "header(data) -> (width, height, num_components, jpeg_color_space, progressive)"},
     {"decode", roi_decode, METH_VARARGS,
-     "decode(data, x, y, w, h, scale_num, flags) -> (bytearray, (n_warnings, last_warning), "
-     "scaled_w, scaled_h); window in scaled coordinates, w<=0 or h<=0 = whole image"},
+     "decode(data, x, y, w, h, scale_num, flags[, max_scans, max_memory]) -> (bytearray, "
+     "(n_warnings, last_warning), scaled_w, scaled_h); window in scaled coordinates, w<=0 or "
+     "h<=0 = whole image"},
     {"crop_resize", roi_crop_resize, METH_VARARGS,
      "crop_resize(data, x, y, w, h, scale_num, flags, (bx0, by0, bx1, by1), out, out_w, out_h, "
-     "flip, filter) -> (n_warnings, last_warning): decode the window, then resize() its box "
-     "into out"},
+     "flip, filter[, max_scans, max_memory]) -> (n_warnings, last_warning): decode the window, "
+     "then resize() its box into out"},
     {"resize", roi_resize, METH_VARARGS,
      "resize(src, src_w, src_h, (x0, y0, x1, y1), out, out_w, out_h, flip, filter) -> None; "
      "Pillow-exact RGB resize of box into out (filter: PIL BOX=4, BILINEAR=2, BICUBIC=3)"},
@@ -390,11 +538,11 @@ static struct PyModuleDef roi_module = {PyModuleDef_HEAD_INIT, "_jpegroi",
 PyMODINIT_FUNC PyInit__jpegroi(void) {
     PyObject *m = PyModule_Create(&roi_module);
     if (!m) return NULL;
-#ifdef LIBJPEG_TURBO_VERSION_NUMBER
     PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER", LIBJPEG_TURBO_VERSION_NUMBER);
-#else
-    PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER", 0);
-#endif
+    PyModule_AddIntConstant(m, "ROI_SAFE", ROI_SAFE);
+    PyModule_AddStringConstant(m, "ROI_FLOOR", ROI_FLOOR);
+    PyModule_AddIntConstant(m, "DEFAULT_MAX_SCANS", ROI_DEFAULT_MAX_SCANS);
+    PyModule_AddIntConstant(m, "DEFAULT_MAX_MEMORY", (long)ROI_DEFAULT_MAX_MEMORY);
     PyModule_AddIntConstant(m, "FAST_DCT", ROI_FAST_DCT);
     PyModule_AddIntConstant(m, "FAST_UPSAMPLE", ROI_FAST_UPSAMPLE);
     PyModule_AddIntConstant(m, "SIMD_SCALAR", RS_SIMD_SCALAR);

@@ -16,6 +16,17 @@ the context rows above the window.
 Warnings are counted by the extension, never printed. Because rows below the window are not
 read, a file truncated below the window decodes without a warning on this path: corruption is
 found by the full decode at pack time (field case 14), not here.
+
+Untrusted files: a decode stops with a :class:`~shardkit.errors.DecodeError` at scan
+:attr:`ROIDecoder.max_scans` + 1 (500, TurboJPEG's limit: a crafted progressive file repeats
+scans to cost minutes of CPU; real ones have about 10) and when libjpeg would need more than
+:attr:`ROIDecoder.max_memory` bytes (8 bytes per pixel of ``max_pixels``, what a progressive
+4-component image of that size needs, plus 32 MiB).
+
+Library floor: built against a libjpeg-turbo below 2.0.6 (or 1.5.3 on the 1.5 branch), whose
+``jpeg_skip_scanlines`` / ``jpeg_crop_scanline`` have known crashes (CVE-2017-15232,
+CVE-2020-35538), the extension refuses windows and this decoder reports itself unavailable
+with that reason, so ``get_decoder("auto")`` falls back to the next one with one warning.
 """
 from __future__ import annotations
 
@@ -61,16 +72,30 @@ class ROIDecoder(Decoder):
 
     name = "roi"
     supports_roi = True
+    #: a decode stops at scan max_scans + 1 (TurboJPEG's limit)
+    max_scans: int = 500
+
+    @property
+    def max_memory(self) -> int:
+        """Bytes libjpeg may allocate for one decode: 8 per pixel of ``max_pixels`` (a
+        progressive 4-component image's coefficient buffer) plus 32 MiB."""
+        return min(8 * self.max_pixels + (32 << 20), 1 << 62)
 
     @classmethod
     def available(cls) -> bool:
-        return _jpegroi is not None
+        return _jpegroi is not None and bool(_jpegroi.ROI_SAFE)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if _jpegroi is not None:
-            return None
-        return _JPEGROI_REASON or "_jpegroi not loaded (shardkit.decode.roi._jpegroi is None)"
+        if _jpegroi is None:
+            return _JPEGROI_REASON or "_jpegroi not loaded (shardkit.decode.roi._jpegroi is None)"
+        if not _jpegroi.ROI_SAFE:
+            return (f"_jpegroi was built against libjpeg-turbo "
+                    f"{_version(_jpegroi.LIBJPEG_TURBO_VERSION_NUMBER)}, below "
+                    f"{_jpegroi.ROI_FLOOR}, the floor for the jpeg_skip_scanlines / "
+                    f"jpeg_crop_scanline crash fixes (CVE-2017-15232, CVE-2020-35538): ROI "
+                    f"decoding is off; upgrade libjpeg-turbo's headers and reinstall")
+        return None
 
     def _flags(self) -> int:
         return ((_jpegroi.FAST_DCT if self.fast_dct else 0)
@@ -83,7 +108,8 @@ class ROIDecoder(Decoder):
                 "scaling_factors": [str(f) for f in DCT_REDUCTIONS],
                 "scaling_factors_used": [str(f) for f in FAST_DCT_REDUCTIONS],
                 "fast_dct": self.fast_dct, "fast_upsample": self.fast_upsample,
-                "resize_simd": simd_level(), "max_pixels": self.max_pixels}
+                "resize_simd": simd_level(), "max_pixels": self.max_pixels,
+                "max_scans": self.max_scans, "max_memory": self.max_memory}
 
     def _probe(self, data: bytes | memoryview) -> ImageProbe:
         if not is_jpeg(data):
@@ -102,7 +128,8 @@ class ROIDecoder(Decoder):
         x0, y0, x1, y1 = box
         try:
             buf, (n, msg), sw, sh = _jpegroi.decode(data, x0, y0, x1 - x0, y1 - y0, m,
-                                                    self._flags())
+                                                    self._flags(), self.max_scans,
+                                                    self.max_memory)
         except (RuntimeError, ValueError) as exc:
             raise DecodeError(f"roi decode of {len(data)}-byte JPEG, region {box} at scale "
                               f"{factor}: {exc}") from exc
@@ -129,7 +156,8 @@ class ROIDecoder(Decoder):
         try:
             n, msg = _jpegroi.crop_resize(data, x0, y0, x1 - x0, y1 - y0, m, self._flags(),
                                           tuple(float(v) for v in box), out, out.shape[1],
-                                          out.shape[0], int(bool(flip)), code)
+                                          out.shape[0], int(bool(flip)), code,
+                                          self.max_scans, self.max_memory)
         except (RuntimeError, ValueError) as exc:
             raise DecodeError(f"roi decode of {len(data)}-byte JPEG, region {region} at scale "
                               f"{factor}: {exc}") from exc
