@@ -176,12 +176,16 @@ def _try_exclusive(fd: int) -> bool:
         raise
 
 
-def _release(path: str, fd: int, persistent: bool, owner: int) -> None:
+def _release(path: str, fd: int, persistent: bool, owner: int, hold: bool) -> None:
     """Drops the hold of the process ``owner`` on the arena file open as ``fd``: the last holder
-    removes a RAM arena, or marks a disk arena closed cleanly (after an fsync). Runs from
-    :meth:`Arena.detach`, or as the arena's ``weakref.finalize`` at interpreter exit or garbage
-    collection; in any other process (a forked worker holding a copy) it does nothing."""
+    removes a RAM arena, or marks a disk arena closed cleanly (after an fsync); without ``hold``
+    (a worker process that only maps it) it closes ``fd``. Runs from :meth:`Arena.detach`, or
+    as the arena's ``weakref.finalize`` at interpreter exit or garbage collection; in any other
+    process (a forked worker holding a copy) it does nothing."""
     if os.getpid() != owner:
+        return
+    if not hold:
+        os.close(fd)
         return
     try:
         with _LockFile(path + ".lock") as lock:
@@ -256,9 +260,12 @@ class Arena:
             return 0
         return int((t["cw"].astype(np.int64) * t["ch"] * 3).sum())
 
-    def attach(self) -> "Arena":
+    def attach(self, hold: bool = True) -> "Arena":
         """Opens (or creates) the arena and holds a shared lock on it until :meth:`detach`.
-        In a forked child the parent's mapping (and lock) are used as they are.
+        In a forked child the parent's mapping (and lock) are used as they are. ``hold=False``
+        (a DataLoader worker process of the holder, started by spawn or forkserver): maps the
+        existing arena without a lock of its own, so the holder's exit or :meth:`detach`
+        releases it whether or not its workers are still alive; never creates or removes it.
 
         Raises:
             ArenaUnavailable: no space for the header and table, the file is in use by another
@@ -269,12 +276,37 @@ class Arena:
             if self._mm is not None:
                 self._pid = os.getpid()  # forked: the inherited MAP_SHARED mapping stays valid
                 return self
-            with _LockFile(self.path + ".lock"):
-                self._open_locked()
+            if hold:
+                with _LockFile(self.path + ".lock"):
+                    self._open_locked()
+            else:
+                self._open_unheld()
             self._pid = self._owner = os.getpid()
             self._release = weakref.finalize(self, _release, self.path, self._fd,
-                                             self.persistent, self._owner)
+                                             self.persistent, self._owner, hold)
         return self
+
+    def _open_unheld(self) -> None:
+        try:
+            fd = _open_nofollow(self.path, 0, "cache file")
+        except FileNotFoundError:
+            raise ArenaUnavailable(f"{self.path} vanished (the process that holds it detached "
+                                   "it)") from None
+        try:
+            st = os.fstat(fd)
+            why = untrusted(st)
+            header = _read_header(fd) if why is None else None
+            if why is None and (header is None or header.get("identity") != self.identity):
+                why = "is not the arena of this loader"
+            if why is None:
+                fault = self._layout_fault(fd, header)
+                why = None if fault is None else f"is damaged ({fault})"
+            if why is not None:
+                raise ArenaUnavailable(f"{self.path} {why}: not read")
+            self._map(fd, header)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _open_locked(self) -> None:
         try:
@@ -326,7 +358,7 @@ class Arena:
         if why is not None:
             return f"{why}: its pixels cannot be trusted"
         if header is None:
-            return "unfinished (its creator was killed)"
+            return "unfinished (its creator was killed) or damaged: no valid header"
         if not same:
             return "for another dataset or resolution"
         if damage is not None:

@@ -133,16 +133,16 @@ def _to_shared(obj):
     shared memory now, in this worker: ``torch``'s ``RuntimeError: unable to allocate shared
     memory`` is raised here, where the DataLoader reports it, and not in the queue's feeder
     thread, which would print it and drop the batch."""
-    if isinstance(obj, torch.Tensor):
-        if obj.device.type == "cpu" and not obj.is_shared():
-            obj.share_memory_()
-        return obj
-    if isinstance(obj, dict):
-        for v in obj.values():
-            _to_shared(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _to_shared(v)
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.device.type == "cpu" and not item.is_shared():
+                item.share_memory_()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
     return obj
 
 

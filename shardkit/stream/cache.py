@@ -274,8 +274,11 @@ class DecodedCache:
         it cannot be created or attached."""
         if self.unavailable is not None and not self.arena.attached:
             return False
+        from torch.utils.data import get_worker_info
+
         try:
-            self.arena.attach()
+            # a worker process maps the arena its consumer holds (never a lock of its own)
+            self.arena.attach(hold=get_worker_info() is None)
             return True
         except (ArenaUnavailable, OSError) as e:
             self.unavailable = f"cannot open the arena: {e}"
