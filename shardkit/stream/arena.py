@@ -368,8 +368,8 @@ class Arena:
 
     def _layout_fault(self, fd: int, header: dict) -> str | None:
         """Why the file's layout is not this split's (read with ``pread``, before any mapping),
-        or None. Without an expected layout (a copy in a spawned worker that has no sizes)
-        only the header is checked."""
+        or None. Without an expected layout (an arena built without ``sizes``) only the header
+        is checked."""
         n, data_start = header.get("n"), header.get("data_start")
         if type(n) is not int or not 0 <= n < 1 << 40:
             return f"n={n!r}"

@@ -232,7 +232,7 @@ class ProcessBackend(_Backend):
                 break
             except RuntimeError as e:
                 text = str(e)
-                if "unable to allocate shared memory" in text or "No space left on device" in text:
+                if "shared memory" in text or ("No space left" in text and "/torch_" in text):
                     raise LoaderError(
                         f"{describe()}: a worker could not allocate shared memory to pass a "
                         f"batch to this process ({_free_shm()}). Give /dev/shm more room (e.g. "

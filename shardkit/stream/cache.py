@@ -35,6 +35,7 @@ decoder and, for ``"final"``, the eval transform.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -391,9 +392,13 @@ class DecodedCache:
             return
         try:
             arena.store(pos, pixels, tf.last_warnings)
-        except (OSError, ValueError) as e:
-            self._stop(f"out of space while filling ({getattr(e, 'strerror', None) or e}; "
-                       f"{arena.filled()[0]} of {arena.n} samples cached)")
+        except OSError as e:
+            what = "out of space while filling" if e.errno in (
+                errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "cannot write the arena"
+            self._stop(f"{what} ({e.strerror or e}; {arena.filled()[0]} of {arena.n} samples "
+                       "cached)")
+        except ValueError as e:  # the slot's size in the table is not the pixels' (damage)
+            self._stop(f"cannot write the slot of sample {pos} ({e})")
 
     # --- accounting --------------------------------------------------------------------------
     def stats(self) -> dict:
