@@ -24,9 +24,8 @@ import torch
 
 from shardkit.errors import LoaderError
 from shardkit.manifest import read_split_records, sample_checksum
-from shardkit.stream import WorkerOptions, make_loader
+from shardkit.stream import BatchDataset, WorkerOptions, make_loader
 from shardkit.stream import arena as arena_mod
-from shardkit.stream import backends as backends_mod
 from shardkit.stream import cache as cache_mod
 from shardkit.stream.cache import SHM_DIR_ENV, SHM_MARGIN, shm_reserve
 
@@ -143,7 +142,7 @@ def _unshare_works() -> bool:
 _SMALL_SHM = textwrap.dedent("""
     import hashlib, json, logging, sys
     logging.basicConfig(level=logging.WARNING, format="LOG %(levelname)s %(name)s %(message)s")
-    from shardkit.stream import WorkerOptions, make_loader
+    from shardkit.stream import BatchDataset, WorkerOptions, make_loader
     root, configs = sys.argv[1], json.loads(sys.argv[2])
     for backend, cache in configs:
         print("=== " + backend + " " + cache, file=sys.stderr, flush=True)
@@ -198,27 +197,27 @@ def test_small_dev_shm_epochs_are_whole_with_one_warning(root, size, configs):
 
 
 def _drop(which):
-    """A ``_to_shared`` that makes one batch of one worker unpicklable, so that the
+    """A ``BatchDataset.build`` that makes one batch of one worker unpicklable, so that the
     DataLoader's queue feeder thread drops it (as it drops a batch it cannot move into a full
     /dev/shm): which = (worker id, its k-th batch)."""
-    real = backends_mod._to_shared
+    real = BatchDataset.build
     seen = {"k": -1}
 
-    def to_shared(batch):
+    def build(self, plan, b, **kw):
+        batch = real(self, plan, b, **kw)
         seen["k"] += 1
-        info = torch.utils.data.get_worker_info()
-        if (info.id, seen["k"]) == which:
+        if (torch.utils.data.get_worker_info().id, seen["k"]) == which:
             batch[2]["unpicklable"] = lambda: None
-        return real(batch)
+        return batch
 
-    return to_shared
+    return build
 
 
 @pytest.mark.parametrize("which,lost", [((1, 1), 3), ((0, 2), 4)])
 def test_a_batch_lost_between_worker_and_consumer_raises(root, monkeypatch, which, lost):
     """5 batches, worker 0 builds 0, 2, 4 and worker 1 builds 1, 3: a lost batch 3 (torch then
     skips it once worker 1 is done) or a lost last batch is an error, not a short epoch."""
-    monkeypatch.setattr(backends_mod, "_to_shared", _drop(which))
+    monkeypatch.setattr(BatchDataset, "build", _drop(which))  # forked workers inherit it
     got = []
     with make_loader(root, "train", BATCH, num_workers=2, return_meta=True,
                      workers=WorkerOptions(backend="process", multiprocessing_context="fork",
@@ -232,14 +231,16 @@ def test_a_batch_lost_between_worker_and_consumer_raises(root, monkeypatch, whic
 
 
 def test_no_shared_memory_for_a_batch_is_one_clear_error(root, monkeypatch):
-    def to_shared(batch):
+    """torch cannot move a batch's tensor into a full /dev/shm: one LoaderError that says so,
+    raised from the worker (not a batch silently dropped by the queue's feeder thread)."""
+    def share_memory_(self):
         raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2_3>: No "
                            "space left on device (28)")
 
-    monkeypatch.setattr(backends_mod, "_to_shared", to_shared)
     with make_loader(root, "train", BATCH, num_workers=2,
                      workers=WorkerOptions(backend="process", multiprocessing_context="fork",
                                            timeout=60)) as loader:
+        monkeypatch.setattr(torch.Tensor, "share_memory_", share_memory_)  # in the workers too
         with pytest.raises(LoaderError, match="could not allocate shared memory") as err:
             next(iter(loader))
     assert "/dev/shm" in str(err.value) and "--shm-size" in str(err.value)
@@ -249,7 +250,7 @@ def test_no_shared_memory_for_a_batch_is_one_clear_error(root, monkeypatch):
 
 _NO_CLOSE = textwrap.dedent("""
     import sys
-    from shardkit.stream import WorkerOptions, make_loader
+    from shardkit.stream import BatchDataset, WorkerOptions, make_loader
     if __name__ == "__main__":
         backend, ctx = sys.argv[2], (None if sys.argv[3] == "default" else sys.argv[3])
         loader = make_loader(sys.argv[1], "train", 32, num_workers=2, cache="ram",
@@ -289,7 +290,7 @@ def _invert(path: Path) -> None:
         header = json.loads(mm[24:24 + length])
         n = header["n"]
         offsets, start = arena_mod.table_layout(n)
-        t = {name: np.frombuffer(mm, dtype, n, offsets[name]) for name, dtype in arena_mod._TABLE}
+        t = {name: np.frombuffer(mm, dtype, n, offsets[name]) for name, dtype in arena_mod.TABLE}
         for i in np.flatnonzero(t["state"] == 1):
             size = int(t["ch"][i]) * int(t["cw"][i]) * 3
             pix = np.frombuffer(mm, np.uint8, size, start + int(t["offset"][i]))
@@ -381,7 +382,7 @@ def _damage(path: Path, how: str) -> None:
         offsets, _ = arena_mod.table_layout(n)
         if how == "swap":  # one non-square slot: width <-> height, cw <-> ch; checksum still good
             with mmap.mmap(f.fileno(), 0) as mm:
-                t = {k: np.frombuffer(mm, d, n, offsets[k]) for k, d in arena_mod._TABLE}
+                t = {k: np.frombuffer(mm, d, n, offsets[k]) for k, d in arena_mod.TABLE}
                 i = int(np.flatnonzero(t["cw"] != t["ch"])[0])
                 assert t["state"][i] == 1
                 for a, b in (("width", "height"), ("cw", "ch")):

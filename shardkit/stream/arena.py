@@ -67,7 +67,7 @@ import numpy as np
 from ..errors import ShardkitError
 from ..manifest import sample_checksum
 
-__all__ = ["Arena", "ArenaUnavailable", "HEADER_BYTES", "table_layout"]
+__all__ = ["Arena", "ArenaUnavailable", "HEADER_BYTES", "TABLE", "table_layout", "untrusted"]
 
 log = logging.getLogger("shardkit.stream.cache")
 
@@ -76,7 +76,8 @@ HEADER_BYTES = 1 << 16
 _STOP_AT = HEADER_BYTES - 1024  # the "filling stopped" reason: uint64 length, then UTF-8
 _STOP_MAX = 1016
 _DATA_ALIGN = 4096
-_TABLE = (("offset", np.int64), ("width", np.int32), ("height", np.int32), ("cw", np.int32),
+#: The per-sample table's columns ``(name, dtype)``, in file order (see the layout above).
+TABLE = (("offset", np.int64), ("width", np.int32), ("height", np.int32), ("cw", np.int32),
           ("ch", np.int32), ("xxh3", np.uint64), ("warnings", np.uint16), ("state", np.uint8))
 _GEOMETRY = ("offset", "width", "height", "cw", "ch")
 _OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -94,7 +95,7 @@ def _align(x: int, a: int) -> int:
 def table_layout(n: int) -> tuple[dict[str, int], int]:
     """``({field: byte offset}, data start)`` of an arena of ``n`` samples."""
     offsets, pos = {}, HEADER_BYTES
-    for name, dtype in _TABLE:
+    for name, dtype in TABLE:
         offsets[name] = pos
         pos = _align(pos + n * np.dtype(dtype).itemsize, 64)
     return offsets, _align(pos, _DATA_ALIGN)
@@ -385,7 +386,7 @@ class Arena:
         if size < start + want_bytes:
             return f"{size} bytes, its slots need {start + want_bytes}"
         h = hashlib.sha256()
-        for name, dtype in _TABLE:
+        for name, dtype in TABLE:
             if name in _GEOMETRY:
                 nbytes = n * np.dtype(dtype).itemsize
                 got = os.pread(fd, nbytes, offsets[name])
@@ -441,7 +442,7 @@ class Arena:
         self.n = n = int(header["n"])
         offsets, self.data_start = table_layout(n)
         buf = memoryview(self._mm)
-        self.table = {name: np.frombuffer(buf, dtype, n, offsets[name]) for name, dtype in _TABLE}
+        self.table = {name: np.frombuffer(buf, dtype, n, offsets[name]) for name, dtype in TABLE}
         if self.persistent and not fresh:
             self._mm[16:24] = (1).to_bytes(8, "little")  # dirty until the last clean close
 
@@ -549,7 +550,7 @@ def _geometry_columns(sizes: np.ndarray) -> list[np.ndarray]:
     if len(sizes):
         offset[1:] = np.cumsum(nbytes)[:-1]
     cols = [offset] + [sizes[:, j] for j in range(4)]
-    return [np.ascontiguousarray(c, dtype=dict(_TABLE)[name]) for c, name in zip(cols, _GEOMETRY)]
+    return [np.ascontiguousarray(c, dtype=dict(TABLE)[name]) for c, name in zip(cols, _GEOMETRY)]
 
 
 def _expected_layout(sizes: np.ndarray) -> tuple[int, int, str]:
