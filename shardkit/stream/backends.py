@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -16,11 +17,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import LoaderError
 from .datasets import BatchDataset, BufferPool
 from .options import WorkerOptions
+from .source import worker_id_count
 
 __all__ = ["ThreadBackend", "ProcessBackend"]
 
@@ -126,13 +128,66 @@ class ThreadBackend(_Backend):
         self.dataset.source.close()
 
 
+def _to_shared(obj):
+    """``obj`` (a batch: tensors, dicts, lists, tuples of them) with every CPU tensor moved into
+    shared memory now, in this worker: ``torch``'s ``RuntimeError: unable to allocate shared
+    memory`` is raised here, where the DataLoader reports it, and not in the queue's feeder
+    thread, which would print it and drop the batch."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.device.type == "cpu" and not item.is_shared():
+                item.share_memory_()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return obj
+
+
+class _Numbered(IterableDataset):
+    """What the DataLoader of :class:`ProcessBackend` iterates: the batches of ``dataset``, each
+    as ``(batch number, batch)``, in shared memory already when built in a worker process
+    (:func:`_to_shared`). Worker ``w`` of ``k`` builds batches ``start + w``, then every
+    ``k``-th, so the consumer can check that none was lost on the way."""
+
+    def __init__(self, dataset: BatchDataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self):
+        wid, nw = worker_id_count()
+        start = self.dataset.sampling.state.start_batch
+        share = get_worker_info() is not None
+        for k, batch in enumerate(self.dataset):
+            yield start + wid + k * nw, _to_shared(batch) if share else batch
+
+
+def _free_shm() -> str:
+    try:
+        st = os.statvfs("/dev/shm")
+        return (f"/dev/shm: {st.f_bavail * st.f_frsize / 1e6:.1f} MB free of "
+                f"{st.f_blocks * st.f_frsize / 1e6:.1f} MB")
+    except OSError:
+        return "/dev/shm: unknown size"
+
+
 class ProcessBackend(_Backend):
     """``torch.utils.data.DataLoader`` worker processes (``batch_size=None``): batch ``b`` is
     built by worker ``(b - start) % num_workers``, so the DataLoader's round-robin returns
     batches in order. The epoch, resume point and stream count reach the workers through the
     dataset's shared :class:`~shardkit.stream.state.EpochState`, read at the start of every
     worker iteration, so persistent workers see ``set_epoch`` and ``load_state_dict`` too
-    (field case 18)."""
+    (field case 18).
+
+    Every batch is moved into shared memory in its worker (a failure there, such as a full
+    ``/dev/shm``, is a :class:`LoaderError` in the consumer) and carries its batch number: the
+    consumer checks that batches ``start, start + 1, ...`` arrive each exactly once and all of
+    them, so an epoch is whole or raises; it never ends short.
+    """
 
     def __init__(self, dataset: BatchDataset, num_workers: int, prefetch_factor: int,
                  pin_memory: bool, options: WorkerOptions, world_size: int):
@@ -150,7 +205,7 @@ class ProcessBackend(_Backend):
             kwargs.update(prefetch_factor=prefetch_factor,
                           persistent_workers=options.persistent_workers,
                           timeout=options.timeout, multiprocessing_context=ctx)
-        self.dataloader = DataLoader(dataset, **kwargs)
+        self.dataloader = DataLoader(_Numbered(dataset), **kwargs)
 
     @property
     def start_method(self) -> str | None:
@@ -161,20 +216,45 @@ class ProcessBackend(_Backend):
         return ctx.get_start_method() if ctx is not None else multiprocessing.get_start_method()
 
     def batches(self, start: int, describe: Callable[[], str]) -> Iterator[tuple]:
-        """The current epoch's batches ``start, start + 1, ...`` in order."""
+        """The current epoch's batches ``start, start + 1, ...`` in order.
+
+        Raises:
+            LoaderError: a worker timed out, could not allocate shared memory for a batch, or
+                a batch was lost between a worker and this process (the epoch would be short).
+        """
+        total = self.dataset.plan().num_batches
+        expect = start
         it = iter(self.dataloader)
         while True:
             try:
-                batch = next(it)
+                b, batch = next(it)
             except StopIteration:
-                return
+                break
             except RuntimeError as e:
-                if "timed out" not in str(e):
+                text = str(e)
+                if "shared memory" in text or ("No space left" in text and "/torch_" in text):
+                    raise LoaderError(
+                        f"{describe()}: a worker could not allocate shared memory to pass a "
+                        f"batch to this process ({_free_shm()}). Give /dev/shm more room (e.g. "
+                        "docker run --shm-size=2g), lower num_workers, prefetch_factor or "
+                        "batch_size, or use WorkerOptions(backend='thread') (batches in private "
+                        f"memory). {text.strip().splitlines()[-1]}") from e
+                if "timed out" not in text:
                     raise
                 raise LoaderError(f"{describe()}: no batch within timeout="
                                   f"{self.dataloader.timeout} s ({e}); a worker hung or died "
                                   "(field case 19)") from e
+            if b != expect:
+                raise LoaderError(f"{describe()}: batch {expect} of the epoch never arrived "
+                                  f"from its worker (batch {b} came instead); the epoch would "
+                                  "be short")
+            expect += 1
             yield batch
+        if expect != total:
+            raise LoaderError(f"{describe()}: the workers ended the epoch after "
+                              f"{expect - start} of its {total - start} batches from batch "
+                              f"{start} ({total - expect} lost on the way); the epoch would be "
+                              "short")
 
     def describe(self) -> str:
         dl = self.dataloader

@@ -9,8 +9,25 @@ so the augmentation stays live. The first epoch fills the arena as it goes.
 Modes (:func:`parse_cache`): ``"none"``; ``"ram"`` (``/dev/shm``, or ``$SHARDKIT_CACHE_SHM``);
 ``"disk:DIR"`` (a memory-mapped file in DIR, reused across runs, validated against the
 manifest's shard sha256s); ``"auto"`` (ram when the split's pixels fit in half of the available
-memory and of the tmpfs's free space, else none; one log line says which and why).
-``cache_eval="final"`` on an eval loader stores the final deterministic crops instead.
+memory and in the tmpfs's free space less its reserve, else none; one log line says which and
+why). ``cache_eval="final"`` on an eval loader stores the final deterministic crops instead.
+
+Room for the batches (the tmpfs reserve): DataLoader worker processes pass every batch to the
+consumer in a fresh ``/dev/shm`` segment, so a cache that filled the tmpfs would starve them
+(Docker gives containers 64 MB). A cache never takes the last :func:`shm_reserve` bytes of its
+file system: ``2 x num_workers x prefetch_factor x (batch_size x 3 x S x S + 3 pages)`` per
+local rank (``$LOCAL_WORLD_SIZE``, default 1) for ``backend="process"`` (0 for threads, whose
+batches stay in private memory), plus :data:`SHM_MARGIN` for everything else (NCCL, other
+programs), on the file system of ``/dev/shm`` (a disk cache elsewhere keeps the margin only).
+The arena is not created when the tmpfs has no room beyond that; filling stops (one warning per
+machine, recorded in the arena) at the first sample that would cross it; either way the samples
+not cached are read and decoded as without a cache, so the epoch is the same.
+
+Trust (:mod:`shardkit.stream.arena`): a RAM arena's name carries the user's uid; a file is used
+only if it is a regular file of the calling user, not writable by others and not a link; its
+slot layout must equal the one computed from the split index, else it is rebuilt. A sample that
+cannot be read from the arena is decoded from its shard: a cache fault is never reported as a
+damaged shard.
 
 Identity of an arena (its name in RAM, its header on disk): the split's shard sha256s, the
 index's per-sample xxh3s (or keys and sizes), the split name, the cache resolution, the
@@ -18,6 +35,7 @@ decoder and, for ``"final"``, the eval transform.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -27,10 +45,11 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..manifest import read_split_records
-from .arena import Arena, ArenaUnavailable
+from .arena import Arena, ArenaUnavailable, table_layout
 
 __all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
-           "cache_identity", "cached_size", "available_memory", "arena_memory"]
+           "SHM_MARGIN", "cache_identity", "cached_size", "available_memory", "free_bytes",
+           "shm_reserve", "arena_memory"]
 
 log = logging.getLogger("shardkit.stream.cache")
 
@@ -38,7 +57,11 @@ log = logging.getLogger("shardkit.stream.cache")
 CACHE_EVAL = ("pixels", "final")
 #: Environment variable naming the tmpfs folder of ``cache="ram"`` (default ``/dev/shm``).
 SHM_DIR_ENV = "SHARDKIT_CACHE_SHM"
+#: Bytes of its file system a cache always leaves free, on top of the batch transport.
+SHM_MARGIN = 16 << 20
 _VERSION = 1
+#: What a fault while reading a slot may raise (a cache fault: the sample is decoded instead).
+_SLOT_FAULTS = (ValueError, IndexError, TypeError, KeyError, OSError, BufferError)
 
 
 def parse_cache(spec) -> tuple[str, str | None]:
@@ -78,6 +101,42 @@ def available_memory() -> int:
     return 0
 
 
+def free_bytes(folder) -> int | None:
+    """Free bytes (for an unprivileged user) of the file system holding ``folder``; None when
+    unknown."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def shm_reserve(backend: str, num_workers: int, prefetch_factor: int, batch_size: int,
+                image_size: int) -> int:
+    """Bytes of ``/dev/shm`` a loader's batch transport may hold at once, doubled: worker
+    processes (``backend="process"``, ``num_workers > 0``) each keep ``prefetch_factor``
+    batches in flight, every batch a shared-memory segment of ``batch_size x 3 x S x S`` bytes
+    plus a page for each of its three small tensors, and the consumer holds a few more; times
+    the local ranks (``$LOCAL_WORLD_SIZE``, default 1), which share the tmpfs. 0 for the thread
+    backend or ``num_workers=0`` (batches in private memory). A cache leaves this plus
+    :data:`SHM_MARGIN` free."""
+    if backend != "process" or num_workers == 0:
+        return 0
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    batch = batch_size * 3 * image_size * image_size + 3 * 4096
+    return 2 * num_workers * prefetch_factor * batch * local
+
+
+def _same_fs(a, b) -> bool:
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False
+
+
 def cache_identity(source, kind: str, resolution: str, transform) -> dict:
     """The JSON-able identity of a cache of ``source`` (a ShardSource). See the module doc."""
     idx = source.index
@@ -115,11 +174,17 @@ def _stored_sizes(source, transform) -> np.ndarray:
         records = read_split_records(source.root, source.split)
     except Exception:  # noqa: BLE001 - no records: probe the headers below
         records = []
-    if len(records) == n and all("width" in r and "height" in r for r in records):
+    if len(records) == n and all(isinstance(r, dict) and _side(r.get("width"))
+                                 and _side(r.get("height")) for r in records):
         sizes[:, 0] = [r["width"] for r in records]
         sizes[:, 1] = [r["height"] for r in records]
         return sizes
-    log.info("decoded cache: split %r lists no image sizes; reading %d headers", source.split, n)
+    if records:
+        log.warning("decoded cache: splits/%s.jsonl does not give every sample's width and "
+                    "height as a positive int; reading %d image headers instead", source.split, n)
+    else:
+        log.info("decoded cache: split %r lists no image sizes; reading %d headers",
+                 source.split, n)
     from ..decode import get_decoder
 
     dec = get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
@@ -127,6 +192,10 @@ def _stored_sizes(source, transform) -> np.ndarray:
         probe = dec.probe(source.read(i))
         sizes[i] = probe.width, probe.height
     return sizes
+
+
+def _side(v) -> bool:
+    return type(v) is int and 1 <= v <= 1 << 20
 
 
 class DecodedCache:
@@ -137,12 +206,15 @@ class DecodedCache:
         mode: ``"ram"`` or ``"disk"``. kind: ``"pixels"`` or ``"final"``. max_side: as given.
         path: the arena file. verify: check each hit's pixels against the xxh3 stored at fill
             (the loader's ``verify_reads``; ~5 us per 224 KB image).
-        disabled: why this process stopped filling (out of space), or None.
+        reserve: bytes of the arena's file system left free (``SHM_MARGIN``, plus the batch
+            transport when it is the file system of ``/dev/shm``).
+        disabled: why this process stopped filling (out of space, the reserve reached, a slot
+            that could not be read), or None.
     """
 
     def __init__(self, source, transform, mode: str, directory: str | None,
                  max_side: int | None = None, kind: str = "pixels", verify: bool = True,
-                 image_size: int | None = None):
+                 image_size: int | None = None, transport_bytes: int = 0):
         if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
                                      or max_side < 1):
             raise ConfigError(f"cache_max_side={max_side!r}: expected None or an int >= 1")
@@ -151,6 +223,8 @@ class DecodedCache:
         self.mode, self.kind, self.max_side = mode, kind, max_side
         self.verify = bool(verify)
         self.disabled: str | None = None
+        self.unreadable: str | None = None  # why this process stopped reading slots
+        self.unavailable: str | None = None  # why the arena could not be opened
         sizes = _stored_sizes(source, transform)
         if kind == "final":
             s = int(image_size or transform.cfg.image_size)
@@ -165,7 +239,9 @@ class DecodedCache:
         digest = hashlib.sha256(repr(sorted(ident.items())).encode()).hexdigest()[:20]
         if mode == "ram":
             folder = Path(os.environ.get(SHM_DIR_ENV) or "/dev/shm")
-            path = folder / f"shardkit-cache-{source.split}-{resolution}-{digest}.arena"
+            # the user in the name: another user's file of that name is refused, never read
+            path = folder / f"shardkit-cache-u{os.getuid()}-{source.split}-{resolution}-" \
+                f"{digest}.arena"
         else:
             folder = Path(directory)
             if folder.exists() and not folder.is_dir():
@@ -181,6 +257,14 @@ class DecodedCache:
                                    ).hexdigest()[:12]
             path = folder / f"shardkit-{source.split}-{resolution}-{where}.arena"
         self.path = str(path)
+        self.folder = str(folder)
+        self.num_samples = len(sizes)
+        shm = _same_fs(folder, "/dev/shm")
+        self.reserve = SHM_MARGIN + (int(transport_bytes) if shm else 0)
+        self._reserve_for = (f"{transport_bytes / 1e6:.1f} MB for the batches of the "
+                             f"DataLoader worker processes + a {SHM_MARGIN / 1e6:.1f} MB margin"
+                             if shm and transport_bytes else
+                             f"a {SHM_MARGIN / 1e6:.1f} MB margin for other users")
         self.projected_bytes = int((cached[:, 0] * cached[:, 1] * 3).sum())
         self.arena = Arena(self.path, ident, np.concatenate([sizes, cached], axis=1),
                            persistent=(mode == "disk"))
@@ -189,13 +273,17 @@ class DecodedCache:
     def attach(self) -> bool:
         """Attaches the arena (creating it if needed); False (logged, reads stay uncached) when
         it cannot be created or attached."""
-        if self.disabled is not None and not self.arena.attached:
+        if self.unavailable is not None and not self.arena.attached:
             return False
+        from torch.utils.data import get_worker_info
+
         try:
-            self.arena.attach()
+            # a worker process maps the arena its consumer holds (never a lock of its own)
+            self.arena.attach(hold=get_worker_info() is None)
             return True
         except (ArenaUnavailable, OSError) as e:
-            self._disable(f"cannot open the arena: {e}")
+            self.unavailable = f"cannot open the arena: {e}"
+            self._disable(self.unavailable)
             return False
 
     def detach(self) -> None:
@@ -204,36 +292,65 @@ class DecodedCache:
     def __getstate__(self) -> dict:
         return self.__dict__.copy()
 
-    def _disable(self, why: str) -> None:
+    def _disable(self, why: str, warn: bool = True) -> None:
         if self.disabled is None:
             self.disabled = why
-            log.warning("decoded cache %s: %s; the remaining samples are read and decoded "
-                        "without the cache (nothing wrong is served)", self.path, why)
+            if warn:
+                log.warning("decoded cache %s: %s; the remaining samples are read and decoded "
+                            "without the cache (nothing wrong is served)", self.path, why)
+
+    def _stop(self, why: str) -> None:
+        """Stops filling in every process attached to the arena; only the first process to
+        stop logs the warning (one per machine)."""
+        try:
+            first = self.arena.stop_filling(why)
+        except (ArenaUnavailable, OSError):
+            first = True
+        self._disable(why, warn=first)
+
+    def room_error(self, nbytes: int) -> str | None:
+        """Why ``nbytes`` more must not go into the arena's file system (it would leave less
+        than :attr:`reserve` free), or None (room, or free space unknown)."""
+        free = free_bytes(self.folder)
+        if free is None or free - nbytes >= self.reserve:
+            return None
+        return (f"{self.folder} has {free / 1e6:.1f} MB free and {self.reserve / 1e6:.1f} MB of "
+                f"it stay free ({self._reserve_for}); give it more room (e.g. docker run "
+                "--shm-size=2g) or use cache='disk:DIR'")
 
     # --- per sample --------------------------------------------------------------------------
     def lookup(self, pos: int, tf, rng, out: np.ndarray) -> bool:
         """Writes sample ``pos`` into ``out`` from the cache (True), or does nothing (False:
         a miss; the caller reads the bytes and calls :meth:`fill`). Sets ``tf.last_warnings``
-        to the warnings counted when the sample was filled."""
+        to the warnings counted when the sample was filled. A slot that cannot be read (a cache
+        fault) is a miss with ``rng`` as it was given, and stops reads from the arena in this
+        process (one warning); it never raises."""
         arena = self.arena
-        if not arena.attached and not self.attach():
+        if self.unreadable is not None or (not arena.attached and not self.attach()):
             return False
         t = arena.table
         if t["state"][pos] != 1:
             return False
-        pixels = arena.slot(pos)
-        if self.verify:
-            from ..manifest import sample_checksum
+        drawn = rng.bit_generator.state
+        try:
+            pixels = arena.slot(pos)
+            if self.verify:
+                from ..manifest import sample_checksum
 
-            if sample_checksum(pixels) != int(t["xxh3"][pos]):
-                log.warning("decoded cache %s: slot of sample %d failed its check; decoding it "
-                            "again", self.path, pos)
-                t["state"][pos] = 0
-                return False
-        if self.kind == "final":
-            out[...] = pixels
-        else:
-            tf.from_pixels(pixels, int(t["width"][pos]), int(t["height"][pos]), rng, out)
+                if sample_checksum(pixels) != int(t["xxh3"][pos]):
+                    log.warning("decoded cache %s: slot of sample %d failed its check; decoding "
+                                "it again", self.path, pos)
+                    t["state"][pos] = 0
+                    return False
+            if self.kind == "final":
+                out[...] = pixels
+            else:
+                tf.from_pixels(pixels, int(t["width"][pos]), int(t["height"][pos]), rng, out)
+        except _SLOT_FAULTS as e:
+            rng.bit_generator.state = drawn  # the decode path draws the same crop
+            self.unreadable = f"cannot read the slot of sample {pos} ({type(e).__name__}: {e})"
+            self._disable(self.unreadable)
+            return False
         n = int(t["warnings"][pos])
         tf.last_warnings, tf.last_warning = n, ("libjpeg warning(s) when the sample was cached"
                                                 if n else None)
@@ -242,9 +359,13 @@ class DecodedCache:
     def fill(self, pos: int, data, tf, rng, out: np.ndarray) -> None:
         """Sample ``pos`` decoded from ``data`` into the cache (when there is room) and its crop
         into ``out``, with the same result as the uncached transform. Raises what the decode
-        raises (the caller's ``on_error`` applies); a full tmpfs or disk only disables filling.
-        """
+        raises (the caller's ``on_error`` applies); a full tmpfs or disk, the reserve reached
+        or a slot that cannot be written only stops filling (:meth:`_stop`)."""
         arena = self.arena
+        if self.disabled is None and arena.attached:
+            stopped = arena.filling_stopped  # another process stopped filling
+            if stopped is not None:
+                self._disable(stopped, warn=False)
         if self.disabled is not None or not (arena.attached or self.attach()):
             tf(data, rng, out=out)
             return
@@ -265,11 +386,19 @@ class DecodedCache:
             nw, msg = tf.last_warnings, tf.last_warning
             tf.from_pixels(pixels, w, h, rng, out)  # private, cache-hot pixels
             tf.last_warnings, tf.last_warning = nw, msg
+        why = self.room_error(pixels.nbytes)
+        if why is not None:
+            self._stop(f"filling stopped at {arena.filled()[0]} of {arena.n} samples: {why}")
+            return
         try:
             arena.store(pos, pixels, tf.last_warnings)
         except OSError as e:
-            self._disable(f"out of space while filling ({e.strerror or e}; "
-                          f"{arena.filled()[0]} of {arena.n} samples cached)")
+            what = "out of space while filling" if e.errno in (
+                errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "cannot write the arena"
+            self._stop(f"{what} ({e.strerror or e}; {arena.filled()[0]} of {arena.n} samples "
+                       "cached)")
+        except ValueError as e:  # the slot's size in the table is not the pixels' (damage)
+            self._stop(f"cannot write the slot of sample {pos} ({e})")
 
     # --- accounting --------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -277,23 +406,26 @@ class DecodedCache:
         "filled_bytes", "num_samples", "disabled"}`` as seen now (every process's fills)."""
         arena = self.arena
         filled = arena.filled() if arena.attached else (0, 0)
+        stopped = arena.filling_stopped if arena.attached else None
         return {"mode": self.mode, "kind": self.kind, "resolution": self.resolution,
                 "path": self.path, "size_bytes": self.projected_bytes,
                 "num_samples": arena.n if arena.attached else None,
                 "filled_samples": filled[0], "filled_bytes": filled[1],
-                "disabled": self.disabled}
+                "disabled": self.disabled or stopped}
 
 
 def make_cache(source, transform, cache, *, max_side: int | None = None,
-               cache_eval: str = "pixels", train: bool = True,
-               verify: bool = True) -> DecodedCache | None:
+               cache_eval: str = "pixels", train: bool = True, verify: bool = True,
+               transport_bytes: int = 0) -> DecodedCache | None:
     """The :class:`DecodedCache` of a loader (attached), or None for ``cache="none"``, for
-    ``"auto"`` when the split does not fit, or when the arena cannot be opened (logged; the
-    loader then reads uncached).
+    ``"auto"`` when the split does not fit, or when the arena cannot be opened or created (one
+    warning; the loader then reads uncached).
 
-    ``"auto"``: ram when the projected size (every image at the cache resolution) is at most
-    half of ``MemAvailable`` and at most the free space of the tmpfs; one INFO line says which
-    and why.
+    ``transport_bytes``: the loader's :func:`shm_reserve` (what its batches may hold of
+    ``/dev/shm``); the cache leaves that plus :data:`SHM_MARGIN` free. ``"auto"``: ram when the
+    projected size (every image at the cache resolution) is at most half of ``MemAvailable``
+    and at most the tmpfs's free space less that reserve; one line says which and why (INFO, or
+    a WARNING when only the tmpfs is too small).
 
     Raises:
         ConfigError: a bad ``cache`` / ``cache_max_side`` / ``cache_eval``, ``"final"`` for a
@@ -314,26 +446,34 @@ def make_cache(source, transform, cache, *, max_side: int | None = None,
         raise ConfigError("cache_max_side applies to cached pixels, not to cache_eval='final'")
     kind = "final" if cache_eval == "final" else "pixels"
     dc = DecodedCache(source, transform, "ram" if mode == "auto" else mode, directory,
-                      max_side=max_side, kind=kind, verify=verify)
+                      max_side=max_side, kind=kind, verify=verify,
+                      transport_bytes=transport_bytes)
     if mode == "auto":
         avail = available_memory()
-        shm = os.path.dirname(dc.path)
-        try:
-            st = os.statvfs(shm)
-            shm_free = st.f_bavail * st.f_frsize
-        except OSError:
-            shm_free = 0
-        budget = min(avail // 2, shm_free)
+        shm = dc.folder
+        shm_free = free_bytes(shm) or 0
+        room = max(0, shm_free - dc.reserve)
         need = dc.projected_bytes
-        if need > budget:
-            log.info("cache='auto' -> none: split %r needs %.1f MB of decoded pixels (%s), more "
-                     "than half of the available memory (%.1f MB) or the free space of %s "
-                     "(%.1f MB)", source.split, need / 1e6, dc.resolution, avail / 2e6, shm,
-                     shm_free / 1e6)
+        if need > min(avail // 2, room):
+            tmpfs_only = need <= avail // 2
+            (log.warning if tmpfs_only else log.info)(
+                "cache='auto' -> none: split %r needs %.1f MB of decoded pixels (%s), more than "
+                "half of the available memory (%.1f MB) or the free space of %s (%.1f MB) less "
+                "the %.1f MB that stay free (%s)%s", source.split, need / 1e6, dc.resolution,
+                avail / 2e6, shm, shm_free / 1e6, dc.reserve / 1e6, dc._reserve_for,
+                "; give it more room (e.g. docker run --shm-size=2g) or use cache='disk:DIR'"
+                if tmpfs_only else "")
             return None
         log.info("cache='auto' -> ram: split %r needs %.1f MB of decoded pixels (%s), within "
-                 "half of the available memory (%.1f MB) and the free space of %s (%.1f MB)",
-                 source.split, need / 1e6, dc.resolution, avail / 2e6, shm, shm_free / 1e6)
+                 "half of the available memory (%.1f MB) and the free space of %s (%.1f MB) "
+                 "less the %.1f MB kept free", source.split, need / 1e6, dc.resolution,
+                 avail / 2e6, shm, shm_free / 1e6, dc.reserve / 1e6)
+    if not os.path.lexists(dc.path):
+        why = dc.room_error(table_layout(dc.num_samples)[1])
+        if why is not None:
+            dc.unavailable = f"not created: {why}"
+            dc._disable(dc.unavailable)
+            return None
     if not dc.attach():
         return None
     return dc

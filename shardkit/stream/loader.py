@@ -25,7 +25,7 @@ import torch
 
 from ..errors import ConfigError, LoaderError, ShardkitError
 from .backends import ProcessBackend, ThreadBackend
-from .cache import make_cache, parse_cache
+from .cache import make_cache, parse_cache, shm_reserve
 from .datasets import BatchDataset
 from .options import SamplingOptions, WorkerOptions, is_eval_split, resolve_train
 from .source import ShardSource, dist_rank_world
@@ -438,7 +438,8 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
         raise ConfigError(f"cache={cache!r} and device_decode={device_decode!r}: the cache "
                           "holds CPU pixels; use one or the other")
     dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
-                    train=train, verify=verify_reads)
+                    train=train, verify=verify_reads, transport_bytes=shm_reserve(
+                        workers.backend, num_workers, prefetch_factor, batch_size, size))
     _warn_torch_threads(spec, aug_device, workers.backend, num_workers)
     dataset = BatchDataset(source, plan, tf, size, on_warning,
                            device_decode=device_decode is not None, cache=dc, augment=spec,
