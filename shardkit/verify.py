@@ -39,7 +39,7 @@ from pathlib import Path
 import click
 
 from shardkit import manifest as manifest_mod
-from shardkit.errors import ManifestError, ShardkitError
+from shardkit.errors import ManifestError, ResourceLimitError, ShardkitError
 from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
 
 __all__ = ["verify", "VerifyReport", "verify_command", "RECORD_FIELDS"]
@@ -230,6 +230,8 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
             key = rec["key"]
             try:
                 data = bytes(reader.read(key, int(rec["offset"]), int(rec["size"])))
+            except ResourceLimitError:
+                raise  # the OS is out of open files or memory: nothing was found damaged
             except ShardkitError as e:
                 report._fail(f"{where}: sample {key!r}: {e}", shard=path, key=key)
                 continue
