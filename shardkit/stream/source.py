@@ -292,8 +292,11 @@ class ShardSource:
                 raise err
             raise resource from err
         if self.on_error == "raise":
-            if isinstance(err, ShardkitError) and repr(key) in str(err):
-                raise err
+            message = str(err)
+            if isinstance(err, ShardkitError) and (
+                    repr(key) in message or (isinstance(err, ShardCorruptError)
+                                             and f"shard {self.shard_name(pos)}" in message)):
+                raise err  # names the key, or the whole shard is damaged (named)
             raise DecodeError(f"shard {self.shard_name(pos)}: sample {key!r} failed: "
                               f"{type(err).__name__}: {err}") from err
         log.warning("on_error='skip': skipped sample %r of shard %s: %s", key,
