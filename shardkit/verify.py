@@ -39,7 +39,7 @@ from pathlib import Path
 import click
 
 from shardkit import manifest as manifest_mod
-from shardkit.errors import ManifestError, ResourceLimitError, ShardkitError
+from shardkit.errors import ManifestError, ShardkitError
 from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
 
 __all__ = ["verify", "VerifyReport", "verify_command", "RECORD_FIELDS"]
@@ -201,6 +201,8 @@ def _check_index_checksums(report, split, records, index) -> None:
 
 
 def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -> None:
+    from shardkit.errors import ResourceLimitError
+
     path = shard["path"]
     where = f"split {split!r} shard {path}"
     if len(recs) != shard["num_samples"]:

@@ -191,6 +191,30 @@ def test_threads_sharing_a_table_of_two_never_read_a_closed_handle(fmt, many_sha
     close_all_shards()
 
 
+def test_a_handle_in_use_is_never_closed_by_eviction_or_close(many_shards, monkeypatch):
+    """A read in flight keeps its descriptor: eviction passes it by, and close() closes it
+    when that read ends (no thread ever preads a closed or reused descriptor)."""
+    monkeypatch.setenv("SHARDKIT_MAX_OPEN_SHARDS", "1")
+    out = many_shards("wds")
+    manifest, index = load_manifest(out), load_index(out, "train")
+    close_all_shards()
+    readers = [open_reader(out, manifest, "train", s) for s in range(3)]
+    fd, lease = readers[0]._acquire()  # a read of shard 0 in flight
+    for s in (1, 2):  # each open evicts what it can: never shard 0
+        pos = int(np.flatnonzero(index.shard == s)[0])
+        readers[s].read(index.key_at(pos), int(index.offset[pos]), int(index.size[pos]))
+    assert open_shard_count() == 2  # the bound of 1, plus the one in use
+    os.fstat(fd)  # still open
+    readers[0].close()
+    os.fstat(fd)  # still open: its read has not ended
+    readers[0]._release(lease)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert open_shard_count() == 1
+    close_all_shards()
+    assert open_shard_count() == 0
+
+
 # --- the OS out of a resource is never data damage -------------------------------------------
 
 def _fail_shard_opens(monkeypatch, code=errno.EMFILE, times=None):

@@ -92,16 +92,18 @@ RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAG
                              errno.ENOBUFS})
 
 #: Bounds of :func:`max_open_shards` (shards open at once per process).
-MIN_OPEN_SHARDS, MAX_OPEN_SHARDS = 4, 256
+MIN_OPEN_SHARDS, MAX_OPEN_SHARDS = 4, 4096
 
 
 def max_open_shards() -> int:
     """How many shard files one process keeps open at once: a quarter of the soft
-    ``RLIMIT_NOFILE`` (``ulimit -n``), between 4 and 256 (16 under ``ulimit -n 64``, 256 under
-    the common 1024; ``SHARDKIT_MAX_OPEN_SHARDS`` overrides it, at least 1). The other three
-    quarters stay for everything else a training process opens (DataLoader worker pipes, shared
-    memory handles of batches in flight, logs, checkpoints). Read at each shard open, so a limit
-    changed at run time applies."""
+    ``RLIMIT_NOFILE`` (``ulimit -n``), between 4 and 4096 (16 under ``ulimit -n 64``, 256 under
+    the common 1024, 4096 from 16384 up); ``SHARDKIT_MAX_OPEN_SHARDS`` overrides it (at least
+    1). The other three quarters stay for everything else a training process opens (DataLoader
+    worker pipes, shared-memory handles of batches in flight, logs, checkpoints). Read at each
+    shard open, so a limit changed at run time applies. Reading more shards than this in random
+    order reopens them: one ``open`` for a tar or HDF5 shard (its parsed arrays are kept), a
+    meta-page check and a new map for an LMDB shard (~60 us here)."""
     env = os.environ.get("SHARDKIT_MAX_OPEN_SHARDS")
     if env:
         try:
@@ -171,16 +173,19 @@ def resource_error(exc: BaseException, what: str, path: str | None = None
 
 
 class _Open:
-    """One open shard file of this process: its handle, the reads in flight on it, and the
-    lock its (re)open holds."""
+    """One open shard file of this process: its handle, the reads in flight on it, the lock its
+    (re)open holds, and whether it closes when the last read in flight ends (``doomed``:
+    :meth:`FormatReader.close` was called during a read)."""
 
-    __slots__ = ("handle", "users", "lock", "closer")
+    __slots__ = ("key", "handle", "users", "lock", "closer", "doomed")
 
-    def __init__(self, closer):
+    def __init__(self, key, closer):
+        self.key = key
         self.handle = None
         self.users = 0
         self.lock = threading.Lock()
         self.closer = closer
+        self.doomed = False
 
 
 class _OpenShards:
@@ -203,18 +208,24 @@ class _OpenShards:
 
     def victims(self, limit: int, spare: _Open | None = None) -> list[tuple[Any, Any]]:
         """Under ``self.lock``: detaches least recently used unused handles until at most
-        ``limit`` are open; returns ``(closer, handle)`` pairs to close outside the lock."""
+        ``limit`` are open (and any inherited through a fork); returns ``(closer, handle)``
+        pairs to close outside the lock. Walks from the least recently used end and stops as
+        soon as enough are found."""
         out, self.inherited = self.inherited, []
-        if self.num_open <= limit:
+        excess = self.num_open - limit
+        if excess <= 0:
             return out
-        for key, entry in list(self.entries.items()):
-            if self.num_open <= limit:
-                break
+        doomed = []
+        for key, entry in self.entries.items():
             if entry.users == 0 and entry.handle is not None and entry is not spare:
-                out.append((entry.closer, entry.handle))
-                entry.handle = None
-                self.num_open -= 1
-                del self.entries[key]
+                doomed.append(key)
+                if len(doomed) == excess:
+                    break
+        for key in doomed:
+            entry = self.entries.pop(key)
+            out.append((entry.closer, entry.handle))
+            entry.handle = None
+            self.num_open -= 1
         return out
 
 
@@ -291,10 +302,10 @@ class FormatReader(ABC):
             cached = self._key = (pid, self._identity())
         return cached[1]
 
-    def _acquire(self):
-        """This process's open handle of the shard, opened if need be and marked in use until
-        :meth:`_release` (pair them with try/finally). Opening closes least recently used
-        handles past :func:`max_open_shards`.
+    def _acquire(self) -> tuple[Any, _Open]:
+        """``(handle, lease)``: this process's open handle of the shard, opened if need be and
+        in use until ``self._release(lease)`` (pair them with try/finally). Opening closes least
+        recently used handles past :func:`max_open_shards`.
 
         Raises:
             ShardCorruptError: from :meth:`_open` (a missing or malformed shard).
@@ -306,13 +317,13 @@ class FormatReader(ABC):
         with table.lock:
             entry = table.entries.get(key)
             if entry is None:
-                entry = table.entries[key] = _Open(type(self)._close_handle)
+                entry = table.entries[key] = _Open(key, type(self)._close_handle)
             else:
                 table.entries.move_to_end(key)
             entry.users += 1
             handle = entry.handle
         if handle is not None:
-            return handle
+            return handle, entry
         try:
             with entry.lock:  # one thread opens; the others wait for its handle
                 if entry.handle is None:
@@ -325,9 +336,9 @@ class FormatReader(ABC):
                         table.num_open += 1
                         victims = table.victims(max_open_shards(), spare=entry)
                     _close(victims)
-                return entry.handle
+                return entry.handle, entry
         except BaseException:
-            self._release()
+            self._release(entry)
             raise
 
     def _open_or_free(self, table: _OpenShards, entry: _Open):
@@ -349,17 +360,22 @@ class FormatReader(ABC):
                 raise
             raise err from exc
 
-    def _release(self) -> None:
-        """Ends a read begun with :meth:`_acquire`."""
-        key = self._table_key()
+    @staticmethod
+    def _release(lease: _Open) -> None:
+        """Ends a read begun with :meth:`_acquire` (``lease`` is what it returned)."""
         table = _TABLE
+        handle = None
         with table.lock:
-            entry = table.entries.get(key)
-            if entry is None:
+            lease.users -= 1
+            if lease.users:
                 return
-            entry.users -= 1
-            if entry.users == 0 and entry.handle is None:
-                del table.entries[key]  # a failed open: nothing to keep
+            if lease.doomed and lease.handle is not None:  # closed while in use: close now
+                handle, lease.handle = lease.handle, None
+                table.num_open -= 1
+            if lease.handle is None and table.entries.get(lease.key) is lease:
+                del table.entries[lease.key]  # closed, or a failed open: nothing to keep
+        if handle is not None:
+            _close([(lease.closer, handle)])
 
     @abstractmethod
     def _open(self):
@@ -388,14 +404,17 @@ class FormatReader(ABC):
         return self.read(key, offset, size)
 
     def close(self) -> None:
-        """Closes this process's handle of the shard now, unless a read is using it (then the
-        table closes it later, as it needs room). Reading again reopens it."""
+        """Closes this process's handle of the shard (when a read is using it, as that read
+        ends). Reading again reopens it."""
         if self._key is None or self._key[0] != os.getpid():
             return
         table = _TABLE
         with table.lock:
             entry = table.entries.get(self._key[1])
-            if entry is None or entry.users:
+            if entry is None:
+                return
+            if entry.users:
+                entry.doomed = True  # the last read in flight closes it (_release)
                 return
             del table.entries[self._key[1]]
             handle, entry.handle = entry.handle, None

@@ -92,7 +92,8 @@ class Writer(FormatWriter):
 
 
 #: Parsed shard metadata by file identity (path, device, inode, mtime, size), per process:
-#: a handle closed to make room reopens with one ``open`` instead of re-reading the arrays.
+#: a handle closed to make room reopens with one ``open`` instead of re-reading the arrays
+#: (``offsets`` and ``keys``: ~(8 + key length) bytes per sample); ``Reader.close`` drops them.
 _META: dict[tuple, tuple] = {}
 _META_LOCK = threading.Lock()
 
@@ -219,13 +220,22 @@ class Reader(FormatReader):
     def _close_handle(handle) -> None:
         os.close(handle[0])
 
+    def close(self) -> None:
+        """As :meth:`FormatReader.close`, and forgets the parsed arrays (a handle closed to make
+        room keeps them, so its reopen is one ``open``)."""
+        key = self._key
+        super().close()
+        if key is not None and key[0] == os.getpid():
+            with _META_LOCK:
+                _META.pop(key[1], None)
+
     def read(self, key: str, offset: int, size: int) -> bytes:
         return bytes(self.read_into(key, offset, size, None))
 
     def read_into(self, key: str, offset: int, size: int, buf: bytearray | None):
         """The sample's bytes with one ``pread`` (into ``buf`` when given: no allocation, a view
         valid until ``buf`` is reused); the key stored in the shard's row is checked."""
-        fd, base, offsets, keys = self._acquire()
+        (fd, base, offsets, keys), lease = self._acquire()
         try:
             if not 0 <= offset < len(keys) or keys[offset] != key.encode("ascii"):
                 found = repr(bytes(keys[offset])) if 0 <= offset < len(keys) else "nothing"
@@ -244,7 +254,7 @@ class Reader(FormatReader):
             else:
                 data = self._read_chunked(key, start, stop)
         finally:
-            self._release()
+            self._release(lease)
         if len(data) != size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes {start}..{stop} "
                                     "lies outside the file: truncated shard?")

@@ -360,7 +360,7 @@ class Reader(FormatReader):
                 gate.leave()
 
     def read(self, key: str, offset: int, size: int) -> bytes:
-        env = self._acquire()
+        env, lease = self._acquire()
         gate = _GATE
         gate.enter()
         try:
@@ -372,7 +372,7 @@ class Reader(FormatReader):
                                             f"{e}")) from e
         finally:
             gate.leave()
-            self._release()
+            self._release(lease)
         if data is None:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} not found")
         if len(data) != size:

@@ -116,7 +116,7 @@ class Reader(FormatReader):
         if header < 0:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} has offset {offset}, "
                                     f"before the first tar header: the index is corrupt")
-        handle = self._acquire()
+        handle, lease = self._acquire()
         try:
             if not isinstance(handle, int):
                 chunk = memoryview(handle)[header:offset + size]
@@ -126,7 +126,7 @@ class Reader(FormatReader):
                 chunk = memoryview(buf)[:BLOCK + size]
                 chunk = chunk[:os.preadv(handle, [chunk], header)]
         finally:
-            self._release()
+            self._release(lease)
         if len(chunk) != BLOCK + size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes "
                                     f"{offset}..{offset + size} lies outside the shard: "
