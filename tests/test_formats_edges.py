@@ -124,8 +124,9 @@ def test_every_sample_once_per_epoch_under_ulimit_64(fmt, many_shards, tmp_path)
     out = _copy(many_shards(fmt), tmp_path / "ds")
     assert len(load_manifest(out)["splits"]["train"]["shards"]) >= 60
     n = len(_expected(out))
-    got, verify, stats, check = _steps(64, [["loader", str(out), "skip", "raise"], ["verify", str(out)],
-                                            ["stats", str(out)], ["check", str(out)]])
+    got, verify, stats, check = _steps(64, [["loader", str(out), "skip", "raise"],
+                                            ["verify", str(out)], ["stats", str(out)],
+                                            ["check", str(out)]])
     assert got["bound"] == 16, got
     assert [e[:4] for e in got["epochs"]] == [["skip", n, n, 0], ["skip", n, n, 0],
                                               ["raise", n, n, 0], ["raise", n, n, 0]]
