@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = [
     "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
     "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "DecodeError",
-    "LoaderError", "CheckpointError",
+    "LoaderError", "CheckpointError", "ResourceLimitError",
 ]
 
 
@@ -54,6 +54,24 @@ class ManifestError(ShardkitError):
 
 class ShardCorruptError(ShardkitError):
     """A shard's bytes do not match the manifest (hash, size, count) or a sample cannot be read."""
+
+
+class ResourceLimitError(ShardkitError):
+    """The operating system refused a resource a reader needs: open files (EMFILE, ENFILE),
+    memory or address space (ENOMEM), or a temporarily exhausted one (EAGAIN, ENOBUFS).
+
+    Not data damage: no byte of the dataset was found wrong, so it is never a
+    :class:`ShardCorruptError` and ``on_error="skip"`` never skips it. The message names the
+    file, the limit (with its current value where the OS reports one) and how to raise it.
+
+    Attributes:
+        errno: the OS error number (``errno.EMFILE`` ...). path: the file being opened or read.
+    """
+
+    def __init__(self, message: str, errno: int | None = None, path: str | None = None):
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
 
 
 class DecodeError(ShardkitError):

@@ -202,6 +202,8 @@ def _check_index_checksums(report, split, records, index) -> None:
 
 
 def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -> None:
+    from shardkit.errors import ResourceLimitError
+
     path = shard["path"]
     where = f"split {split!r} shard {path}"
     if len(recs) != shard["num_samples"]:
@@ -231,6 +233,8 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
             key = rec["key"]
             try:
                 data = bytes(reader.read(key, int(rec["offset"]), int(rec["size"])))
+            except ResourceLimitError:
+                raise  # the OS is out of open files or memory: nothing was found damaged
             except ShardkitError as e:
                 report._fail(f"{where}: sample {key!r}: {e}", shard=path, key=key)
                 continue

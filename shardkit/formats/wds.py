@@ -85,6 +85,11 @@ def _utf8_text(value):
 
 
 class Reader(FormatReader):
+    def _identity(self) -> tuple:
+        if is_url(self.location):
+            return (__name__, self.location)  # fetched whole: no stat, no descriptor
+        return super()._identity()
+
     def _open(self):
         if is_url(self.location):
             import fsspec
@@ -96,24 +101,32 @@ class Reader(FormatReader):
         except FileNotFoundError:
             raise ShardCorruptError(f"shard {self.name} is missing ({self.location})") from None
 
+    @staticmethod
+    def _close_handle(handle) -> None:
+        if isinstance(handle, int):
+            os.close(handle)
+
     def read(self, key: str, offset: int, size: int) -> bytes:
         return bytes(self.read_into(key, offset, size, None))
 
     def read_into(self, key: str, offset: int, size: int, buf: bytearray | None):
         """The member's bytes, read with its 512-byte header in one ``pread`` (into ``buf`` when
         given: no allocation, a view valid until ``buf`` is reused); the header is checked."""
-        handle = self._get()
         header = offset - BLOCK
         if header < 0:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} has offset {offset}, "
                                     f"before the first tar header: the index is corrupt")
-        if not isinstance(handle, int):
-            chunk = memoryview(handle)[header:offset + size]
-        elif buf is None or len(buf) < BLOCK + size:
-            chunk = memoryview(os.pread(handle, BLOCK + size, header))
-        else:
-            chunk = memoryview(buf)[:BLOCK + size]
-            chunk = chunk[:os.preadv(handle, [chunk], header)]
+        handle, lease = self._acquire()
+        try:
+            if not isinstance(handle, int):
+                chunk = memoryview(handle)[header:offset + size]
+            elif buf is None or len(buf) < BLOCK + size:
+                chunk = memoryview(os.pread(handle, BLOCK + size, header))
+            else:
+                chunk = memoryview(buf)[:BLOCK + size]
+                chunk = chunk[:os.preadv(handle, [chunk], header)]
+        finally:
+            self._release(lease)
         if len(chunk) != BLOCK + size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes "
                                     f"{offset}..{offset + size} lies outside the shard: "
@@ -129,11 +142,6 @@ class Reader(FormatReader):
                                     f"offset {offset} (found header name {name[:40]!r}, size "
                                     f"{stored_size}): the shard does not match the index")
         return chunk[BLOCK:]
-
-    def close(self) -> None:
-        handle, self._handle = self._handle, None
-        if isinstance(handle, int) and self._pid == os.getpid():
-            os.close(handle)
 
 
 def sample_members(path, keys, offsets, sizes) -> list[list[tuple[str, int, int]]]:

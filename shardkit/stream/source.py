@@ -18,7 +18,7 @@ import numpy as np
 from torch.utils.data import get_worker_info
 
 from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
-from ..formats import open_reader
+from ..formats import open_reader, resource_error
 from ..manifest import is_url, join, load_index, load_manifest, sample_checksum
 from .options import ON_ERROR
 
@@ -279,11 +279,21 @@ class ShardSource:
 
     def handle_error(self, err: Exception, pos: int) -> str:
         """Policy for a failed sample: re-raise (naming shard and key) or return the skipped key
-        (``on_error="skip"``; logged as a warning)."""
+        (``on_error="skip"``; logged as a warning). The OS running out of a resource (open
+        files, memory: :func:`shardkit.formats.base.resource_error`) is never the sample's
+        fault: it raises :class:`~shardkit.errors.ResourceLimitError` under either policy."""
         key = self.index.key_at(pos)
-        if self.on_error == "raise":
-            if isinstance(err, ShardkitError) and repr(key) in str(err):
+        resource = resource_error(err, f"shard {self.shard_name(pos)}: sample {key!r}")
+        if resource is not None:
+            if resource is err:
                 raise err
+            raise resource from err
+        if self.on_error == "raise":
+            message = str(err)
+            if isinstance(err, ShardkitError) and (
+                    repr(key) in message or (isinstance(err, ShardCorruptError)
+                                             and f"shard {self.shard_name(pos)}" in message)):
+                raise err  # names the key, or the whole shard is damaged (named)
             raise DecodeError(f"shard {self.shard_name(pos)}: sample {key!r} failed: "
                               f"{type(err).__name__}: {err}") from err
         log.warning("on_error='skip': skipped sample %r of shard %s: %s", key,
