@@ -20,11 +20,13 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:-$root/.gpu-bundle}"
 py="${PY:-python3}"
 mkdir -p "$dir/wheels" "$dir/debs"
-exclude="$(git -C "$root" rev-parse --git-path info/exclude)"
-case "$exclude" in /*) ;; *) exclude="$root/$exclude" ;; esac
-rel="/${dir#"$root"/}/"
-if [ "${dir#"$root"/}" != "$dir" ] && ! grep -qxF "$rel" "$exclude" 2>/dev/null; then
-  mkdir -p "$(dirname "$exclude")" && echo "$rel" >> "$exclude"
+# inside this checkout: ignored by git (so never committed), still carried when named
+if exclude="$(git -C "$root" rev-parse --git-path info/exclude 2>/dev/null)"; then
+  case "$exclude" in /*) ;; *) exclude="$root/$exclude" ;; esac
+  rel="/${dir#"$root"/}/"
+  if [ "${dir#"$root"/}" != "$dir" ] && ! grep -qxF "$rel" "$exclude" 2>/dev/null; then
+    mkdir -p "$(dirname "$exclude")" && echo "$rel" >> "$exclude"
+  fi
 fi
 # pure-Python and cp312 wheels; versions as in the project's .venv (pip freeze there)
 "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "${PYVER:-3.12}" \

@@ -3,7 +3,8 @@
 # repository's root, with the bundle made by scripts/gpu_check_bundle.sh:
 #   bash scripts/gpu_check_device.sh [gpu_check.py ARGS...]
 # Environment: PY (default python3: the interpreter that holds torch there), BUNDLE (default
-# .gpu-bundle), OUT (optional: a folder for the results; the JSON and a log archive go there).
+# .gpu-bundle), OUT (optional: a folder for the results; the JSON and a log archive go there),
+# NO_LDCONFIG=1 (leave /etc alone: only LD_LIBRARY_PATH; for a trial on a shared machine).
 # Steps (each prints one line; any failure stops here with its reason):
 #   1. the bundle's wheels -> /tmp/gpu-check-site (pip --no-index --no-deps --target)
 #   2. its .debs unpacked into /tmp/gpu-check-jpeg (dpkg -x, never into /); that lib folder is
@@ -31,7 +32,7 @@ for f in "$bundle"/debs/*.deb; do
 done
 lib="$jpeg/usr/lib/x86_64-linux-gnu"
 [ -f "$jpeg/usr/include/jpeglib.h" ] && [ -e "$lib/libturbojpeg.so.0" ] || { echo "Error: the bundle's .debs did not give jpeglib.h and libturbojpeg.so.0 under $jpeg" >&2; exit 2; }
-if [ "$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then
+if [ "$(id -u)" = 0 ] && command -v ldconfig >/dev/null && [ -z "${NO_LDCONFIG:-}" ]; then
   echo "$lib" > /etc/ld.so.conf.d/shardkit-gpu-check.conf && ldconfig
 fi
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
