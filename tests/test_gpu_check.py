@@ -102,6 +102,8 @@ STUB = textwrap.dedent("""
         progress.flush()
     if "no-ready" in spec["pipelines"]:
         sys.exit(4)
+    if "slow-start" in spec["pipelines"]:
+        time.sleep(120)
     emit(event="ready", seconds=0.0)
     for name in spec["pipelines"]:
         emit(event="start", pipeline=name)
@@ -119,7 +121,7 @@ def _workers(tmp_path, names, monkeypatch):
     stub.write_text(STUB)
     (tmp_path / "logs").mkdir(exist_ok=True)
     monkeypatch.setattr(gc, "GRACE_S", 0.5)
-    caps = {"startup": 30, **{n: 30 for n in names}, "hangs": 1}
+    caps = {"startup": 1 if "slow-start" in names else 30, **{n: 30 for n in names}, "hangs": 1}
     workers = gc.Workers(tmp_path, gc.Budget(300), caps, script=stub)
     return workers, workers.run(sys.executable, names, {}, "stub")
 
@@ -132,15 +134,20 @@ def test_a_dead_or_hung_worker_is_recorded_and_the_rest_still_run(tmp_path, monk
     assert res["dies"]["reason"] == "its worker died (exit 3)"
     assert res["hangs"]["reason"].startswith("its worker was killed 0 s past the cap (1 s)")
     assert [a["pipelines"] for a in workers.attempts] == [names, names[2:], names[4:]]
-    assert workers.attempts[1]["killed"] and not workers.attempts[0]["killed"]
+    assert workers.attempts[1]["killed"] and workers.attempts[0]["killed"] is None
 
 
-def test_a_worker_that_never_gets_ready_fails_every_pipeline_once(tmp_path, monkeypatch):
-    workers, res = _workers(tmp_path, ["no-ready", "other"], monkeypatch)
+@pytest.mark.parametrize("first,reason", [
+    ("no-ready", "its worker exited (exit 4) before running it"),
+    ("slow-start", "its worker did not get ready within the startup cap (1 s) and was killed"),
+])
+def test_a_worker_that_never_gets_ready_fails_every_pipeline_once(tmp_path, monkeypatch, first,
+                                                                   reason):
+    workers, res = _workers(tmp_path, [first, "other"], monkeypatch)
     assert len(workers.attempts) == 1
+    assert sorted(res) == sorted([first, "other"])
     for r in res.values():
-        assert r["status"] == "failed"
-        assert r["reason"] == "its worker exited (exit 4) before running it"
+        assert r["status"] == "failed" and r["reason"] == reason, r
 
 
 def test_gpu_test_counts_come_from_pytest_and_an_overrun_is_cut(tmp_path, monkeypatch):
@@ -191,6 +198,9 @@ def _doc(pipes, dry=False):
      True, "cpu_decode"),
     ({"synthetic": (1000, 0.0), "cpu_decode": (940, 0.02)}, False, "cpu_decode"),
     ({"synthetic": (1000, 0.0), "device_augment": (990, 0.06)}, False, "device_augment"),
+    # the fastest waits too long, a slower one meets both bounds: met, by that one
+    ({"synthetic": (1000, 0.0), "cpu_decode": (990, 0.06), "device_decode": (955, 0.01)},
+     True, "device_decode"),
     ({"cpu_decode": (990, 0.0)}, None, "cpu_decode"),
     ({"synthetic": (1000, 0.0)}, None, None),
 ])
