@@ -26,7 +26,7 @@ def _module():
     return mod
 
 
-gc = _module()
+gpu_check = _module()
 
 
 def test_dry_run_measures_every_pipeline_and_prints_the_table(tmp_path):
@@ -77,19 +77,19 @@ def test_dry_run_measures_every_pipeline_and_prints_the_table(tmp_path):
     assert doc["environment"]["cpu_cores_usable"] >= 1
     assert doc["verdict"]["met"] is None
     # the table
-    for label in gc.PIPELINES.values():
+    for label in gpu_check.PIPELINES.values():
         assert label in res.stdout
     assert "DRY RUN" in res.stdout and "verdict: none (dry run" in res.stdout
     assert f"JSON: {out}" in res.stdout
 
 
 def test_synthesised_jpegs_are_photo_sized_and_deterministic():
-    a, b = gc.synth_jpeg(3), gc.synth_jpeg(3)
-    assert a == b and a != gc.synth_jpeg(4)
+    a, b = gpu_check.synth_jpeg(3), gpu_check.synth_jpeg(3)
+    assert a == b and a != gpu_check.synth_jpeg(4)
     with Image.open(io.BytesIO(a)) as im:
         assert im.format == "JPEG" and im.mode == "RGB"
-        assert im.size in [size for size, _ in gc.SIZES]
-    sizes = [len(gc.synth_jpeg(i)) for i in range(6)]
+        assert im.size in [size for size, _ in gpu_check.SIZES]
+    sizes = [len(gpu_check.synth_jpeg(i)) for i in range(6)]
     assert all(70_000 <= s <= 220_000 for s in sizes), sizes
 
 
@@ -120,9 +120,9 @@ def _workers(tmp_path, names, monkeypatch):
     stub = tmp_path / "stub.py"
     stub.write_text(STUB)
     (tmp_path / "logs").mkdir(exist_ok=True)
-    monkeypatch.setattr(gc, "GRACE_S", 0.5)
+    monkeypatch.setattr(gpu_check, "GRACE_S", 0.5)
     caps = {"startup": 1 if "slow-start" in names else 30, **{n: 30 for n in names}, "hangs": 1}
-    workers = gc.Workers(tmp_path, gc.Budget(300), caps, script=stub)
+    workers = gpu_check.Workers(tmp_path, gpu_check.Budget(300), caps, script=stub)
     return workers, workers.run(sys.executable, names, {}, "stub")
 
 
@@ -178,12 +178,12 @@ def test_gpu_test_counts_come_from_pytest_and_an_overrun_is_cut(tmp_path, monkey
                 time.sleep(120)
     """))
     (tmp_path / "logs").mkdir()
-    res = gc.run_gpu_tests(tmp_path, 120, str(tests))
+    res = gpu_check.run_gpu_tests(tmp_path, 120, str(tests))
     assert res["status"] == "failed", res
     assert (res["passed"], res["failed"], res["skipped"], res["errors"]) == (2, 1, 1, 0), res
     assert res["failures"] == ["test_x::test_fails"], res
     monkeypatch.setenv("GPU_CHECK_TEST_SLEEP", "1")
-    cut = gc.run_gpu_tests(tmp_path, 3, str(tests))
+    cut = gpu_check.run_gpu_tests(tmp_path, 3, str(tests))
     assert cut["status"] == "cut" and "past its cap (3 s)" in cut["reason"], cut
 
 
@@ -205,9 +205,9 @@ def _doc(pipes, dry=False):
     ({"synthetic": (1000, 0.0)}, None, None),
 ])
 def test_verdict(pipes, met, best):
-    v = gc.verdict(_doc(pipes))
+    v = gpu_check.verdict(_doc(pipes))
     assert v["met"] is met and v["best"] == best, v
     assert v["line"].startswith("verdict: ")
     if met is not None:
         assert ("goal MET" if met else "goal NOT MET") in v["line"]
-    assert gc.verdict(_doc(pipes, dry=True))["met"] is None
+    assert gpu_check.verdict(_doc(pipes, dry=True))["met"] is None
