@@ -10,7 +10,7 @@ FORMAT ?= wds
 PACK_ARGS ?=
 FLOWERS ?= ../shared/data/flowers
 
-.PHONY: install test test-fast demo pack bench bench-full train simd clean sysdeps
+.PHONY: install test test-fast demo pack bench bench-full gpu-check train simd clean sysdeps
 
 install: $(STAMP)
 
@@ -55,6 +55,13 @@ bench: install
 
 bench-full: install
 	$(PY) benchmarks/run_all.py --data $(FLOWERS)
+
+# The prepared GPU check (scripts/gpu_check.py; benchmarks/README.md "GPU check"): GPU tests,
+# a generated ImageNet-like set packed, hrnet_w18_small fed by each pipeline; under 8 minutes on
+# one H200. GPU_CHECK_ARGS="--dry-run" runs it on the CPU with tiny sizes.
+GPU_CHECK_ARGS ?=
+gpu-check: install
+	$(PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 train: install
 	$(SK) train --data $(OUT) --out runs/train $(TRAIN_ARGS)

@@ -500,6 +500,31 @@ def test_model_step_runs_a_real_optimiser_step_on_cpu():
         ModelStep("no_such_net", 5)
 
 
+def test_model_step_bf16_autocast_and_batches_normalised_by_device_normalizer():
+    """amp="bf16" runs the forward in bfloat16; a float batch (DeviceNormalizer's output) is fed
+    as it is, so it reaches the model exactly as the uint8 batch normalised by the step."""
+    from shardkit.bench.steps import ModelStep
+    from shardkit.stream import DeviceNormalizer
+
+    step = ModelStep("test_resnet", num_classes=5, device="cpu", amp="bf16")
+    assert step.info()["amp"] == "bf16"
+    seen = []
+    step.model.register_forward_hook(lambda m, args, out: seen.append((args[0].clone(), out)))
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    labels = torch.tensor([1, 4])
+    step((images, labels))
+    (normalised, labels_moved), = list(DeviceNormalizer([(images, labels)], "cpu"))
+    step((normalised, labels_moved))
+    (x_uint8, out_uint8), (x_float, out_float) = seen
+    assert x_uint8.dtype == x_float.dtype == torch.float32
+    assert torch.equal(x_uint8, x_float)
+    assert x_float.is_contiguous(memory_format=torch.channels_last)
+    assert out_uint8.dtype == out_float.dtype == torch.bfloat16
+    assert ModelStep("test_resnet", 5).info().get("amp") is None
+    with pytest.raises(ConfigError, match=r"amp='fp16'; expected one of \(None, 'bf16'\)"):
+        ModelStep("test_resnet", 5, amp="fp16")
+
+
 @pytest.mark.gpu
 def test_gpu_sleep_step_is_timed_after_synchronisation():
     if not torch.cuda.is_available():

@@ -66,3 +66,32 @@ def test_device_decode_process_backend_gives_the_thread_backends_batches(photos)
     assert len(thread) == len(proc) == 5
     for (x1, y1), (x2, y2) in zip(thread, proc):
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_normalizer_waits_for_batches_made_on_the_current_stream():
+    """A batch made on the GPU (device_decode, augment_device, DALI) may still be written by
+    kernels queued on the current stream when DeviceNormalizer takes it: its side stream must
+    wait for them. A ~0.1 s spin queued before each write makes a missing wait read the
+    tensor before its fill (zeros or stale memory), not the filled value."""
+    from shardkit.stream import DeviceNormalizer
+    from shardkit.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    values = (255, 7, 128)
+
+    def batches():
+        for value in values:
+            x = torch.zeros(4, 3, 8, 8, dtype=torch.uint8, device="cuda")
+            torch.cuda._sleep(200_000_000)  # GPU cycles on the current stream
+            x.fill_(value)
+            yield x.contiguous(memory_format=torch.channels_last), torch.zeros(
+                4, dtype=torch.long, device="cuda")
+
+    got = [x for x, _ in DeviceNormalizer(batches(), "cuda")]
+    torch.cuda.synchronize()
+    mean = torch.tensor(IMAGENET_MEAN, device="cuda").view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device="cuda").view(1, 3, 1, 1) * 255
+    assert len(got) == len(values)
+    for x, value in zip(got, values):
+        torch.testing.assert_close(x, ((value - mean) / std).expand_as(x))

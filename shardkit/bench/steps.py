@@ -12,8 +12,11 @@ import torch
 
 from shardkit.errors import ConfigError
 
-__all__ = ["Step", "NoStep", "SleepStep", "ModelStep", "resolve_device", "batch_images"]
+__all__ = ["Step", "NoStep", "SleepStep", "ModelStep", "resolve_device", "batch_images",
+           "AMP_CHOICES"]
 
+#: ``ModelStep(amp=...)`` values: float32, or bfloat16 autocast.
+AMP_CHOICES = (None, "bf16")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -120,27 +123,38 @@ class SleepStep(Step):
 class ModelStep(Step):
     """One real optimisation step of a timm model: H2D copy, normalise, forward, backward, SGD.
 
-    The uint8 ``(N, 3, S, S)`` batch is copied to ``device``, converted to float32 with ImageNet
-    mean/std (timm ``IMAGENET_DEFAULT_MEAN/STD``), channels_last, and fed to
+    A uint8 ``(N, 3, S, S)`` batch is copied to ``device``, converted to float32 with ImageNet
+    mean/std (timm ``IMAGENET_DEFAULT_MEAN/STD``), channels_last; a floating-point batch is
+    taken as already normalised (e.g. by :class:`shardkit.stream.DeviceNormalizer`) and only
+    moved and made channels_last. It is fed to
     ``timm.create_model(model_name, num_classes=num_classes)`` (random init: no download) with
-    cross-entropy loss against the batch labels (or zeros when the batch has none).
+    cross-entropy loss against the batch labels (or zeros when the batch has none), under
+    ``torch.autocast`` with ``amp="bf16"`` (the loss in float32), then SGD (lr 1e-3, momentum
+    0.9).
 
     Args:
         model_name: a timm model name, e.g. ``"hrnet_w18_small"``.
         num_classes: logits of the head, >= 1.
         device: where to run.
+        amp: None (float32) or ``"bf16"`` (bfloat16 autocast, as ``shardkit train --amp bf16``;
+            needs no loss scaling).
 
     Raises:
-        ConfigError: unknown timm model name or num_classes < 1.
+        ConfigError: unknown timm model name, num_classes < 1 or an ``amp`` not in
+            :data:`AMP_CHOICES`.
     """
 
     name = "model"
 
-    def __init__(self, model_name: str, num_classes: int, device: torch.device | str = "cpu"):
+    def __init__(self, model_name: str, num_classes: int, device: torch.device | str = "cpu",
+                 amp: str | None = None):
         import timm
 
         if num_classes < 1:
             raise ConfigError(f"num_classes={num_classes}; expected >= 1")
+        if amp not in AMP_CHOICES:
+            raise ConfigError(f"amp={amp!r}; expected one of {AMP_CHOICES}")
+        self.amp = amp
         if not timm.is_model(model_name):
             raise ConfigError(f"model={model_name!r} is not a timm model "
                               f"(see timm.list_models(), e.g. 'hrnet_w18_small')")
@@ -162,14 +176,19 @@ class ModelStep(Step):
         labels = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
         from shardkit.transforms import normalize_on_device
 
-        x = normalize_on_device(images.to(self.device, non_blocking=True), self.mean, self.std,
-                                channels_last=True)
+        x = images.to(self.device, non_blocking=True)
+        if x.is_floating_point():  # normalised already (DeviceNormalizer)
+            x = x.contiguous(memory_format=torch.channels_last)
+        else:
+            x = normalize_on_device(x, self.mean, self.std, channels_last=True)
         if isinstance(labels, torch.Tensor):  # int64 classes, or float (N, K) soft targets
             y = labels.to(self.device, non_blocking=True)  # out of range: torch raises
             y = y if y.is_floating_point() else y.long()
         else:
             y = torch.zeros(len(x), dtype=torch.long, device=self.device)
-        loss = torch.nn.functional.cross_entropy(self.model(x), y)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp == "bf16"):
+            logits = self.model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -177,4 +196,7 @@ class ModelStep(Step):
             torch.cuda.synchronize(self.device)
 
     def info(self) -> dict:
-        return {**super().info(), "model": self.model_name, "num_classes": self.num_classes}
+        out = {**super().info(), "model": self.model_name, "num_classes": self.num_classes}
+        if self.amp is not None:
+            out["amp"] = self.amp
+        return out

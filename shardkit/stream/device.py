@@ -13,8 +13,10 @@ class DeviceNormalizer:
     (``non_blocking``), converts to float32 and normalises there with
     :func:`shardkit.transforms.normalize_on_device`; after timm's ``PrefetchLoader``
     (``timm/data/loader.py``), including its side CUDA stream that overlaps the copy and
-    normalisation of batch ``k + 1`` with the consumer's work on batch ``k``. ``device="cpu"``
-    works without a GPU (same arithmetic, no streams).
+    normalisation of batch ``k + 1`` with the consumer's work on batch ``k``. A batch that is
+    on the GPU already (``device_decode``, ``augment_device``, any source of CUDA tensors) was
+    made on the current stream: the side stream waits for it first. ``device="cpu"`` works
+    without a GPU (same arithmetic, no streams).
 
     Yields ``(images, labels, *rest)``: images float32 ``(N, 3, S, S)`` on ``device``
     (``channels_last`` unless ``channels_last=False``), roughly zero-mean / unit-variance per
@@ -60,6 +62,11 @@ class DeviceNormalizer:
         current = torch.cuda.current_stream(self.device)
         pending = None
         for batch in self.loader:
+            if _on_cuda(batch):
+                # made on the device already (device_decode, augment_device, a DALI or
+                # synthetic source): its kernels were queued on the current stream, and the
+                # side stream must not read it before they have run
+                stream.wait_stream(current)
             with torch.cuda.stream(stream):
                 moved = self._move(batch)
             if pending is not None:
@@ -69,6 +76,17 @@ class DeviceNormalizer:
             pending = moved
         if pending is not None:
             yield pending
+
+
+def _on_cuda(obj) -> bool:
+    """Whether any tensor in ``obj`` (also inside dicts / lists / tuples) is on a CUDA device."""
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
+    if isinstance(obj, dict):
+        return any(_on_cuda(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_on_cuda(v) for v in obj)
+    return False
 
 
 def _to(obj, device):
