@@ -428,8 +428,6 @@ def load_index(root: str | os.PathLike, split: str, manifest: dict | None = None
         raw = _read_bounded(location, limit)
     except OSError as e:
         raise ManifestError(f"cannot read split index {location}: {e}") from e
-    if check_hash:
-        _check_file_hash(root, split, entry, INDEX_HASH_FIELD, raw, location)
     arrays = _read_npz(raw, location, entry["num_samples"])
     missing = [f for f in (*INDEX_FIELDS, "key") if f not in arrays]
     if CHECKSUM_FIELD not in arrays and INDEX_HASH_FIELD in entry:
@@ -441,6 +439,8 @@ def load_index(root: str | os.PathLike, split: str, manifest: dict | None = None
     index = SplitIndex(**{f: arrays[f] for f in (*INDEX_FIELDS, "key")},
                        xxh3=arrays.get(CHECKSUM_FIELD))
     _check_index_values(index, location, manifest, entry)
+    if check_hash:  # after the checks, which name what is wrong in a damaged file
+        _check_file_hash(root, split, entry, INDEX_HASH_FIELD, raw, location)
     return index
 
 
@@ -579,8 +579,6 @@ def read_split_records(root: str | os.PathLike, split: str, manifest: dict | Non
         data = _read_bounded(location, limit)
     except OSError as e:
         raise ManifestError(f"cannot read {location}: {e}") from e
-    if check_hash:
-        _check_file_hash(root, split, entry, RECORDS_HASH_FIELD, data, location)
     num_classes, num_shards = len(manifest["classes"]), len(entry["shards"])
     records = []
     for number, line in enumerate(data.split(b"\n"), 1):
@@ -592,4 +590,6 @@ def read_split_records(root: str | os.PathLike, split: str, manifest: dict | Non
         records.append(check_record(_parse_json(line, location, number),
                                     f"{location} line {number}", num_classes, num_shards,
                                     required))
+    if check_hash:  # after the checks, which name what is wrong in a damaged file
+        _check_file_hash(root, split, entry, RECORDS_HASH_FIELD, data, location)
     return records
