@@ -557,20 +557,21 @@ def _key_text(key: bytes) -> str:
 
 
 def read_split_records(root: str | os.PathLike, split: str, manifest: dict | None = None, *,
-                       check_hash: bool = True,
                        required: Sequence[str] = RECORD_INDEX_FIELDS) -> list[dict]:
     """All per-sample records of ``splits/<split>.jsonl`` (for tools, not for the hot path),
     each checked by :func:`shardkit.dataset_schema.check_record` (a JSON object with
     ``required``, known fields of the right type and range, labels and shard numbers in range).
 
-    The file's sha256 must be the manifest's ``records_sha256`` for the split (unless
-    ``check_hash`` is False; absent in datasets packed before it existed). Lines are at most
+    The file's hash (the manifest's ``records_sha256``) is not compared here: the records are
+    metadata for tools and people, and may be edited by hand (a planted test case); readers
+    take labels and locations from the index, whose hash is checked. ``shardkit verify``
+    compares it (:func:`split_file_hash`) and the records with the index. Lines are at most
     :data:`MAX_RECORD_LINE` bytes (the file at most ``num_samples`` lines of that length; the
     callers compare the count with ``num_samples``).
 
     Raises:
-        ManifestError: unknown split, a missing, unreadable or oversized file, a hash mismatch,
-            a line that is too long, not UTF-8, not JSON or nested too deeply, or a record that
+        ManifestError: unknown split, a missing, unreadable or oversized file, a line that is
+            too long, not UTF-8, not JSON or nested too deeply, or a record that
             breaks the schema (the message names the file, the line and the field).
     """
     manifest, entry = _split_entry(root, manifest, split)
@@ -590,6 +591,4 @@ def read_split_records(root: str | os.PathLike, split: str, manifest: dict | Non
         records.append(check_record(_parse_json(line, location, number),
                                     f"{location} line {number}", num_classes, num_shards,
                                     required))
-    if check_hash:  # after the checks, which name what is wrong in a damaged file
-        _check_file_hash(root, split, entry, RECORDS_HASH_FIELD, data, location)
     return records

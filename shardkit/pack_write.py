@@ -113,7 +113,7 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
                 "class_counts": np.bincount([r["label"] for r in records],
                                             minlength=len(classes)).tolist(),
                 "num_groups": len({source.items[i].group for i in members}), "shards": shards,
-                **hashes}  # index_sha256, records_sha256: readers check the split files
+                **hashes}  # index_sha256 (readers check it), records_sha256 (verify does)
             logger.info("split %s: %d samples in %d shards", name, len(records), len(shards))
     finally:
         if hasattr(written, "close"):  # the Ray writer cancels its tasks when closed early

@@ -151,14 +151,13 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
     read: dict[str, list[dict]] = {}
     for split, info in man["splits"].items():
         shards = info["shards"]
-        try:  # the hash is compared below: a damaged file is named by what is wrong in it
-            records = manifest_mod.read_split_records(root, split, man, check_hash=False,
-                                                      required=RECORD_FIELDS)
+        try:
+            records = manifest_mod.read_split_records(root, split, man, required=RECORD_FIELDS)
         except ShardkitError as e:
             report._fail(f"split {split!r}: {e}")
             continue
         read[split] = records
-        try:
+        try:  # the hash is compared below, and the index with the records
             index = manifest_mod.load_index(root, split, man, check_hash=False)
         except ShardkitError as e:
             report._fail(f"split {split!r}: {e}")
