@@ -217,8 +217,8 @@ def _read_bounded(location: str, limit: int) -> bytes:
     if is_url(location):
         data = _read_bytes(location)
     else:
-        with open(location, "rb") as f:
-            data = f.read(limit + 1)
+        with open(location, "rb") as f:  # read(n) allocates n bytes first: n from the size
+            data = f.read(min(os.fstat(f.fileno()).st_size, limit) + 1)
     if len(data) > limit:
         raise ManifestError(f"{location} is over {limit} bytes, the most shardkit reads of this "
                             "file: it is not one that shardkit pack wrote")

@@ -163,11 +163,14 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
             report._fail(f"split {split!r}: {e}")
             index = None
         _check_split_file_hashes(report, root, man, split, index is not None)
-        n_index = "unreadable" if index is None else len(index)
-        if len(records) != info["num_samples"] or n_index != info["num_samples"]:
+        if index is None:  # its error is reported: the records alone
+            if len(records) != info["num_samples"]:
+                report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} "
+                             f"records, the manifest says {info['num_samples']}")
+        elif len(records) != info["num_samples"] or len(index) != info["num_samples"]:
             report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} records, the "
-                         f"index {n_index}, the manifest says {info['num_samples']}")
-        elif index is not None:
+                         f"index {len(index)}, the manifest says {info['num_samples']}")
+        else:
             _compare_index(report, split, records, index)
         _check_unique_keys(report, split, records)
         if sum(s["num_samples"] for s in shards) != info["num_samples"]:
