@@ -321,8 +321,10 @@ def write_split_files(root: str | os.PathLike, split: str, records: list[dict]) 
 
 
 def _checksum_array(split: str, records: list[dict]) -> np.ndarray | None:
-    """uint64 checksums of ``records`` (None when no record has one)."""
+    """uint64 checksums of ``records`` (None when no record has one; empty for no record)."""
     have = sum(CHECKSUM_FIELD in r for r in records)
+    if not records:
+        return np.zeros(0, dtype=np.uint64)  # an empty split: its index is of this kind too
     if have == 0:
         return None
     if have != len(records):
@@ -430,7 +432,7 @@ def load_index(root: str | os.PathLike, split: str, manifest: dict | None = None
         raise ManifestError(f"cannot read split index {location}: {e}") from e
     arrays = _read_npz(raw, location, entry["num_samples"])
     missing = [f for f in (*INDEX_FIELDS, "key") if f not in arrays]
-    if CHECKSUM_FIELD not in arrays and INDEX_HASH_FIELD in entry:
+    if CHECKSUM_FIELD not in arrays and INDEX_HASH_FIELD in entry and entry["num_samples"]:
         missing.append(CHECKSUM_FIELD)  # every pack that records index hashes writes xxh3
     if missing:
         raise ManifestError(f"{location} lacks the array(s) {missing}; expected {INDEX_FIELDS} "

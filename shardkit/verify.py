@@ -162,7 +162,6 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
         except ShardkitError as e:
             report._fail(f"split {split!r}: {e}")
             index = None
-        _check_split_file_hashes(report, root, man, split, index is not None)
         if index is None:  # its error is reported: the records alone
             if len(records) != info["num_samples"]:
                 report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} "
@@ -187,6 +186,8 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
             else:
                 _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []),
                               decode, formats, limit)
+        # last: a file changed after pack is named by what is wrong in it first
+        _check_split_file_hashes(report, root, man, split, index is not None)
     report.stored = stored_resolution(man, read)
     return report
 
@@ -228,6 +229,8 @@ def _compare_index(report, split: str, records: list[dict], index) -> None:
     """Every field the index holds must be the records': ``key``, ``label``, ``shard``,
     ``offset``, ``size`` and ``xxh3`` (one FAIL per field, naming up to 5 samples)."""
     keys = [r["key"] for r in records]
+    if not keys:
+        return
     for name, of_index in _INDEX_VS_RECORD.items():
         ours = of_index(index)
         theirs = np.array([r[name] for r in records], dtype=ours.dtype if name != "key" else None)
@@ -235,7 +238,7 @@ def _compare_index(report, split: str, records: list[dict], index) -> None:
     if index.xxh3 is not None:
         theirs = np.array([int(r[CHECKSUM_FIELD], 16) if CHECKSUM_FIELD in r else 0
                            for r in records], dtype=np.uint64)
-        missing = np.array([CHECKSUM_FIELD not in r for r in records])
+        missing = np.array([CHECKSUM_FIELD not in r for r in records], dtype=bool)
         _report_differences(report, split, CHECKSUM_FIELD, keys, index.xxh3, theirs, missing,
                             show=lambda v: f"{int(v):016x}")
 
