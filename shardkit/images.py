@@ -10,8 +10,9 @@ nvJPEG) sees the same upright RGB pixels (field case 15):
   ``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS`, Pillow's own limit) are rejected with a
   reason. The header is read by :func:`shardkit.imageopen.open_image`, the same function (and
   limit) every decoder uses at read time, so what packs under ``--max-pixels N`` reads under
-  a reader limit of N (the manifest records N; readers never take their limit from it). Pillow's global ``Image.MAX_IMAGE_PIXELS`` and
-  ``ImageFile.LOAD_TRUNCATED_IMAGES`` are never changed: the limit is passed per call.
+  a reader limit of N (the manifest records N; readers never take their limit from it).
+  Pillow's global ``Image.MAX_IMAGE_PIXELS`` and ``ImageFile.LOAD_TRUNCATED_IMAGES`` are never
+  changed: the limit is passed per call.
 * The whole image is decoded (not just opened). JPEGs are fully decoded with libjpeg-turbo
   (PyTurboJPEG, RGB output), the decoder every shardkit reader uses; Pillow decodes them a second
   time only when their pixels must be normalised. libjpeg-turbo's recoverable warnings are

@@ -489,7 +489,10 @@ def _read_npy(fp, file_size: int, location: str, name: str, n: int) -> np.ndarra
         raise ManifestError(f"{location}: array {name!r} has .npy version {version}; expected "
                             "1.0 or 2.0")
     want = _INDEX_DTYPES.get(name)
-    ok = (dtype.kind == want.kind and dtype.itemsize == want.itemsize) if want is not None         else (dtype.kind == "S" and 1 <= dtype.itemsize <= 255)
+    if want is not None:
+        ok = dtype.kind == want.kind and dtype.itemsize == want.itemsize
+    else:
+        ok = dtype.kind == "S" and 1 <= dtype.itemsize <= 255
     if not ok or dtype.hasobject:
         raise ManifestError(f"{location}: array {name!r} has dtype {dtype}; expected "
                             f"{want if want is not None else 'S1..S255 (ASCII keys)'}")
@@ -519,8 +522,8 @@ def _check_index_values(index: SplitIndex, location: str, manifest: dict, entry:
     def bad(name: str, mask: np.ndarray, expected: str) -> None:
         if mask.any():
             i = int(np.argmax(mask))
-            raise ManifestError(f"{location}: {int(mask.sum())} entries of {name!r} out of "
-                                f"range, first at position {i} (key "
+            raise ManifestError(f"{location}: array {name!r} has {int(mask.sum())} invalid "
+                                f"of {len(index)} entries, the first at position {i} (key "
                                 f"{_key_text(index.key[i])}): {getattr(index, name)[i]}; "
                                 f"expected {expected}")
 

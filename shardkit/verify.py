@@ -33,8 +33,9 @@ Damage inside the dataset (a split file that is truncated or does not match, a m
 or changed shard, a bad sample) is verify's finding: one ``FAIL`` line each, exit code 1. A
 folder that is no dataset at all (``manifest.json`` missing, not JSON, not a JSON object, of
 another schema, or breaking the schema: a shard path outside the folder, a field of the wrong
-type; :func:`shardkit.manifest.load_manifest`) stops it: one ``Error: ManifestError: ...`` line on stderr, exit code 2, as for
-``shardkit check`` / ``stats`` / ``inspect`` (see :mod:`shardkit.doctor.cli`).
+type; :func:`shardkit.manifest.load_manifest`) stops it: one ``Error: ManifestError: ...`` line
+on stderr, exit code 2, as for ``shardkit check`` / ``stats`` / ``inspect`` (see
+:mod:`shardkit.doctor.cli`).
 """
 from __future__ import annotations
 

@@ -306,9 +306,9 @@ class ShardSource:
             if isinstance(err, ShardkitError) and repr(key) in str(err):
                 raise err
             raise DecodeError(f"shard {self.shard_name(pos)}: sample {key!r} failed: "
-                              f"{type(err).__name__}: {err}") from err
-        log.warning("on_error='skip': skipped sample %r of shard %s: %s", key,
-                    self.shard_name(pos), err)
+                              f"{type(err).__name__}: {err}{self.limit_hint(err)}") from err
+        log.warning("on_error='skip': skipped sample %r of shard %s: %s%s", key,
+                    self.shard_name(pos), err, self.limit_hint(err))
         return key
 
     def close(self) -> None:
