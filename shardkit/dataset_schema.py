@@ -17,8 +17,9 @@ The full schema is in ``docs/DESIGN.md``; the rules here:
   a list of distinct non-empty strings.
 
 Every violation raises :class:`~shardkit.errors.ManifestError` naming the file, the field (as
-``splits['train'].shards[3].path``) and what was expected, e.g. ``manifest.json: field
-splits['train'].num_samples is '53' (str); expected an int >= 0``.
+``splits['train'].shards[3].path``), its value as JSON and its type, and what was expected,
+e.g. ``manifest.json: field splits['train'].num_samples is "53" (str); expected an int in
+[0, 1099511627776]``.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from collections.abc import Iterable
 
 from .errors import ManifestError
 
-__all__ = ["FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "RECORD_INDEX_FIELDS",
+__all__ = ["FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "MAX_INT64",
+           "RECORD_INDEX_FIELDS",
            "check_manifest", "check_split_name", "check_relative_path", "check_record"]
 
 #: Shard formats a manifest may name (``shardkit.formats.FORMATS``; not imported here, which
@@ -42,10 +44,12 @@ KEY = re.compile(r"[A-Za-z0-9_-]{1,255}")
 _PATH_PART = re.compile(r"[A-Za-z0-9_.-]{1,255}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-#: Largest sample count of a split or shard (2**40; int64 offsets in the index).
+#: Largest sample count of a split or shard (2**40: far above any dataset, far below int64).
 MAX_SAMPLES = 1 << 40
 #: Largest image side in a record (pixels): PNG's limit, 2**31 - 1.
 MAX_DIMENSION = (1 << 31) - 1
+#: Largest byte count or offset (the index holds them as int64).
+MAX_INT64 = (1 << 63) - 1
 #: Fields every record of ``splits/<split>.jsonl`` holds (the index holds the same).
 RECORD_INDEX_FIELDS = ("key", "label", "shard", "offset", "size")
 
@@ -226,7 +230,7 @@ def _check_split_entry(where, field, entry, num_classes: int, paths: dict[str, s
             _fail(where, f"{at}.path", path, f"a path of its own (also {paths[path]})")
         paths[path] = at
         _int(where, f"{at}.num_samples", shard["num_samples"], 0, MAX_SAMPLES)
-        _int(where, f"{at}.bytes", shard["bytes"], 0)
+        _int(where, f"{at}.bytes", shard["bytes"], 0, MAX_INT64)
         _hex(where, f"{at}.sha256", shard["sha256"], 64)
 
 
@@ -282,8 +286,8 @@ def _dimension(where, field, value) -> None:
 _RECORD_CHECKS = {
     "key": lambda w, f, v: v if isinstance(v, str) and KEY.fullmatch(v) else _fail(
         w, f, v, "a sample key (1-255 of A-Z a-z 0-9 _ -)"),
-    "offset": lambda w, f, v: _int(w, f, v, 0),
-    "size": lambda w, f, v: _int(w, f, v, 1),
+    "offset": lambda w, f, v: _int(w, f, v, 0, MAX_INT64),
+    "size": lambda w, f, v: _int(w, f, v, 1, MAX_INT64),
     "sha256": lambda w, f, v: _hex(w, f, v, 64),
     "xxh3": lambda w, f, v: _hex(w, f, v, 16),
     "phash": _hex16_or_null,

@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,9 +245,14 @@ def _compare_index(report, split: str, records: list[dict], index) -> None:
                             show=lambda v: f"{int(v):016x}")
 
 
-def _report_differences(report, split, name, keys, ours, theirs, missing=None,
-                        show=lambda v: repr(v.item()) if hasattr(v, "item") else repr(v)
+def _shown(value) -> str:
+    return repr(value.item()) if hasattr(value, "item") else repr(value)
+
+
+def _report_differences(report, split, name, keys, ours, theirs, missing=None, show=_shown
                         ) -> None:
+    """One FAIL for the positions where ``ours`` (the index) differs from ``theirs`` (the
+    records) or the record lacks the field (``missing``), naming up to 5 keys."""
     differ = ours != theirs
     if missing is not None:
         differ |= missing
@@ -264,8 +270,7 @@ def _report_differences(report, split, name, keys, ours, theirs, missing=None,
 
 
 def _check_unique_keys(report, split: str, records: list[dict]) -> None:
-    seen: set[str] = set()
-    repeated = sorted({r["key"] for r in records if r["key"] in seen or seen.add(r["key"])})
+    repeated = sorted(k for k, n in Counter(r["key"] for r in records).items() if n > 1)
     if repeated:
         report._fail(f"split {split!r}: {len(repeated)} key(s) appear more than once in "
                      f"splits/{split}.jsonl (first: {repeated[0]!r})", key=repeated[0])
