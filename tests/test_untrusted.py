@@ -610,6 +610,9 @@ RECORD_DAMAGE = {
     "shard 3": (lambda r: _record_with(r, 4, shard=3), "line 5: field shard is 3 (int); "
                 "expected a shard number in [0, 1)"),
     "no key": (lambda r: _record_with(r, 0, key=None), "line 1: field key is null (null)"),
+    "offset past int64": (lambda r: _record_with(r, 3, offset=10 ** 30),
+                          "line 4: field offset is 1000000000000000000000000000000 (int); "
+                          "expected an int in [0, 9223372036854775807]"),
     "warnings nested": (lambda r: _record_with(r, 0, warnings=[["x"]]),
                         "field warnings[0] is [\"x\"] (array); expected a str"),
 }
