@@ -117,7 +117,9 @@ class ShardSource:
             given, else :data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`; never the manifest's
             ``normalization.max_pixels`` (a dataset must not lift its readers' safety limit).
             An image over it is a :class:`~shardkit.imageopen.PixelLimitError` before any pixel
-            is decoded, so ``on_error="skip"`` skips it. on_error: ``"raise"`` or ``"skip"``.
+            is decoded, so ``on_error="skip"`` skips it. packed_max_pixels: the manifest's
+            record of pack's limit (only to say, when an image is refused, that the dataset
+            claims a higher one). on_error: ``"raise"`` or ``"skip"``.
         verify_reads: as given. verified: True when reads are checked (``verify_reads`` and an
             index with checksums; an index packed before checksums existed is read unchecked,
             said once per process and split at WARNING on the ``shardkit.stream`` logger).
@@ -145,7 +147,6 @@ class ShardSource:
         self.index = load_index(root, split, manifest)
         self.format = manifest["format"]
         self.classes = list(manifest["classes"])
-        #: the limit pack recorded (for the error message of an image over max_pixels)
         self.packed_max_pixels = (manifest.get("normalization") or {}).get("max_pixels")
         self.shards = list(manifest["splits"][split]["shards"])
         # readers need only this small dict, not the whole manifest (group maps etc.)
