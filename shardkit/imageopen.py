@@ -3,7 +3,13 @@
 The packer (:func:`shardkit.images.check_image`, ``pack --max-pixels N``) and every decoder
 (``shardkit.decode.get_decoder(..., max_pixels=N)``) open images through :func:`open_image` and
 check sizes with :func:`check_pixels`, so an image the packer accepted under a limit is never
-refused by a reader given the same limit (the manifest's ``normalization.max_pixels``).
+refused by a reader given the same limit.
+
+A reader's limit is its own: :data:`DEFAULT_MAX_PIXELS`, or what its caller passes. The limit a
+dataset was packed with (the manifest's ``normalization.max_pixels``) is a record, never a read
+limit: a dataset is untrusted input, and a crafted manifest must not lift the bound that keeps a
+small file with a huge header (a 1 MB 20000 x 20000 PNG) from taking gigabytes in every reader.
+A dataset packed with ``--max-pixels`` above the default is read by passing that limit.
 
 Pillow's process-wide ``Image.MAX_IMAGE_PIXELS`` is never read nor changed: ``Image.open``
 applies it (a warning above it, ``DecompressionBombError`` above twice it), so this module calls
@@ -49,8 +55,9 @@ class PixelLimitError(DecodeError):
         self.width, self.height, self.max_pixels = width, height, max_pixels
         self.pixels = width * height
         super().__init__(f"image of {width}x{height} = {self.pixels} pixels is over the limit "
-                         f"max_pixels={max_pixels} (the dataset's normalization.max_pixels, or "
-                         f"pack --max-pixels)")
+                         f"max_pixels={max_pixels} (the reader's limit: shardkit's default "
+                         f"{DEFAULT_MAX_PIXELS}, or the max_pixels its caller gave; pack "
+                         f"--max-pixels when packing)")
 
 
 def sniff(data: bytes | memoryview) -> str:

@@ -10,8 +10,9 @@ nvJPEG) sees the same upright RGB pixels (field case 15):
   ``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS`, Pillow's own limit) are rejected with a
   reason. The header is read by :func:`shardkit.imageopen.open_image`, the same function (and
   limit) every decoder uses at read time, so what packs under ``--max-pixels N`` reads under
-  ``normalization.max_pixels = N``. Pillow's global ``Image.MAX_IMAGE_PIXELS`` and
-  ``ImageFile.LOAD_TRUNCATED_IMAGES`` are never changed: the limit is passed per call.
+  a reader limit of N (the manifest records N; readers never take their limit from it).
+  Pillow's global ``Image.MAX_IMAGE_PIXELS`` and ``ImageFile.LOAD_TRUNCATED_IMAGES`` are never
+  changed: the limit is passed per call.
 * The whole image is decoded (not just opened). JPEGs are fully decoded with libjpeg-turbo
   (PyTurboJPEG, RGB output), the decoder every shardkit reader uses; Pillow decodes them a second
   time only when their pixels must be normalised. libjpeg-turbo's recoverable warnings are
@@ -446,8 +447,8 @@ def decode_reference(data: bytes, max_pixels: int | None = None) -> np.ndarray:
 
     Pillow decode of the bytes as stored (no EXIF rotation: stored pixels are upright by
     construction), converted with ``Image.convert("RGB")`` (grayscale expanded to 3 channels).
-    ``max_pixels``: the readers' pixel limit (None = :data:`DEFAULT_MAX_PIXELS`; pass the
-    dataset's ``normalization.max_pixels``).
+    ``max_pixels``: the reader's pixel limit (None = :data:`DEFAULT_MAX_PIXELS`; the
+    reader's own, never the dataset's ``normalization.max_pixels``).
 
     Returns:
         numpy uint8 array of shape (H, W, 3), C-contiguous, HWC, RGB order, values 0..255.

@@ -71,7 +71,8 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
                  upload: ShardUpload | None = None) -> dict[str, dict]:
     """Step 6 (and the split files of step 7): writes every split's shards, then its
     ``splits/<split>.jsonl`` + ``.index.npz``. Returns the manifest's ``splits`` section:
-    ``{split: {"num_samples", "class_counts", "num_groups", "shards"}}``. ``classes``: the
+    ``{split: {"num_samples", "class_counts", "num_groups", "shards", "index_sha256",
+    "records_sha256"}}``. ``classes``: the
     label map's class names (label ``k`` is ``classes[k]``).
 
     ``upload`` (a pack into object storage, :mod:`shardkit.pack_remote_out`): every shard is
@@ -106,12 +107,13 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
                        for name, members in splits)
         for (name, members), (records, shards) in zip(splits, written):
             with naming_file(out / "splits" / f"{name}.jsonl"):
-                manifest_mod.write_split_files(out, name, records)
+                hashes = manifest_mod.write_split_files(out, name, records)
             split_manifest[name] = {
                 "num_samples": len(records),
                 "class_counts": np.bincount([r["label"] for r in records],
                                             minlength=len(classes)).tolist(),
-                "num_groups": len({source.items[i].group for i in members}), "shards": shards}
+                "num_groups": len({source.items[i].group for i in members}), "shards": shards,
+                **hashes}  # index_sha256 (readers check it), records_sha256 (verify does)
             logger.info("split %s: %d samples in %d shards", name, len(records), len(shards))
     finally:
         if hasattr(written, "close"):  # the Ray writer cancels its tasks when closed early

@@ -202,8 +202,8 @@ class SampleTransform:
         self.cfg = cfg
         self.train = bool(train)
         self._decoder = None
-        #: pixel limit for the decoder (None: shardkit's default); the loader sets the
-        #: dataset's ``normalization.max_pixels``, the limit pack applied
+        #: pixel limit for the decoder (None: shardkit's default); the loader sets its
+        #: source's (the reader's own limit, never the dataset's normalization.max_pixels)
         self.max_pixels: int | None = None
         self.last_warnings = 0
         self.last_warning: str | None = None

@@ -2,15 +2,23 @@
 
 Checks, in order, for every split listed in ``manifest.json`` (layout: ``docs/DESIGN.md``):
 
-1. the split files agree with the manifest: ``splits/<split>.jsonl`` and the ``.index.npz`` list
-   ``num_samples`` samples, and each shard holds as many samples as the records that point to it;
+1. the split files agree with the manifest and with each other: ``splits/<split>.jsonl`` and the
+   ``.index.npz`` have the sha256 the manifest records (``records_sha256``, ``index_sha256``; a
+   dataset packed before they existed gets one ``NOTE`` line per split, no ``FAIL``), pass the
+   schema checks of :func:`shardkit.manifest.load_index` and
+   :func:`~shardkit.manifest.read_split_records` (each read without its hash check, so that
+   a damaged file is named by what is wrong in it), list ``num_samples`` samples with distinct
+   keys, hold the same ``key``, ``label``, ``shard``, ``offset``, ``size`` and ``xxh3`` for each
+   sample, and each shard holds as many samples as the records that point to it;
 2. every shard file exists, has the recorded size in bytes and the recorded sha256;
 3. every sample is read back through :func:`shardkit.formats.open_reader` and has the recorded size
    and, where the split file has one (datasets packed since checksums exist), the recorded
    ``xxh3`` of the stored bytes (:func:`shardkit.manifest.sample_checksum`; the index's copy, which
    readers compare, must be the same); a sample stored as the original file
    (``rule == "original"``) must hash to the recorded source sha256; a normalised one (any other
-   rule) must decode fully with Pillow;
+   rule) must decode fully with Pillow, under the pixel limit (the ``max_pixels`` given, else
+   shardkit's default; never the manifest's); in an intact ``wds`` shard every ``<key>.cls``
+   member must hold the sample's label;
 4. samples stored downscaled (``shardkit pack --max-side N``: the rule holds ``downscaled``) must
    decode to the recorded ``width`` x ``height``, and when the manifest records N
    (``normalization.max_side``) have a longer side of N and a recorded original longer side over
@@ -24,28 +32,32 @@ shard is named. Every problem names the split, the shard path and, where known, 
 Damage inside the dataset (a split file that is truncated or does not match, a missing, truncated
 or changed shard, a bad sample) is verify's finding: one ``FAIL`` line each, exit code 1. A
 folder that is no dataset at all (``manifest.json`` missing, not JSON, not a JSON object, of
-another schema) stops it: one ``Error: ManifestError: ...`` line on stderr, exit code 2, as for
-``shardkit check`` / ``stats`` / ``inspect`` (see :mod:`shardkit.doctor.cli`).
+another schema, or breaking the schema: a shard path outside the folder, a field of the wrong
+type; :func:`shardkit.manifest.load_manifest`) stops it: one ``Error: ManifestError: ...`` line
+on stderr, exit code 2, as for ``shardkit check`` / ``stats`` / ``inspect`` (see
+:mod:`shardkit.doctor.cli`).
 """
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import numpy as np
 
 from shardkit import manifest as manifest_mod
 from shardkit.cli_errors import one_line_errors
 from shardkit.errors import ManifestError, ShardkitError
+from shardkit.imageopen import open_image, resolve_max_pixels
 from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
 
 __all__ = ["verify", "VerifyReport", "verify_command", "RECORD_FIELDS"]
 
-RECORD_FIELDS = ("key", "shard", "offset", "size", "sha256")
+RECORD_FIELDS = ("key", "label", "shard", "offset", "size", "sha256")
 """Fields of a ``splits/<split>.jsonl`` row that verify reads (``rule`` and ``path`` optional)."""
 
 
@@ -56,6 +68,8 @@ class VerifyReport:
     Attributes:
         root: the dataset folder. ``ok``: True when no problem was found.
         problems: one line per problem, each naming the split, shard and (when known) key.
+        notes: lines that are no problem but limit what could be checked (a dataset packed
+            before split-file hashes existed).
         num_shards: shards checked. ``num_samples``: samples read back and checked.
         bad_shards: shard paths (relative to root) with at least one problem.
         bad_keys: sample keys that failed.
@@ -65,6 +79,7 @@ class VerifyReport:
 
     root: Path | str
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     num_shards: int = 0
     num_samples: int = 0
     bad_shards: list[str] = field(default_factory=list)
@@ -84,7 +99,7 @@ class VerifyReport:
 
     def format_text(self) -> str:
         """Human-readable report: one ``FAIL`` line per problem and a final verdict line."""
-        lines = [f"FAIL {p}" for p in self.problems]
+        lines = [f"NOTE {n}" for n in self.notes] + [f"FAIL {p}" for p in self.problems]
         if self.stored is not None:
             from shardkit.doctor.reading import format_stored_resolution
 
@@ -95,19 +110,18 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _decodes(data: bytes) -> tuple[str | None, tuple[int, int]]:
-    """``(None, (width, height))`` when Pillow decodes ``data`` fully, else ``(error, (0, 0))``."""
-    from PIL import Image
-
+def _decodes(data: bytes, limit: int) -> tuple[str | None, tuple[int, int]]:
+    """``(None, (width, height))`` when Pillow decodes ``data`` fully under the pixel limit
+    ``limit`` (checked on the header, before decoding), else ``(error, (0, 0))``."""
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with open_image(data, limit) as im:
             im.load()
             return None, im.size
     except Exception as e:  # noqa: BLE001 - any decoder failure is the finding
         return f"{type(e).__name__}: {e}", (0, 0)
 
 
-def verify(root, *, decode: bool = True) -> VerifyReport:
+def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> VerifyReport:
     """Verifies a packed dataset against its manifest (see the module docstring for the checks).
 
     Args:
@@ -115,17 +129,21 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
             dataset in object storage (each shard is fetched whole into a temporary folder,
             checked, and deleted).
         decode: also decode the normalised (non-``original``) samples with Pillow.
+        max_pixels: the pixel limit of that decoding (None: shardkit's default,
+            :data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`); an image over it is a finding.
 
     Returns:
         a :class:`VerifyReport`; ``report.ok`` is True when every check holds.
 
     Raises:
-        ManifestError: ``manifest.json`` is missing, unreadable, not a JSON object or of another
-            schema version (nothing can be verified).
+        ManifestError: ``manifest.json`` is missing, unreadable, not a JSON object, of another
+            schema version or breaks the schema (nothing can be verified).
+        ConfigError: a bad ``max_pixels``.
     """
     from shardkit import formats
-    from shardkit.doctor.reading import load_manifest_dict, read_rows, stored_resolution
+    from shardkit.doctor.reading import load_manifest_dict, stored_resolution
 
+    limit = resolve_max_pixels(max_pixels)
     remote = manifest_mod.is_url(root)  # a wds pack in object storage: shards fetched one by one
     root = os.fspath(root).rstrip("/") if remote else Path(manifest_mod.local_path(root))
     man = load_manifest_dict(root)
@@ -135,43 +153,132 @@ def verify(root, *, decode: bool = True) -> VerifyReport:
     report = VerifyReport(root=root)
     read: dict[str, list[dict]] = {}
     for split, info in man["splits"].items():
-        shards = info.get("shards", [])
+        shards = info["shards"]
         try:
-            records = read_rows(root, split, RECORD_FIELDS)
-            index = manifest_mod.load_index(root, split, man)
+            records = manifest_mod.read_split_records(root, split, man, required=RECORD_FIELDS)
         except ShardkitError as e:
             report._fail(f"split {split!r}: {e}")
             continue
         read[split] = records
-        if len(records) != info["num_samples"] or len(index) != info["num_samples"]:
+        try:  # the hash is compared below, and the index with the records
+            index = manifest_mod.load_index(root, split, man, check_hash=False)
+        except ShardkitError as e:
+            report._fail(f"split {split!r}: {e}")
+            index = None
+        if index is None:  # its error is reported: the records alone
+            if len(records) != info["num_samples"]:
+                report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} "
+                             f"records, the manifest says {info['num_samples']}")
+        elif len(records) != info["num_samples"] or len(index) != info["num_samples"]:
             report._fail(f"split {split!r}: splits/{split}.jsonl has {len(records)} records, the "
                          f"index {len(index)}, the manifest says {info['num_samples']}")
         else:
-            _check_index_checksums(report, split, records, index)
+            _compare_index(report, split, records, index)
+        _check_unique_keys(report, split, records)
         if sum(s["num_samples"] for s in shards) != info["num_samples"]:
             report._fail(f"split {split!r}: shards hold {sum(s['num_samples'] for s in shards)} "
                          f"samples, the manifest says {info['num_samples']}")
         per_shard: dict[int, list[dict]] = {}
         for rec in records:
-            per_shard.setdefault(int(rec["shard"]), []).append(rec)
-        for extra in sorted(set(per_shard) - set(range(len(shards)))):
-            report._fail(f"split {split!r}: {len(per_shard[extra])} records point to shard "
-                         f"{extra}, which the manifest does not list (it has {len(shards)})",
-                         key=per_shard[extra][0]["key"])
+            per_shard.setdefault(rec["shard"], []).append(rec)
         for idx, shard in enumerate(shards):
             report.num_shards += 1
             if remote:
                 _verify_remote_shard(report, root, man, split, idx, shard,
-                                     per_shard.get(idx, []), decode, formats)
+                                     per_shard.get(idx, []), decode, formats, limit)
             else:
                 _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []),
-                              decode, formats)
+                              decode, formats, limit)
+        # last: a file changed after pack is named by what is wrong in it first
+        _check_split_file_hashes(report, root, man, split, index is not None)
     report.stored = stored_resolution(man, read)
     return report
 
 
-def _verify_remote_shard(report, root: str, man, split, idx, shard, recs, decode, formats
-                         ) -> None:
+def _check_split_file_hashes(report, root, man, split: str, index_read: bool) -> None:
+    """The sha256 of the split's ``.jsonl`` and (when it could be read) ``.index.npz`` against
+    the manifest's ``records_sha256`` / ``index_sha256``: a FAIL each when they differ, one NOTE
+    when the manifest records none (a dataset packed before they existed)."""
+    names = {"records": f"splits/{split}.jsonl", "index": f"splits/{split}.index.npz"}
+    unrecorded = []
+    for name, rel in names.items():
+        if name == "index" and not index_read:
+            continue  # its error is reported already
+        try:
+            found, want = manifest_mod.split_file_hash(root, split, name, man)
+        except ShardkitError as e:
+            report._fail(f"split {split!r}: {e}")
+            continue
+        if want is None:
+            unrecorded.append(rel)
+        elif found != want:
+            report._fail(f"split {split!r}: {rel} has sha256 {found[:16]}..., the manifest "
+                         f"{want[:16]}... (changed after pack: damaged or edited)")
+    if unrecorded:
+        report.notes.append(f"split {split!r}: the manifest records no sha256 of "
+                            f"{' and '.join(unrecorded)} (packed by an older shardkit): compared "
+                            "with each other and the shards only; re-pack to record them")
+
+
+#: index array -> the record's value as that array holds it.
+_INDEX_VS_RECORD = {
+    "key": lambda index: index.key.astype("U"), "label": lambda index: index.label,
+    "shard": lambda index: index.shard, "offset": lambda index: index.offset,
+    "size": lambda index: index.size,
+}
+
+
+def _compare_index(report, split: str, records: list[dict], index) -> None:
+    """Every field the index holds must be the records': ``key``, ``label``, ``shard``,
+    ``offset``, ``size`` and ``xxh3`` (one FAIL per field, naming up to 5 samples)."""
+    keys = [r["key"] for r in records]
+    if not keys:
+        return
+    for name, of_index in _INDEX_VS_RECORD.items():
+        ours = of_index(index)
+        theirs = np.array([r[name] for r in records], dtype=ours.dtype if name != "key" else None)
+        _report_differences(report, split, name, keys, ours, theirs)
+    if index.xxh3 is not None:
+        theirs = np.array([int(r[CHECKSUM_FIELD], 16) if CHECKSUM_FIELD in r else 0
+                           for r in records], dtype=np.uint64)
+        missing = np.array([CHECKSUM_FIELD not in r for r in records], dtype=bool)
+        _report_differences(report, split, CHECKSUM_FIELD, keys, index.xxh3, theirs, missing,
+                            show=lambda v: f"{int(v):016x}")
+
+
+def _shown(value) -> str:
+    return repr(value.item()) if hasattr(value, "item") else repr(value)
+
+
+def _report_differences(report, split, name, keys, ours, theirs, missing=None, show=_shown
+                        ) -> None:
+    """One FAIL for the positions where ``ours`` (the index) differs from ``theirs`` (the
+    records) or the record lacks the field (``missing``), naming up to 5 keys."""
+    differ = ours != theirs
+    if missing is not None:
+        differ |= missing
+    if not differ.any():
+        return
+    where = np.flatnonzero(differ)
+    shown = ", ".join(f"{keys[i]!r} (index {show(ours[i])}, records "
+                      f"{'none' if missing is not None and missing[i] else show(theirs[i])})"
+                      for i in where[:5])
+    more = f" and {len(where) - 5} more" if len(where) > 5 else ""
+    report._fail(f"split {split!r}: the index and splits/{split}.jsonl differ in {name} for "
+                 f"{len(where)} sample(s): {shown}{more}")
+    for i in where:
+        report.bad_keys.append(keys[i])
+
+
+def _check_unique_keys(report, split: str, records: list[dict]) -> None:
+    repeated = sorted(k for k, n in Counter(r["key"] for r in records).items() if n > 1)
+    if repeated:
+        report._fail(f"split {split!r}: {len(repeated)} key(s) appear more than once in "
+                     f"splits/{split}.jsonl (first: {repeated[0]!r})", key=repeated[0])
+
+
+def _verify_remote_shard(report, root: str, man, split, idx, shard, recs, decode, formats,
+                         limit: int) -> None:
     """:func:`_verify_shard` of a shard in object storage: fetched whole into a temporary folder
     (one GET; the shards are checked one at a time, so the disk holds one), then checked there."""
     import fsspec
@@ -187,21 +294,11 @@ def _verify_remote_shard(report, root: str, man, split, idx, shard, recs, decode
             report._fail(f"split {split!r} shard {shard['path']}: missing (no object at {url})",
                          shard=shard["path"])
             return
-        _verify_shard(report, Path(tmp), man, split, idx, shard, recs, decode, formats)
+        _verify_shard(report, Path(tmp), man, split, idx, shard, recs, decode, formats, limit)
 
 
-def _check_index_checksums(report, split, records, index) -> None:
-    """The index's checksums (what readers compare) must be those of the split file."""
-    if index.xxh3 is None:
-        return
-    for rec, value in zip(records, index.xxh3.tolist()):
-        if rec.get(CHECKSUM_FIELD) != f"{value:016x}":
-            report._fail(f"split {split!r}: sample {rec['key']!r}: splits/{split}.jsonl has "
-                         f"xxh3 {rec.get(CHECKSUM_FIELD)!r}, the index {value:016x}",
-                         key=rec["key"])
-
-
-def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -> None:
+def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats, limit: int
+                  ) -> None:
     from shardkit.errors import ResourceLimitError
 
     path = shard["path"]
@@ -227,6 +324,7 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
             intact = False
     if not intact and man["format"] == "lmdb":
         return  # never map a damaged LMDB file: a corrupt page can crash the process
+    failures = len(report.problems)
     reader = formats.open_reader(root, man, split, idx)
     try:
         for rec in recs:
@@ -259,7 +357,7 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
                                  f"{rec['sha256'][:16]}...",
                                  shard=path, key=key)
             elif decode:
-                err, size = _decodes(data)
+                err, size = _decodes(data, limit)
                 if err is not None:
                     report._fail(f"{where}: sample {key!r} ({rec.get('path')}, rule "
                                  f"{rec['rule']}) does not decode: {err}", shard=path, key=key)
@@ -268,6 +366,32 @@ def _verify_shard(report, root, man, split, idx, shard, recs, decode, formats) -
                                  f"{rec['rule']}) {problem}", shard=path, key=key)
     finally:
         reader.close()
+    if man["format"] == "wds" and intact and len(report.problems) == failures and recs:
+        _check_wds_labels(report, full, recs, where, path)
+
+
+def _check_wds_labels(report, full: Path, recs: list[dict], where: str, path: str) -> None:
+    """Every ``<key>.cls`` member of an intact tar shard (written unless ``--no-wds-cls``) must
+    hold the records' label (what other readers of the tar, WebDataset or DALI, train on)."""
+    from shardkit.formats.wds import sample_members
+
+    try:
+        members = sample_members(full, [r["key"] for r in recs], [r["offset"] for r in recs],
+                                 [r["size"] for r in recs])
+    except ShardkitError as e:
+        report._fail(f"{where}: {e}", shard=path)
+        return
+    with open(full, "rb") as f:
+        for rec, found in zip(recs, members):
+            for name, offset, size in found:
+                if name != rec["key"] + ".cls":
+                    continue
+                text = os.pread(f.fileno(), min(size, 32), offset)
+                value = text.strip()
+                if not (value.isdigit() and int(value) == rec["label"]):
+                    report._fail(f"{where}: sample {rec['key']!r}: member {name} holds "
+                                 f"{text[:20]!r}, the split files say label {rec['label']}",
+                                 shard=path, key=rec["key"])
 
 
 def _downscale_problem(rec: dict, size: tuple[int, int], man: dict) -> str | None:
@@ -298,8 +422,11 @@ def _dataset_arg(ctx, param, value):
 @click.command("verify")
 @click.argument("root", callback=_dataset_arg)
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
+@click.option("--max-pixels", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Pixel limit of that decoding [default: shardkit's, 89478485; a dataset "
+              "packed with a larger --max-pixels needs it].")
 @one_line_errors
-def verify_command(root: Path, no_decode: bool) -> None:
+def verify_command(root: Path, no_decode: bool, max_pixels: int | None) -> None:
     """Re-hash the shards of ROOT (a folder, or the URL of a wds pack in object storage) and
     check every sample against the manifest, and the timm, DALI and Hugging Face files beside
     the shards against them (shardkit.interop.check).
@@ -311,7 +438,7 @@ def verify_command(root: Path, no_decode: bool) -> None:
     from shardkit.doctor.cli import run_command
     from shardkit.interop.check import check_reader_files
 
-    report = run_command(verify, root, decode=not no_decode)
+    report = run_command(verify, root, decode=not no_decode, max_pixels=max_pixels)
     report.problems.extend(run_command(check_reader_files, root))  # stale reader files: damage
     click.echo(report.format_text())
     if not report.ok:

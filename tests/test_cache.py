@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from shardkit.errors import ConfigError
-from shardkit.stream import SamplingOptions, WorkerOptions, make_loader
+from shardkit.stream import WorkerOptions, make_loader
 from shardkit.stream import arena as arena_mod
 from shardkit.stream.cache import SHM_DIR_ENV, cached_size
 from shardkit.transforms import TransformConfig

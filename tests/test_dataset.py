@@ -49,7 +49,7 @@ def build_split(sample_dir: Path, out: Path, fmt: str, shard_sizes: list[int],
             i += 1
         writer.close()
         shards.append({"path": rel, "num_samples": count, "bytes": (out / rel).stat().st_size,
-                       "sha256": ""})
+                       "sha256": hashlib.sha256((out / rel).read_bytes()).hexdigest()})
     write_split_files(out, split, records)
     manifest_path = out / "manifest.json"
     import json

@@ -38,11 +38,14 @@ def test_atomic_files_respect_the_umask(tmp_path):
 def test_split_files_round_trip_with_a_non_utf8_path(tmp_path):
     name = os.fsdecode(b"daisy/caf\xe9.jpg")
     records = [{"key": "train_00000000", "label": 1, "shard": 0, "offset": 512, "size": 10,
-                "path": name}]
-    write_split_files(tmp_path, "train", records)
+                "path": name, "xxh3": "0123456789abcdef"}]
+    hashes = write_split_files(tmp_path, "train", records)
+    shard = {"path": "shards/train-000000.tar", "num_samples": 1, "bytes": 1024,
+             "sha256": "0" * 64}
     write_manifest(tmp_path, {"format": "wds", "classes": ["a", "b"],
                               "source": {"root": os.fsdecode(b"/data/\xe9t\xe9")},
-                              "splits": {"train": {"num_samples": 1, "shards": []}}})
+                              "splits": {"train": {"num_samples": 1, "shards": [shard],
+                                                   **hashes}}})
     assert os.fsencode(read_split_records(tmp_path, "train")[0]["path"]) == b"daisy/caf\xe9.jpg"
     index = load_index(tmp_path, "train")
     assert index.key_at(0) == "train_00000000" and int(index.offset[0]) == 512
@@ -101,8 +104,10 @@ def test_manifest_written_and_read_through_a_file_uri(tmp_path):
     root = (tmp_path / "my data").as_uri()
     write_split_files(root, "train", [{"key": "train_00000000", "label": 0, "shard": 0,
                                        "offset": 0, "size": 3}])
+    shard = {"path": "shards/train-000000.h5", "num_samples": 1, "bytes": 100,
+             "sha256": "0" * 64}
     write_manifest(root, {"format": "hdf5", "classes": ["a"],
-                          "splits": {"train": {"num_samples": 1, "shards": []}}})
+                          "splits": {"train": {"num_samples": 1, "shards": [shard]}}})
     assert (tmp_path / "my data" / "manifest.json").is_file()
     assert load_manifest(root)["format"] == "hdf5" and len(load_index(root, "train")) == 1
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile

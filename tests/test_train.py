@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from shardkit.errors import ConfigError, LabelError, OutputExistsError
+from shardkit.errors import ConfigError, LabelError, ManifestError, OutputExistsError
 from shardkit.train import (TrainConfig, build_model, check_labels, classification_metrics,
                             load_config, load_pretrained, topk_for, train)
 from shardkit.train.checkpoint import ResumeMismatchError
@@ -629,9 +629,14 @@ def test_case23_three_class_folder_head_topk_pretrained_labels_and_data_path(
     assert report["loaded"] == len(best) - 2 and report["unexpected"] == []
 
     # a manifest whose class list is shorter than its labels: label 2 must raise, not train
+    # (the split index is refused where it is loaded; class_counts, which would be refused
+    # first, are taken out)
     manifest["classes"] = ["daisy", "roses"]
+    for entry in manifest["splits"].values():
+        del entry["class_counts"]
     (data / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(LabelError, match=r"label 2 .*\[0, 2\)"):
+    with pytest.raises(ManifestError, match=r"'label' has \d+ invalid .*: 2; expected a class "
+                       r"number in \[0, 2\)"):
         train(_run_config(data, tmp_path / "run-bad", max_steps=1))
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import numpy as np
 import torchvision.transforms.v2 as T
 
 from shardkit.errors import ConfigError

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 from typing import Callable
 
 import numpy as np

@@ -18,7 +18,6 @@ baseline gets the matching torchvision pipeline per augment spec
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -252,10 +251,15 @@ def _join(a: str, b: str) -> str:
 
 
 def split_source_paths(root: str | Path, split: str) -> list[str]:
-    """Source-relative paths of the samples of ``split`` (from ``splits/<split>.jsonl``)."""
-    path = Path(root) / "splits" / f"{split}.jsonl"
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line)["path"] for line in fh if line.strip()]
+    """Source-relative paths of the samples of ``split`` (from ``splits/<split>.jsonl``, read
+    and checked by :func:`shardkit.manifest.read_split_records`).
+
+    Raises:
+        ManifestError: unknown split, or a damaged split file (names the line and field).
+    """
+    from shardkit.manifest import read_split_records
+
+    return [r["path"] for r in read_split_records(root, split, required=("key", "path"))]
 
 
 def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Step,

@@ -89,7 +89,7 @@ def get_decoder(name: str = "auto", *, fast_dct: bool = False, fast_upsample: bo
         fast_upsample: no fancy (triangle) chroma upsampling; off by default.
         max_pixels: refuse images over this many pixels (width * height of the header) with a
             :class:`~shardkit.imageopen.PixelLimitError`; None = :data:`DEFAULT_MAX_PIXELS`.
-            Readers pass the manifest's ``normalization.max_pixels`` (the packer's limit).
+            The reader's own limit, never the manifest's (see :mod:`shardkit.imageopen`).
     Raises:
         ConfigError: unknown name, the named backend is unavailable here (says why), or a bad
             ``max_pixels``.

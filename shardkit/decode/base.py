@@ -215,8 +215,8 @@ class Decoder:
     Args:
         fast_dct, fast_upsample: libjpeg speed flags (see ``shardkit.decode.get_decoder``).
         max_pixels: refuse images whose header ``width * height`` is over this (positive int;
-            None = ``shardkit.imageopen.DEFAULT_MAX_PIXELS``). Pass the dataset's
-            ``normalization.max_pixels`` so that what was packed can be read.
+            None = ``shardkit.imageopen.DEFAULT_MAX_PIXELS``). The reader's own limit, never
+            the dataset's ``normalization.max_pixels`` (see :mod:`shardkit.imageopen`).
 
     Attributes:
         last_warnings: number of decoder warnings of the most recent call (0 when clean).

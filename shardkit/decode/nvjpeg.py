@@ -53,8 +53,8 @@ def probe_batch(datas: Sequence, max_pixels: int | None = None) -> list[BatchPro
 
     Args:
         datas: N encoded images (bytes-like). max_pixels: pixel limit (None = the default
-            ``shardkit.imageopen.DEFAULT_MAX_PIXELS``; pass the manifest's
-            ``normalization.max_pixels``).
+            ``shardkit.imageopen.DEFAULT_MAX_PIXELS``; the reader's own limit, never the
+            manifest's).
     Returns:
         N :class:`BatchProbe`. JPEG headers are read by the ``_jpegroi`` extension when built
         (libjpeg, no GIL), else by Pillow.
@@ -147,8 +147,8 @@ def decode_crop_batch(datas: Sequence, boxes: Sequence, flips: Sequence, size: i
             ``CenterCrop``): resize the whole image by ``S / box size`` (rounded to whole
             pixels), then cut the S x S box, so the filter sees the pixels around it and the
             fractional eval box costs no shift.
-        max_pixels: pixel limit (None = default; pass the manifest's
-            ``normalization.max_pixels``). probes: the :func:`probe_batch` result when the
+        max_pixels: pixel limit (None = default; the reader's own, never the manifest's).
+            probes: the :func:`probe_batch` result when the
             caller already read the headers (to draw the boxes), so they are not read twice.
     Returns:
         ``torch.uint8`` tensor ``(N, 3, S, S)``, RGB, values 0..255, contiguous, on ``device``.

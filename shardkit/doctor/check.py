@@ -24,7 +24,6 @@ those whose samples lie in different splits. Degenerate images are left out of t
 """
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any

@@ -138,7 +138,7 @@ _DECODERS: dict[tuple, Any] = {}
 
 def decode_rgb(data: bytes, decoder: str = "auto", max_pixels: int | None = None) -> np.ndarray:
     """Decode encoded image bytes with the shardkit decoder registry, under ``max_pixels``
-    (pass :func:`dataset_max_pixels`: the limit pack applied; None = the default limit).
+    (:func:`dataset_max_pixels`; None = the default limit).
 
     Returns:
         ``(H, W, 3)`` uint8 RGB array, values 0-255, C-contiguous (the decoding contract).
@@ -155,9 +155,11 @@ def decode_rgb(data: bytes, decoder: str = "auto", max_pixels: int | None = None
 
 
 def dataset_max_pixels(manifest: dict) -> int | None:
-    """The pixel limit the dataset was packed with (``normalization.max_pixels``), so reading
-    applies the same limit as packing; None when the manifest does not record one."""
-    return (manifest.get("normalization") or {}).get("max_pixels")
+    """The pixel limit the doctor commands decode ``manifest``'s dataset under: None, shardkit's
+    default (:data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`). Never the manifest's
+    ``normalization.max_pixels``: that records what pack applied, and a crafted manifest must
+    not lift a reader's safety limit (see :mod:`shardkit.imageopen`)."""
+    return None
 
 
 def is_downscaled(row: dict[str, Any]) -> bool:

@@ -19,6 +19,7 @@ from torch.utils.data import get_worker_info
 
 from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
 from ..formats import open_reader, resource_error
+from ..imageopen import PixelLimitError, resolve_max_pixels
 from ..manifest import is_url, join, load_index, load_manifest, sample_checksum
 from .options import ON_ERROR
 
@@ -109,22 +110,31 @@ class ShardSource:
         root, split: as given. remote: True for a remote (non-``file://``) URL.
         index: the :class:`shardkit.manifest.SplitIndex`.
         classes: class names (label ``i`` is ``classes[i]``). format: ``"wds"|"lmdb"|"hdf5"``.
-        max_pixels: the pack-time pixel limit (``manifest.normalization.max_pixels``), applied
-            again by decoders at read time. on_error: ``"raise"`` or ``"skip"``.
+        max_pixels: the decoders' pixel limit (width * height of a header): the ``max_pixels``
+            given, else :data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`; never the manifest's
+            ``normalization.max_pixels`` (a dataset must not lift its readers' safety limit).
+            An image over it is a :class:`~shardkit.imageopen.PixelLimitError` before any pixel
+            is decoded, so ``on_error="skip"`` skips it. packed_max_pixels: the manifest's
+            record of pack's limit (only to say, when an image is refused, that the dataset
+            claims a higher one). on_error: ``"raise"`` or ``"skip"``.
         verify_reads: as given. verified: True when reads are checked (``verify_reads`` and an
             index with checksums; an index packed before checksums existed is read unchecked,
             said once per process and split at WARNING on the ``shardkit.stream`` logger).
 
     Raises:
-        ManifestError: no finished dataset at ``root`` or unknown ``split``.
-        ConfigError: bad ``on_error``; ``lmdb``/``hdf5`` at a remote URL.
+        ManifestError: no finished dataset at ``root``, unknown ``split``, or a manifest or
+            split index that breaks the schema or its recorded hash
+            (:func:`shardkit.manifest.load_manifest`, :func:`~shardkit.manifest.load_index`).
+        ConfigError: bad ``on_error`` or ``max_pixels``; ``lmdb``/``hdf5`` at a remote URL.
         ShardCorruptError: a listed shard is missing or its size differs from the manifest
             (local roots; :func:`check_shard_files`).
     """
 
-    def __init__(self, root, split: str, on_error: str = "raise", verify_reads: bool = True):
+    def __init__(self, root, split: str, on_error: str = "raise", verify_reads: bool = True,
+                 max_pixels: int | None = None):
         if on_error not in ON_ERROR:
             raise ConfigError(f"on_error={on_error!r} is not one of {list(ON_ERROR)}")
+        self.max_pixels = resolve_max_pixels(max_pixels)
         self.root = str(root)
         self.split = split
         manifest = load_manifest(root)
@@ -134,7 +144,7 @@ class ShardSource:
         self.index = load_index(root, split, manifest)
         self.format = manifest["format"]
         self.classes = list(manifest["classes"])
-        self.max_pixels = (manifest.get("normalization") or {}).get("max_pixels")
+        self.packed_max_pixels = (manifest.get("normalization") or {}).get("max_pixels")
         self.shards = list(manifest["splits"][split]["shards"])
         # readers need only this small dict, not the whole manifest (group maps etc.)
         self._manifest = {"format": self.format, "classes": self.classes,
@@ -251,8 +261,7 @@ class ShardSource:
         return data
 
     def decoder(self, name: str = "auto"):
-        """This thread's decoder ``name`` (created on first use, with the dataset's pixel
-        limit)."""
+        """This thread's decoder ``name`` (created on first use, with :attr:`max_pixels`)."""
         if self._pid != os.getpid():
             self._forked()
         decoders = getattr(self._local, "decoders", None)
@@ -275,7 +284,17 @@ class ShardSource:
             return self.decoder(decoder).decode(data)
         except Exception as e:  # noqa: BLE001 - re-raised with shard and key
             raise DecodeError(f"shard {self.shard_name(pos)}: cannot decode sample "
-                              f"{self.index.key_at(pos)!r}: {e}") from e
+                              f"{self.index.key_at(pos)!r}: {e}{self.limit_hint(e)}") from e
+
+    def limit_hint(self, err: Exception) -> str:
+        """For a :class:`~shardkit.imageopen.PixelLimitError` under a limit below the one the
+        dataset says it was packed with: how to read it anyway; else ``""``."""
+        packed = self.packed_max_pixels
+        if isinstance(err, PixelLimitError) and isinstance(packed, int) \
+                and packed > self.max_pixels and err.pixels <= packed:
+            return (f"; the dataset was packed with --max-pixels {packed}: pass "
+                    f"max_pixels={packed} to read it, if you trust it")
+        return ""
 
     def handle_error(self, err: Exception, pos: int) -> str:
         """Policy for a failed sample: re-raise (naming shard and key) or return the skipped key
@@ -295,9 +314,9 @@ class ShardSource:
                                              and f"shard {self.shard_name(pos)}" in message)):
                 raise err  # names the key, or the whole shard is damaged (named)
             raise DecodeError(f"shard {self.shard_name(pos)}: sample {key!r} failed: "
-                              f"{type(err).__name__}: {err}") from err
-        log.warning("on_error='skip': skipped sample %r of shard %s: %s", key,
-                    self.shard_name(pos), err)
+                              f"{type(err).__name__}: {err}{self.limit_hint(err)}") from err
+        log.warning("on_error='skip': skipped sample %r of shard %s: %s%s", key,
+                    self.shard_name(pos), err, self.limit_hint(err))
         return key
 
     def close(self) -> None:
