@@ -679,3 +679,22 @@ def test_a_fresh_pack_records_and_verifies_its_split_file_hashes(ds):
             (ds / "splits" / f"{split}.jsonl").read_bytes()).hexdigest()
     report = verify(ds, decode=False)
     assert report.ok and report.notes == []
+
+
+def test_make_loader_takes_the_callers_pixel_limit(packed_sample):
+    """make_loader(max_pixels=N) is the reader's own limit: the sample's photos (up to 500 x
+    375) are refused under 10,000 pixels, named, and every one is skipped under 'skip'."""
+    from shardkit.stream import make_loader
+
+    out = packed_sample("wds")
+    val = json.loads((out / "manifest.json").read_text())["splits"]["val"]["num_samples"]
+    with make_loader(out, "val", 8, num_workers=0, image_size=32, max_pixels=10_000) as loader:
+        with pytest.raises(DecodeError, match=r"sample 'val_00000000' failed: PixelLimitError: "
+                           r"image of \d+x\d+ = \d+ pixels is over the limit max_pixels=10000"):
+            next(iter(loader))
+    with make_loader(out, "val", 8, num_workers=0, image_size=32, max_pixels=10_000,
+                     on_error="skip") as loader:
+        assert sum(len(labels) for _, labels in loader) == 0
+        assert len(loader.skipped) == val
+    with make_loader(out, "val", 8, num_workers=0, image_size=32) as loader:
+        assert sum(len(labels) for _, labels in loader) == val

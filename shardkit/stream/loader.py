@@ -303,7 +303,8 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
                 workers: WorkerOptions | None = None, on_error: str = "raise",
                 on_warning: str = "keep", verify_reads: bool = True, return_meta: bool = False,
                 device_decode=None, cache="none", cache_max_side: int | None = None,
-                cache_eval: str = "pixels", augment=None, augment_device=None) -> ShardLoader:
+                cache_eval: str = "pixels", augment=None, augment_device=None,
+                max_pixels: int | None = None) -> ShardLoader:
     """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
 
     The simple call is ``make_loader(root, "train", 64)`` (or ``"val"``); everything else has a
@@ -391,6 +392,11 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             ``device_decode``, that device), ``"cpu"``, or a torch device (``"cuda"``): the
             programs travel with the batch, which is moved there and augmented with
             torchvision's tensor ops, so images come out uint8 ``(N, 3, S, S)`` on that device.
+        max_pixels: the largest image (width x height) this reader decodes (default
+            :data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`); the reader's own safety limit,
+            never taken from the dataset. A dataset packed with a larger ``--max-pixels``
+            needs it: its images are refused (a ``PixelLimitError``, under ``on_error``)
+            otherwise.
 
     Raises:
         ConfigError, LoaderError: invalid options (the message names the value), an
@@ -427,7 +433,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     if sampling.even is None and train and world_size > 1 and not is_eval_split(split):
         sampling = replace(sampling, even="pad")
     sampling = replace(sampling, rank=rank, world_size=world_size)
-    source = ShardSource(root, split, on_error, verify_reads)
+    source = ShardSource(root, split, on_error, verify_reads, max_pixels)
     plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
     if device_decode is not None and not hasattr(tf, "crop_box"):
         raise ConfigError("device_decode needs a TransformConfig transform (a custom callable "
