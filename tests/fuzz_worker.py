@@ -255,8 +255,9 @@ def mutate_tree(rng: random.Random, ds: Path, outside: Path) -> str:
         victim.mkdir()
         return f"{rel} replaced by a folder"
     if op == "symlink":
-        target = outside / victim.name
-        shutil.copyfile(victim, target)
+        target = outside / victim.name  # made by _home: its snapshot is taken before this
+        if not target.exists():
+            shutil.copyfile(victim, target)
         victim.unlink()
         victim.symlink_to(target)
         return f"{rel} replaced by a symlink to a copy outside the dataset"
@@ -388,7 +389,7 @@ def _home(number: int, base: Path, work: Path) -> tuple[Path, Path, Path]:
     ds, outside = home / "ds", home / "outside"
     shutil.copytree(base, ds, symlinks=True)
     outside.mkdir()
-    for p in (base / "shards").iterdir():  # identical copies: reading one outside would "work"
+    for p in _files(base):  # identical copies: reading one outside would "work"
         shutil.copyfile(p, outside / p.name)
     (outside / "passwd").write_text("root:x:0:0\n")
     return home, ds, outside
