@@ -365,7 +365,10 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             worker processes and local DDP ranks; filled during the first epoch), ``"disk:DIR"``
             (the same as a memory-mapped file in DIR, reused across runs while the dataset's
             shard sha256s match) or ``"auto"`` (ram if the split fits in half of the available
-            memory, else none; logged). With ``cache_max_side`` unset a cached epoch yields the
+            memory, else none; logged). A cache in ``/dev/shm`` leaves the room worker
+            processes need to pass batches there (:func:`shardkit.stream.cache.shm_reserve`):
+            where it cannot, it fills less or not at all, with one warning, and the epoch is
+            decoded as uncached. With ``cache_max_side`` unset a cached epoch yields the
             same batches as an uncached one whenever the uncached decode needs no DCT
             reduction (crops < 2S); stats in ``loader.cache_stats()``. Needs a
             ``TransformConfig`` transform; not with ``device_decode``.
