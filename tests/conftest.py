@@ -212,6 +212,23 @@ def _pack_factory(tmp_path_factory, name: str, src: Path, defaults: dict):
     return make
 
 
+@pytest.fixture
+def shm(tmp_path, monkeypatch) -> Path:
+    """A private folder for RAM arenas (``SHM_DIR_ENV``, inherited by child processes), so
+    tests never meet another test's arena; removed afterwards."""
+    import shutil
+    import time
+
+    from shardkit.stream.cache import SHM_DIR_ENV
+
+    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    folder = folder / f"shardkit-test-{os.getpid()}-{time.monotonic_ns()}"
+    folder.mkdir()
+    monkeypatch.setenv(SHM_DIR_ENV, str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def packed_sample(tmp_path_factory):
     """Factory: the embedded sample packed once per format (train/val/test by photographer).

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from PIL import Image
 from shardkit.errors import ConfigError
 from shardkit.stream import WorkerOptions, make_loader
 from shardkit.stream import arena as arena_mod
-from shardkit.stream.cache import SHM_DIR_ENV, cached_size
+from shardkit.stream.cache import cached_size
 from shardkit.transforms import TransformConfig
 
 BATCH = 32
@@ -34,19 +33,6 @@ BATCH = 32
 def root(packed_sample) -> Path:
     """The sample packed as wds (train 140 real photos, 240-500 px, S=224: no DCT reduction)."""
     return packed_sample("wds")
-
-
-@pytest.fixture
-def shm(tmp_path, monkeypatch) -> Path:
-    """A private folder for RAM arenas (inherited by child processes): tests never meet."""
-    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    folder = folder / f"shardkit-test-{os.getpid()}-{time.monotonic_ns()}"
-    folder.mkdir()
-    monkeypatch.setenv(SHM_DIR_ENV, str(folder))
-    yield folder
-    for p in folder.iterdir():
-        p.unlink()
-    folder.rmdir()
 
 
 def _epochs(root, epochs, backend="thread", **kw):

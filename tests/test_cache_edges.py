@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +36,6 @@ BACKENDS = ["thread", "process"]
 @pytest.fixture(scope="module")
 def root(packed_sample) -> Path:
     return packed_sample("wds")
-
-
-@pytest.fixture
-def shm(tmp_path, monkeypatch) -> Path:
-    """A private folder for RAM arenas (inherited by child processes): tests never meet."""
-    folder = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    folder = folder / f"shardkit-edges-{os.getpid()}-{time.monotonic_ns()}"
-    folder.mkdir()
-    monkeypatch.setenv(SHM_DIR_ENV, str(folder))
-    yield folder
-    shutil.rmtree(folder)
 
 
 def _epoch(root, backend: str, epoch: int = 0, **kw):
