@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShardkitError
 from ..manifest import read_split_records
 from .arena import Arena, ArenaUnavailable, table_layout
 
@@ -172,16 +172,17 @@ def _stored_sizes(source, transform) -> np.ndarray:
     sizes = np.zeros((n, 2), np.int64)
     try:
         records = read_split_records(source.root, source.split)
-    except Exception:  # noqa: BLE001 - no records: probe the headers below
-        records = []
+        why = (f"splits/{source.split}.jsonl does not give every sample's width and height "
+               "as a positive int") if records else None
+    except (ShardkitError, OSError) as e:  # damaged records: the headers say the sizes
+        records, why = [], str(e)
     if len(records) == n and all(isinstance(r, dict) and _side(r.get("width"))
                                  and _side(r.get("height")) for r in records):
         sizes[:, 0] = [r["width"] for r in records]
         sizes[:, 1] = [r["height"] for r in records]
         return sizes
-    if records:
-        log.warning("decoded cache: splits/%s.jsonl does not give every sample's width and "
-                    "height as a positive int; reading %d image headers instead", source.split, n)
+    if why:
+        log.warning("decoded cache: %s; reading %d image headers instead", why, n)
     else:
         log.info("decoded cache: split %r lists no image sizes; reading %d headers",
                  source.split, n)
