@@ -181,7 +181,9 @@ def test_gpu_test_counts_come_from_pytest_and_an_overrun_is_cut(tmp_path, monkey
     res = gpu_check.run_gpu_tests(tmp_path, 120, str(tests))
     assert res["status"] == "failed", res
     assert (res["passed"], res["failed"], res["skipped"], res["errors"]) == (2, 1, 1, 0), res
-    assert res["failures"] == ["test_x::test_fails"], res
+    # the class name starts at pytest's rootdir, which depends on where the clone lies
+    assert len(res["failures"]) == 1 and res["failures"][0].split(".")[-1] == \
+        "test_x::test_fails", res
     monkeypatch.setenv("GPU_CHECK_TEST_SLEEP", "1")
     cut = gpu_check.run_gpu_tests(tmp_path, 3, str(tests))
     assert cut["status"] == "cut" and "past its cap (3 s)" in cut["reason"], cut

@@ -122,7 +122,8 @@ def _check_dali(store: _Store, manifest: dict, problems: list[str]
         try:
             index = manifest_mod.load_index(store.root, split, manifest)
         except ShardkitError:
-            complete = False  # verify names the split
+            complete = False  # verify names the split; its .idx files are not leftovers
+            expected.extend(dali_index_path(s["path"]) for s in info.get("shards", []))
             continue
         for k, shard in enumerate(info.get("shards", [])):
             rel = dali_index_path(shard["path"])

@@ -147,7 +147,7 @@ RESUME_FIELDS = {
 Every one is checked before any is used, so a malformed file is one error naming them all."""
 
 
-def load_checkpoint(path: str | Path, fields=("model",)) -> dict:
+def load_checkpoint(path: str | Path, fields: tuple[str, ...] = ()) -> dict:
     """Reads a shardkit training checkpoint onto the CPU, safely (:func:`safe_load`), and checks
     that it holds ``fields`` (names of :data:`RESUME_FIELDS`; the final test reads only
     ``model``, ``--resume`` reads every one) with the expected types.

@@ -432,7 +432,7 @@ class Trainer:
             barrier()
             best = self.out / "checkpoints" / "best.pt"
             if best.exists():  # no val split: no best.pt, the test scores the last weights
-                self.plain.load_state_dict(load_checkpoint(best)["model"])
+                self.plain.load_state_dict(load_checkpoint(best, ("model",))["model"])
             test = self.evaluate(self.test_split, "best" if best.exists() else "last")
         return self.write_metrics(stopped, test)
 
