@@ -58,7 +58,10 @@ def prepare_out(out: Path) -> Path:
             raise ConfigError(f"--out {out} is not empty and is not the folder of an earlier "
                               f"demo run (no {MARKER} file in it); the demo deletes only what it "
                               "wrote: give a new or empty folder")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file on the way, no permission: one line, nothing written
+        raise ConfigError(f"--out {out}: cannot create the folder ({e.strerror or e})") from None
     (out / MARKER).write_text("written by `python -m shardkit.demo`: the next demo run into "
                               f"this folder replaces {', '.join(OUTPUTS)} and keeps the rest\n")
     return out

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -191,8 +193,32 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
                               decode, formats, limit)
         # last: a file changed after pack is named by what is wrong in it first
         _check_split_file_hashes(report, root, man, split, index is not None)
+    if not remote:
+        _check_stray_shards(report, root, man)
     report.stored = stored_resolution(man, read)
     return report
+
+
+SHARD_FILE = re.compile(r"[A-Za-z0-9_]+-\d{6}\.(tar|lmdb|h5)")
+"""A shard's file name (:func:`shardkit.formats.base.shard_name`): what glob readers take."""
+
+
+def _check_stray_shards(report, root: Path, man: dict) -> None:
+    """A shard-named file in a shard folder that the manifest does not list is damage: readers
+    that glob ``shards/<split>-*.tar`` (webdataset, DALI, timm's own listing) would read it."""
+    listed = {s["path"] for info in man["splits"].values() for s in info["shards"]}
+    folders = {posixpath.dirname(path) for path in listed} | {"shards"}
+    for folder in sorted(folders):
+        try:
+            names = os.listdir(root / folder)
+        except OSError:
+            continue  # a missing folder: its shards are named missing above
+        for name in sorted(names):
+            rel = posixpath.join(folder, name)
+            if SHARD_FILE.fullmatch(name) and rel not in listed:
+                report._fail(f"{rel}: a shard file the manifest does not list (a leftover of "
+                             "another pack?): readers that glob the shard folder would read it; "
+                             "delete it", shard=rel)
 
 
 def _check_split_file_hashes(report, root, man, split: str, index_read: bool) -> None:

@@ -294,3 +294,34 @@ def test_broken_dataset_error_through_the_installed_command(packed_sample, tmp_p
     assert all(n.startswith("INFO shardkit.") for n in notes), proc.stderr
     assert line.startswith("Error: ShardCorruptError: ") and f"{shard}: missing" in line
     assert proc.stdout == ""
+
+
+def test_a_stray_shard_file_is_damage(packed_sample, tmp_path):
+    """A shard-named file the manifest does not list (a leftover, or a copy) is what glob
+    readers (webdataset, DALI) would take: verify names it and exits 1."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    out = tmp_path / "ds"
+    shutil.copytree(packed_sample("wds"), out)
+    assert CliRunner().invoke(main, ["verify", str(out)]).exit_code == 0
+    shutil.copyfile(out / "shards" / "train-000000.tar", out / "shards" / "train-000099.tar")
+    res = CliRunner().invoke(main, ["verify", str(out)])
+    assert res.exit_code == 1, res.output
+    fails = [line for line in res.output.splitlines() if line.startswith("FAIL ")]
+    assert fails == ["FAIL shards/train-000099.tar: a shard file the manifest does not list (a "
+                     "leftover of another pack?): readers that glob the shard folder would read "
+                     "it; delete it"], res.output
+
+
+def test_demo_out_below_a_file_is_one_line(tmp_path):
+    from shardkit import demo
+    from shardkit.errors import ConfigError
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="cannot create the folder"):
+        demo.prepare_out(tmp_path / "notes.txt" / "sub")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
