@@ -60,7 +60,7 @@ def _imagefolder(root, paths, batch, workers, preset, size):
 def main(data, split, presets, batch_size, workers, image_size, repeats, out):
     from shardkit.augment import fast_path_available
     from shardkit.bench.env import collect_environment
-    from shardkit.manifest import load_manifest, read_split_records
+    from shardkit.dataset.manifest import load_manifest, read_split_records
     from shardkit.stream import make_loader
 
     names = [p.strip() for p in presets.split(",") if p.strip()]

@@ -220,7 +220,7 @@ def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_b
 def _emit(result: dict, out: str | None) -> None:
     click.echo(json.dumps(result, indent=1))
     if out:
-        from shardkit.manifest import atomic_write_bytes
+        from shardkit.dataset.manifest import atomic_write_bytes
 
         atomic_write_bytes(out, json.dumps(result, indent=1).encode() + b"\n")
 

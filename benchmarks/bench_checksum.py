@@ -3,7 +3,7 @@
 Measured side by side, each repeat in turn (order reversed every other repeat), medians over
 ``--repeats``, single thread:
 
-- ``xxh3`` (:func:`shardkit.manifest.sample_checksum`, what shardkit stores) and ``crc32``
+- ``xxh3`` (:func:`shardkit.dataset.manifest.sample_checksum`, what shardkit stores) and ``crc32``
   (:func:`zlib.crc32`, the alternative) per sample: over the split's stored bytes, each sample
   once (distinct buffers, mostly not in CPU cache: an upper bound), and over one 60 KB random
   buffer again and again (in cache, as the bytes a read has just copied);
@@ -47,7 +47,7 @@ def _per_item_us(fn, items) -> float:
 
 
 def _measure(root: str, split: str, repeats: int, limit: int | None) -> dict:
-    from shardkit.manifest import sample_checksum
+    from shardkit.dataset.manifest import sample_checksum
     from shardkit.sharding import sample_rng
     from shardkit.stream.source import ShardSource
     from shardkit.transforms import TransformConfig, make_transform

@@ -37,7 +37,7 @@ from shardkit.bench.prepare import ensure_packed  # noqa: E402
 
 
 def _raw_items(packed: Path, split: str) -> tuple[list[str], str | None]:
-    from shardkit.manifest import load_manifest
+    from shardkit.dataset.manifest import load_manifest
 
     src = load_manifest(packed).get("source", {}).get("root")
     if not src or not Path(src).is_dir():
@@ -50,7 +50,7 @@ def _raw_items(packed: Path, split: str) -> tuple[list[str], str | None]:
 def _files_of(kind: str, target: str, split: str, limit: int | None) -> list[str]:
     if kind == "raw":
         return _raw_items(Path(target), split)[0][:limit]
-    from shardkit.manifest import load_manifest
+    from shardkit.dataset.manifest import load_manifest
 
     m = load_manifest(target)
     return [str(Path(target) / s["path"]) for s in m["splits"][split]["shards"]]
@@ -76,7 +76,7 @@ def _read_pass(kind: str, target: str, split: str, order: str, limit: int | None
                 n += 1
         else:
             from shardkit.formats import open_reader
-            from shardkit.manifest import load_index, load_manifest
+            from shardkit.dataset.manifest import load_index, load_manifest
 
             m = load_manifest(target)
             index = load_index(target, split, m)
@@ -169,7 +169,7 @@ def main(data, out, quick, split, repeats, limit, cold):
             targets.append(("raw", "files", str(packed[0])))
         else:
             notes.append(f"raw files not measured: {why}")
-        from shardkit.manifest import load_manifest
+        from shardkit.dataset.manifest import load_manifest
 
         targets += [("shards", load_manifest(p)["format"], str(p)) for p in packed]
         cache_modes = ["warm"] + (["cold"] if cold else [])

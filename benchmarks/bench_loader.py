@@ -51,7 +51,7 @@ def split_bytes(root: Path, split: str, limit: int | None = None) -> list[bytes]
     """The stored image bytes of ``split`` (index order, at most ``limit``), via shardkit's
     format readers."""
     from shardkit.formats import open_reader
-    from shardkit.manifest import load_index, load_manifest
+    from shardkit.dataset.manifest import load_index, load_manifest
 
     manifest = load_manifest(root)
     index = load_index(root, split, manifest)

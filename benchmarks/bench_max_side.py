@@ -128,7 +128,7 @@ def _ffcv(python: str, camera: Path, work: Path, workers: int, epochs: int) -> d
 def _float_reference(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     from PIL import Image
 
-    from shardkit.images import DOWNSCALE_FILTER
+    from shardkit.images.normalize import DOWNSCALE_FILTER
 
     return np.stack([np.asarray(Image.fromarray(rgb[..., c].astype(np.float32), "F").resize(
         size, DOWNSCALE_FILTER)) for c in range(3)], axis=-1)
@@ -143,7 +143,7 @@ def _quality_one(job: tuple[str, int, int]) -> float | None:
     from PIL import Image
 
     from shardkit.doctor.reading import decode_rgb
-    from shardkit.images import check_image
+    from shardkit.images.normalize import check_image
 
     path, max_side, quality = job
     data = Path(path).read_bytes()

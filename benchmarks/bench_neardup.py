@@ -3,7 +3,7 @@
 1. **Search.** ``--n`` (default 1,000,000) synthetic 64-bit hashes: uniform random ones plus
    ``--clusters`` planted clusters of 4 (a centre and copies at 1, 2 and 4 flipped bits, the
    flips disjoint: pairwise distances 1, 2, 4, 3, 5, 6), shuffled in. For each threshold
-   :func:`shardkit.neardup.near_pairs` (multi-index hashing) is timed (median of ``--repeats``)
+   :func:`shardkit.images.neardup.near_pairs` (multi-index hashing) is timed (median of ``--repeats``)
    and every planted pair within the threshold must come out, with its distance (asserted).
    Its peak memory at threshold 4 is measured with ``tracemalloc`` (numpy reports its buffers).
 2. **All pairs, for scale.** The numpy all-pairs search (XOR + ``np.bitwise_count`` of blocks
@@ -12,8 +12,8 @@
    subsample must give the same pairs.
 3. **pHash cost** on ``--photos`` (default the embedded examples/flowers-sample): per image,
    ``decode_rgb`` (the decode ``check`` does), ``check_image`` (pack's full decode check),
-   :func:`shardkit.neardup.phash64`, ``imagehash.phash`` (the reference it reproduces bit for
-   bit, checked on every photo) and :func:`shardkit.neardup.degenerate_reason`; median and
+   :func:`shardkit.images.neardup.phash64`, ``imagehash.phash`` (the reference it reproduces bit for
+   bit, checked on every photo) and :func:`shardkit.images.neardup.degenerate_reason`; median and
    minimum over ``--phash-repeats`` interleaved passes (order reversed every other pass), one
    thread. On a busy machine the minimum is the steadier figure.
 
@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shardkit import neardup  # noqa: E402
+from shardkit.images import neardup  # noqa: E402
 from shardkit.bench.env import collect_environment  # noqa: E402
 
 FLIPS = (1, 2, 4)  # bits flipped in the three copies of a planted cluster centre
@@ -141,7 +141,7 @@ def phash_cost(photos: Path, repeats: int) -> dict:
     from PIL import Image
 
     from shardkit.doctor.reading import decode_rgb
-    from shardkit.images import check_image
+    from shardkit.images.normalize import check_image
 
     files = sorted(p for p in photos.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
     datas = [p.read_bytes() for p in files]

@@ -162,7 +162,7 @@ def main(data, split, batch_size, image_size, repeats, workers, out):
     }
     click.echo(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
     if out:
-        from shardkit.manifest import atomic_write_bytes
+        from shardkit.dataset.manifest import atomic_write_bytes
 
         atomic_write_bytes(out, json.dumps(result, indent=1).encode() + b"\n")
 

@@ -50,7 +50,7 @@ def baseline(files: list[tuple[Path, str]], out: Path, shard_samples: int) -> No
 
 def shardkit_pack(src: Path, out: Path, fmt: str, shard_samples: int, workers: int,
                   near: str = "merge") -> None:
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     meta = src / "metadata.csv"
     group = dict(metadata=meta, group_column="group_flickr_user") if meta.exists() else {}

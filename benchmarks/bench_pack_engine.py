@@ -6,7 +6,7 @@ cores) and Ray packs on a local Ray runtime of C CPUs started once beforehand (i
 reported apart: a cluster is started once, not per pack). The rows are interleaved ``--repeat``
 times, each into a fresh temporary folder; medians are reported, and ``ray / local(C)`` is the
 engine's overhead at this scale. Then, single process, the per-file costs: the check
-(:func:`shardkit.pack_plan._check_one`: read, sha256, full decode, pHash), the shard write
+(:func:`shardkit.packer.check._check_one`: read, sha256, full decode, pHash), the shard write
 (``ShardSink`` of the stored bytes, sha256 and fsync included), the driver's share (scan, labels,
 split plan) and its memory per file record, and Ray's cost per task (a no-op round trip).
 
@@ -34,7 +34,7 @@ SAMPLE = ROOT / "examples" / "flowers-sample"
 
 
 def _pack_options(src: Path, **kw):
-    from shardkit.pack import PackOptions
+    from shardkit.packer.options import PackOptions
 
     meta = src / "metadata.csv"
     group = dict(metadata=meta, group_column="group_flickr_user") if meta.exists() else {}
@@ -42,7 +42,7 @@ def _pack_options(src: Path, **kw):
 
 
 def engine_rows(src: Path, cores: int, repeat: int) -> dict[str, list[float]]:
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     rows = {f"local --workers 1": dict(workers=1), f"local --workers {cores}": dict(workers=cores),
             "ray (local runtime)": dict(engine="ray")}
@@ -59,14 +59,17 @@ def engine_rows(src: Path, cores: int, repeat: int) -> dict[str, list[float]]:
 
 def per_file_costs(src: Path, ray) -> dict:
     """Single-process costs per file (ms) and driver memory per file record (bytes)."""
-    from shardkit import formats, pack_plan, pack_split
-    from shardkit.pack_records import CheckRecords
-    from shardkit.pack_write import stored_size
+    from shardkit import formats
+    import shardkit.packer.check as pack_check
+    import shardkit.packer.scan as pack_scan
+    from shardkit.packer import split as pack_split
+    from shardkit.packer.records import CheckRecords
+    from shardkit.packer.write import stored_size
 
     opts = _pack_options(src)
     t0 = time.perf_counter()
-    source = pack_plan.scan_source(src, opts)
-    label_map, label_idx = pack_plan.resolve_labels(source.items, opts.labels)
+    source = pack_scan.scan_source(src, opts)
+    label_map, label_idx = pack_scan.resolve_labels(source.items, opts.labels)
     t_scan = time.perf_counter() - t0
     n = len(source.items)
     jobs = [(str(it.path), it.relpath, opts.max_pixels, opts.strict, True, opts.max_side,
@@ -74,22 +77,22 @@ def per_file_costs(src: Path, ray) -> dict:
     best = float("inf")
     for _ in range(2):
         t0 = time.perf_counter()
-        results = [pack_plan._check_one(j) for j in jobs]
+        results = [pack_check._check_one(j) for j in jobs]
         best = min(best, time.perf_counter() - t0)
     del results
-    dicts = [pack_plan._check_one(j) for j in jobs]
+    dicts = [pack_check._check_one(j) for j in jobs]
     tracemalloc.start()  # what the driver holds per file: the scanned item and its record
     results = CheckRecords.from_list(dicts)
-    items = pack_plan.scan_source(src, opts).items
+    items = pack_scan.scan_source(src, opts).items
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del items
     tracemalloc.start()  # the same records as the check's dicts (before issue 12's columns)
-    as_dicts = [pack_plan._check_one(j) for j in jobs]
+    as_dicts = [pack_check._check_one(j) for j in jobs]
     held_dicts, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del as_dicts
-    checked = pack_plan.CheckedFiles(results=results, keep=[i for i, r in enumerate(dicts)
+    checked = pack_check.CheckedFiles(results=results, keep=[i for i, r in enumerate(dicts)
                                                             if r["ok"]], quarantine=[])
     t0 = time.perf_counter()
     pack_split.plan_split(source, label_map, label_idx, checked, opts, None)

@@ -30,7 +30,7 @@ import ray.data
 import torch
 from ray.cluster_utils import Cluster
 
-from shardkit.pack import pack
+from shardkit.packer.run import pack
 from shardkit.ray import read_split
 from shardkit.train.config import TrainConfig
 from shardkit.train.model import build_model

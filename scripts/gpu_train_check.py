@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="shardkit-gpu-check-"))
     data = Path(args.data) if args.data else work / "data"
     if not args.data:
-        from shardkit.pack import pack
+        from shardkit.packer.run import pack
 
         t0 = time.perf_counter()
         pack(SAMPLE, data, format="wds", split={"train": 0.8, "val": 0.2}, seed=0,

@@ -20,12 +20,16 @@ _LAZY = {
     "SamplingOptions": "shardkit.stream",
     "WorkerOptions": "shardkit.stream",
     "TransformConfig": "shardkit.transforms",
-    "load_manifest": "shardkit.manifest",
-    "load_index": "shardkit.manifest",
-    "pack": "shardkit.pack",
-    "PackOptions": "shardkit.pack",
-    "verify": "shardkit.verify",
+    "load_manifest": "shardkit.dataset.manifest",
+    "load_index": "shardkit.dataset.manifest",
+    "AugmentSpec": "shardkit.augment",
+    "pack": "shardkit.packer.run",
+    "PackOptions": "shardkit.packer.options",
+    "PackSummary": "shardkit.packer.summary",
+    "verify": "shardkit.doctor.verify",
 }
+# No module of shardkit is named like a public function (``pack``, ``verify``): importing a
+# submodule binds its name in this package, which would replace the function with the module.
 
 __all__ = ["__version__", *_LAZY]
 
@@ -34,4 +38,6 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value

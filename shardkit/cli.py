@@ -11,9 +11,9 @@ __all__ = ["main"]
 
 # name -> "module:attribute"; each module defines its own click.Command.
 COMMANDS = {
-    "pack": ("shardkit.pack:pack_command",
+    "pack": ("shardkit.packer.cli:pack_command",
              "Pack an image folder or CSV list into shards."),
-    "verify": ("shardkit.verify:verify_command",
+    "verify": ("shardkit.doctor.verify:verify_command",
                "Re-hash shards and check them against the manifest."),
     "train": ("shardkit.train.cli:train_command",
               "Train a timm classifier from shards."),
@@ -47,12 +47,12 @@ class LazyGroup(click.Group):
     def invoke(self, ctx):
         """Runs the command; an error it lets through that means "cannot run" (a ShardkitError,
         a store's error) ends it with exit code 2 and one ``Error:`` line, as the commands
-        themselves do (:mod:`shardkit.cli_errors`)."""
+        themselves do (:mod:`shardkit.cli_common`)."""
         args = [a.split("=", 1)[-1] for a in ctx.args]  # the command's arguments, as given
         try:
             return super().invoke(ctx)
         except Exception as exc:  # noqa: BLE001 - mapped, or re-raised as it is
-            from shardkit.cli_errors import cannot_run
+            from shardkit.cli_common import cannot_run
 
             err = cannot_run(exc, args)
             if err is None:

@@ -196,11 +196,11 @@ def made_awkward_dir(tmp_path_factory) -> Path:
 
 
 def _pack_factory(tmp_path_factory, name: str, src: Path, defaults: dict):
-    """Session-cached ``make(fmt, **kwargs) -> Path``: ``src`` packed by ``shardkit.pack.pack``."""
+    """Session-cached ``make(fmt, **kwargs) -> Path``: ``src`` packed by ``shardkit.packer.run.pack``."""
     cache: dict[tuple, Path] = {}
 
     def make(fmt: str = "wds", **kwargs) -> Path:
-        from shardkit.pack import pack
+        from shardkit.packer.run import pack
 
         key = (fmt, tuple(sorted(kwargs.items())))
         if key not in cache:

@@ -220,7 +220,7 @@ def test_mixup_cutmix_yield_soft_targets_of_the_mixed_batch(root, mixed):
     the batch's labels with the reversed batch's; images uint8, mixed exactly once with the same
     lam (mixup: rounded blend; cutmix: box of the reversed batch, lam = 1 - box area)."""
     from shardkit.augment import AugmentSpec, BatchMix, mix_rng
-    from shardkit.manifest import load_index
+    from shardkit.dataset.manifest import load_index
 
     batches, plain = mixed
     label = torch.from_numpy(load_index(root, "train").label)

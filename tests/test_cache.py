@@ -54,7 +54,7 @@ def plain(root) -> dict:
 
 
 def _num_train(root) -> int:
-    from shardkit.manifest import load_manifest
+    from shardkit.dataset.manifest import load_manifest
 
     return load_manifest(root)["splits"]["train"]["num_samples"]
 
@@ -77,7 +77,7 @@ def test_cached_epochs_are_exactly_the_uncached_batches(root, shm, backend, plai
     assert stats["misses"] == n and stats["hits"] == n and stats["hit_rate"] == 0.5
     assert stats["filled_samples"] == n and stats["filled_bytes"] == stats["size_bytes"]
     # size = sum of w * h * 3 of the stored photos (their headers, independently)
-    from shardkit.manifest import read_split_records
+    from shardkit.dataset.manifest import read_split_records
 
     recs = read_split_records(root, "train")
     assert stats["size_bytes"] == sum(r["width"] * r["height"] * 3 for r in recs)
@@ -107,7 +107,7 @@ def test_eval_loader_pixels_and_final_crops(packed_sample, shm):
 
 def test_max_side_caches_smaller_pixels_and_scales_the_crop(root, shm, plain):
     cached, stats = _epochs(root, [0, 1], cache="ram", cache_max_side=256)
-    from shardkit.manifest import read_split_records
+    from shardkit.dataset.manifest import read_split_records
 
     recs = read_split_records(root, "train")
     want = sum(np.prod(cached_size(r["width"], r["height"], 256)) * 3 for r in recs)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from shardkit.errors import LoaderError
-from shardkit.manifest import read_split_records, sample_checksum
+from shardkit.dataset.manifest import read_split_records, sample_checksum
 from shardkit.stream import BatchDataset, WorkerOptions, make_loader
 from shardkit.stream import arena as arena_mod
 from shardkit.stream import cache as cache_mod

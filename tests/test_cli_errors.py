@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardkit.cli import main
-from shardkit.cli_errors import CommandError, cannot_run, is_store_error, printable_text
+from shardkit.cli_common import CommandError, cannot_run, is_store_error, printable_text
 from shardkit.errors import ManifestError
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
@@ -94,7 +94,7 @@ def test_the_commands_themselves_map_store_errors_without_the_group(dead_endpoin
     """The mapping is on each command too (a CliRunner or an application calling the click
     command object, not `shardkit ...`)."""
     from shardkit.doctor.cli import check_command
-    from shardkit.verify import verify_command
+    from shardkit.doctor.verify import verify_command
 
     cmd = {"verify": verify_command, "check": check_command}[command]
     result = CliRunner().invoke(cmd, [URL])
@@ -165,7 +165,7 @@ def test_export_of_a_url_says_it_writes_into_a_local_folder():
 def test_pack_metadata_from_object_storage_groups_as_the_local_csv(s3_server, tmp_path):
     """--metadata s3://.../metadata.csv (it said "File ... does not exist"): the same groups,
     split and manifest as the local CSV, the URL recorded as the group rule's csv."""
-    from shardkit.manifest import load_manifest, read_split_records
+    from shardkit.dataset.manifest import load_manifest, read_split_records
 
     _fresh_s3()
     url = s3_server.bucket() + "/lists"

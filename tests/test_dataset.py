@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, LoaderError, ManifestError, ShardCorruptError
 from shardkit.formats import FORMATS, get_format
-from shardkit.manifest import load_index, sample_checksum, write_manifest, write_split_files
+from shardkit.dataset.manifest import (
+    load_index, sample_checksum, write_manifest, write_split_files)
 from shardkit.stream import MapShardDataset, SamplingOptions, ShardDataset
 
 ALL = sorted(FORMATS)
@@ -191,7 +192,7 @@ def test_even_pad_and_drop_give_equal_counts(uneven):
 
 def _source_sha(root, split) -> dict[str, str]:
     """key -> sha256 of the source file, for samples stored unchanged (rule "original")."""
-    from shardkit.manifest import read_split_records
+    from shardkit.dataset.manifest import read_split_records
 
     recs = read_split_records(root, split)
     assert recs and all(r["rule"] == "original" for r in recs)  # sample photos are plain JPEGs

@@ -32,7 +32,7 @@ from shardkit.decode import (
 from shardkit.decode import _ext
 from shardkit.decode import roi as roi_module
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.images import check_image
+from shardkit.images.normalize import check_image
 
 from conftest import made_photo
 

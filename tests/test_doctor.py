@@ -342,7 +342,7 @@ def test_full_flowers_group_split_has_no_near_duplicates_but_file_split_does(
         packed_flowers, flowers_dir, tmp_path):
     import csv
 
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     grouped = check_dataset(packed_flowers("wds"), transforms=False)
     assert grouped["ok"] and grouped["near_duplicates"] == [] and grouped["group_overlap"] == []
@@ -361,7 +361,7 @@ def test_full_flowers_group_split_has_no_near_duplicates_but_file_split_does(
 
 
 def test_check_finds_resized_copy_in_other_split(sample_dir, tmp_path):
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     src = tmp_path / "src"
     originals = {}
@@ -452,7 +452,7 @@ def test_check_lists_degenerate_images_and_leaves_them_out_of_near_duplicates(sa
                                                                            tmp_path):
     """Two blank frames of different sizes (different bytes, pHashes 0 bits apart) in different
     splits, a placeholder and a 20x400 strip: listed as degenerate, never as near-duplicates."""
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     from tests.test_neardup import placeholder
 

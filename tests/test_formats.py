@@ -16,7 +16,7 @@ import pytest
 
 from shardkit.errors import ConfigError, ShardCorruptError
 from shardkit.formats import FORMATS, ShardSink, open_reader, remove_partial, sha256_file
-from shardkit.manifest import load_index, load_manifest, write_manifest, write_split_files
+from shardkit.dataset.manifest import load_index, load_manifest, write_manifest, write_split_files
 
 ALL = sorted(FORMATS)
 

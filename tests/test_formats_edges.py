@@ -25,7 +25,7 @@ from shardkit.formats import (FORMATS, close_all_shards, max_open_shards, open_r
 from shardkit.formats.base import resource_error
 from shardkit.formats.hdf5 import read_layout
 from shardkit.formats.lmdb_format import check_structure
-from shardkit.manifest import load_index, load_manifest, sample_checksum
+from shardkit.dataset.manifest import load_index, load_manifest, sample_checksum
 from shardkit.stream import ShardDataset
 
 ALL = sorted(FORMATS)

@@ -36,7 +36,7 @@ IMAGE_SIZE = 48
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory) -> Path:
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     root = tmp_path_factory.mktemp("fuzz-bases")
     src = root / "src"

@@ -1,4 +1,4 @@
-"""shardkit.images on real files: awkward files, flowers photos, field cases 12, 14 and 15.
+"""shardkit.images.normalize on real files: awkward files, flowers photos, field cases 12, 14 and 15.
 
 Everything that one real photo can show runs on ``examples/flowers-sample`` and on the awkward
 files Pillow makes from it (``made_awkward_dir``, see conftest), so it runs everywhere. Only the
@@ -22,7 +22,8 @@ from PIL import Image, ImageFile, ImageOps, features
 from conftest import (AWKWARD, MADE_ALPHA, MADE_AWKWARD, SAMPLE_PHOTO_SIZE, made_deep,
                       made_photo, png_chunk)
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.images import (DEFAULT_MAX_PIXELS, RULES, check_image, decode_reference, sniff)
+from shardkit.images.normalize import (
+    DEFAULT_MAX_PIXELS, RULES, check_image, decode_reference, sniff)
 
 SOURCES = {"made": "made_awkward_dir", "shared": "awkward_dir"}
 

@@ -25,7 +25,7 @@ from shardkit.doctor.reading import decode_rgb, iter_sample_bytes, load_manifest
 from shardkit.doctor.stats import (HUE_ETA2_THRESHOLD, ClassHue, class_hues, compute_stats,
                                    hue_separates_classes, hue_vector)
 from shardkit.errors import ConfigError
-from shardkit.manifest import load_index
+from shardkit.dataset.manifest import load_index
 from shardkit.transforms import TransformConfig
 
 SCHEDULED = ("[{op: color_jitter, brightness: 0.4, contrast: 0.4, saturation: 0.4}, "

@@ -26,8 +26,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from shardkit.cli import main as cli_main
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.pack import pack
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.packer.run import pack
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}  # shardkit -> timm / HF

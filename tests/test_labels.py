@@ -1,4 +1,4 @@
-"""shardkit.labels: normalisation, aliases, YAML label maps, unknown-label errors."""
+"""shardkit.sources.labels: normalisation, aliases, YAML label maps, unknown-label errors."""
 from __future__ import annotations
 
 import unicodedata
@@ -6,7 +6,7 @@ import unicodedata
 import pytest
 
 from shardkit.errors import LabelError, UnknownLabelError
-from shardkit.labels import LabelMap, normalize_label
+from shardkit.sources.labels import LabelMap, normalize_label
 
 FLOWERS = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
 CAFE_NFD = unicodedata.normalize("NFD", "Café")
@@ -119,7 +119,7 @@ def test_missing_yaml_file(tmp_path):
 
 
 def test_folder_labels_resolve_against_yaml(sample_dir, tmp_path):
-    from shardkit.scan import scan_folder
+    from shardkit.sources.folder import scan_folder
 
     path = tmp_path / "labels.yaml"
     path.write_text("classes: [tulips, sunflowers, roses, dandelion, daisy]\n", encoding="utf-8")

@@ -14,12 +14,14 @@ from click.testing import CliRunner
 
 import shardkit
 from conftest import SAMPLE
-from shardkit import pack_write
+from shardkit.packer import write as pack_write
 from shardkit.doctor import check_dataset
 from shardkit.errors import ConfigError, SourceError
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.pack import DEFAULT_SPLIT, PackOptions, pack, pack_command
-from shardkit.scan import scan_folder
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.packer.options import DEFAULT_SPLIT, PackOptions
+from shardkit.packer.run import pack
+from shardkit.packer.cli import pack_command
+from shardkit.sources.folder import scan_folder
 
 CAFE_NFC = unicodedata.normalize("NFC", "Café")
 CAFE_NFD = unicodedata.normalize("NFD", "Café")

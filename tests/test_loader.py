@@ -16,7 +16,7 @@ import torch
 
 from shardkit.decode import DecodeWarningError, auto_choice
 from shardkit.errors import ConfigError, DecodeError, LoaderError, ShardCorruptError
-from shardkit.manifest import load_index
+from shardkit.dataset.manifest import load_index
 from shardkit.stream import (DeviceNormalizer, MapShardDataset, ProcessBackend, SamplingOptions,
                              ThreadBackend, WorkerOptions, make_loader)
 from shardkit.transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig

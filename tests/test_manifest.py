@@ -8,8 +8,9 @@ import stat
 import pytest
 
 from shardkit.errors import LoaderError, ConfigError, ManifestError
-from shardkit.manifest import (atomic_write_bytes, json_bytes, load_index, load_manifest,
-                               read_split_records, write_manifest, write_split_files)
+from shardkit.dataset.manifest import (
+    atomic_write_bytes, json_bytes, load_index, load_manifest, read_split_records, write_manifest,
+    write_split_files)
 
 
 def test_json_bytes_keeps_unicode_readable_and_escapes_non_utf8_names():
@@ -81,7 +82,7 @@ def test_is_url_and_local_path_agree_on_file_uris(tmp_path):
     Path.as_uri() encodes them), every other scheme is remote."""
     from pathlib import Path
 
-    from shardkit.manifest import is_url, join, local_path
+    from shardkit.dataset.manifest import is_url, join, local_path
 
     spaced = tmp_path / "my data" / "été"
     uri = spaced.as_uri()
@@ -115,7 +116,7 @@ def test_manifest_written_and_read_through_a_file_uri(tmp_path):
 def test_atomic_write_with_a_file_writer_keeps_the_old_file_on_error(tmp_path):
     import numpy as np
 
-    from shardkit.fsio import atomic_write_with
+    from shardkit.storage.atomic import atomic_write_with
 
     target = tmp_path / "a.npy"
     atomic_write_with(target, lambda f: np.save(f, np.arange(5)))
@@ -136,7 +137,7 @@ def test_failed_folder_fsync_warns_once_per_process(tmp_path, monkeypatch, caplo
     once at WARNING naming the folder, not silently ignored, and the write still succeeds."""
     import logging
 
-    from shardkit import fsio
+    from shardkit.storage import atomic as fsio
 
     real_fsync = os.fsync
 

@@ -16,15 +16,15 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image, JpegImagePlugin
 
-from shardkit import images
+from shardkit.images import normalize as images
 from shardkit.cli import main
 from shardkit.doctor.check import check_dataset, format_check_report
 from shardkit.doctor.reading import decode_rgb, iter_sample_bytes
 from shardkit.doctor.stats import compute_stats
 from shardkit.errors import ConfigError
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.neardup import PHASH_THRESHOLD, phash64
-from shardkit.verify import verify
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.images.neardup import PHASH_THRESHOLD, phash64
+from shardkit.doctor.verify import verify
 
 from conftest import SAMPLE, SAMPLE_PHOTO
 
@@ -249,7 +249,7 @@ def test_bad_max_side_or_quality_is_refused_in_one_line(kwargs, fragment):
 def test_a_wide_photo_downscaled_under_32_px_is_not_degenerate():
     """A 1024x198 panorama stored at --max-side 128 becomes 128x24: the side rule judges the
     source (198 px), so it is neither flagged nor quarantined by --strict."""
-    from shardkit.neardup import degenerate_reason
+    from shardkit.images.neardup import degenerate_reason
 
     photo = np.array(Image.open(next(iter(sorted(SAMPLE.rglob("*.jpg"))))).convert("RGB"))
     wide = np.ascontiguousarray(np.tile(photo[:198], (1, 4, 1))[:, :1024])

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from shardkit.csvlist import (apply_group_metadata, lacking_metadata_error, match_group_metadata,
-                              match_split_metadata)
+from shardkit.sources.csvlist import (
+    apply_group_metadata, lacking_metadata_error, match_group_metadata, match_split_metadata)
 from shardkit.errors import SourceError
-from shardkit.scan import scan_folder
+from shardkit.sources.folder import scan_folder
 
 
 def _real_metadata(sample_dir: Path) -> dict[str, str]:
@@ -145,7 +145,7 @@ def test_example_pairs_a_row_with_the_same_file_name_and_skips_matched_rows(src,
 def test_pack_cli_joins_dot_slash_and_absolute_rows_for_group_and_split_column(
         src, sample_dir, tmp_path):
     from shardkit.cli import main
-    from shardkit.manifest import load_manifest, read_split_records
+    from shardkit.dataset.manifest import load_manifest, read_split_records
 
     truth = _real_metadata(sample_dir)
     rels = [it.relpath for it in scan_folder(src).items]

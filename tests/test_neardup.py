@@ -1,4 +1,4 @@
-"""Tests of shardkit.neardup: the pHash (bit for bit imagehash's), the degenerate-image test on
+"""Tests of shardkit.images.neardup: the pHash (bit for bit imagehash's), the degenerate-image test on
 real photos and made placeholders, the exact multi-index pair search against brute force, and
 the clusters (field case 24: near-duplicates must not straddle splits)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import PIL
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from shardkit import neardup
+from shardkit.images import neardup
 from shardkit.doctor.reading import decode_rgb
 from shardkit.errors import ConfigError
 
@@ -92,8 +92,8 @@ def test_a_48_megapixel_photo_is_checked_and_hashed_in_bounded_memory(tmp_path):
     Image.fromarray(blocks.repeat(100, axis=0).repeat(100, axis=1)).save(path, quality=85)
     child = (
         "import resource, sys\n"
-        "from shardkit.images import DEFAULT_MAX_PIXELS\n"
-        "from shardkit.pack_plan import check_chunk\n"
+        "from shardkit.images.normalize import DEFAULT_MAX_PIXELS\n"
+        "from shardkit.packer.plan import check_chunk\n"
         "(res,) = check_chunk([(sys.argv[1], '48mp.jpg', DEFAULT_MAX_PIXELS, False, True, None, "
         "95)])\n"
         "assert res['ok'] and (res['width'], res['height']) == (8000, 6000), res\n"

@@ -17,9 +17,11 @@ from click.testing import CliRunner
 
 from shardkit import formats
 from shardkit.errors import LabelError, OutputExistsError, SourceError
-from shardkit.manifest import load_index, load_manifest, read_split_records
-from shardkit.pack import pack, pack_command, parse_size
-from shardkit.verify import verify
+from shardkit.dataset.manifest import load_index, load_manifest, read_split_records
+from shardkit.packer.run import pack
+from shardkit.packer.cli import pack_command
+from shardkit.packer.options import parse_size
+from shardkit.doctor.verify import verify
 
 FORMATS = sorted(formats.FORMATS)
 
@@ -254,15 +256,16 @@ def test_fail_fast_stops_at_the_first_rejected_file(sample_dir, tmp_path, monkey
     """--fail-fast: the check stops at the first reject in scan order (the files after it are
     not checked), exit 2 with one line naming it and its reason, nothing written; the same
     file is named with --workers 2; a dangling link stops it before any file is read."""
-    from shardkit import pack_plan
+    import shardkit.packer.check as pack_check
+    import shardkit.packer.shards as pack_shards
 
     photos = sample_files(sample_dir, 6)  # 6 per class; daisy sorts first
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
     (src / "dandelion" / "0_broken.jpg").write_bytes(b"\xff")  # 7th file in scan order
     (src / "tulips" / "0_empty.jpg").write_bytes(b"")
     calls = []
-    real = pack_plan._check_one
-    monkeypatch.setattr(pack_plan, "_check_one", lambda job, got=None: calls.append(job[1]) or
+    real = pack_check._check_one
+    monkeypatch.setattr(pack_check, "_check_one", lambda job, got=None: calls.append(job[1]) or
                         real(job, got))
     line = (f"Error: SourceError: {src / 'dandelion' / '0_broken.jpg'}: rejected (not an image "
             "(sniffed: unknown)); --fail-fast stops at the first rejected file, nothing was "
@@ -439,11 +442,12 @@ def test_max_pixels_limit_quarantines_large_images(awkward_dir, sample_dir, tmp_
 
 
 def test_a_crashing_check_worker_raises_instead_of_hanging(sample_dir, tmp_path, monkeypatch):
-    import shardkit.pack_plan as pack_plan
+    import shardkit.packer.check as pack_check
+    import shardkit.packer.shards as pack_shards
 
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir, 2)})
-    monkeypatch.setattr(pack_plan, "_check_one", _die_in_worker)
+    monkeypatch.setattr(pack_check, "_check_one", _die_in_worker)
     with pytest.raises(SourceError, match="check worker process died"):
         pack(src, tmp_path / "o", split={"train": 1.0}, workers=2, progress=False)
     assert not (tmp_path / "o").exists()
@@ -481,7 +485,7 @@ def test_case5_real_sigkill_mid_shard_then_rerun(sample_dir, tmp_path):
     script = f"""
 import os, signal
 from shardkit import formats
-from shardkit.pack import pack
+from shardkit import pack
 real, n = formats.ShardSink.add, [0]
 def add(self, *a, **k):
     if n[0] == 12:
@@ -513,11 +517,12 @@ def test_default_shard_plan_by_bytes(sample_dir, tmp_path, monkeypatch):
     ~1.2 MB with a 300 kB target average are 5 shards by bytes -> 8 (a power of two), so
     ceil(20 / 8) = 3 samples per shard, the last holding the rest: 7 shards (fewer than 8 only
     because a shard holds fewer samples than there are shards)."""
-    from shardkit import pack_plan
+    import shardkit.packer.check as pack_check
+    import shardkit.packer.shards as pack_shards
 
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir, 4)})
-    monkeypatch.setattr(pack_plan, "DEFAULT_SHARD_BYTES", 300_000)
+    monkeypatch.setattr(pack_shards, "DEFAULT_SHARD_BYTES", 300_000)
     pack(src, tmp_path / "o", format="hdf5", split={"train": 1.0}, progress=False)
     recs = read_split_records(tmp_path / "o", "train")
     total = sum(r["size"] for r in recs)

@@ -1,4 +1,4 @@
-"""shardkit.pack.PackOptions (validated once, resolved values) and the step seams of pack_plan."""
+"""shardkit.packer.options.PackOptions (validated once, resolved values) and the step seams of pack_plan."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,10 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit import images, pack_plan
+from shardkit.images import normalize as images
+import shardkit.packer.check as pack_check
+import shardkit.packer.scan as pack_scan
+import shardkit.packer.shards as pack_shards
+import shardkit.packer.split as pack_split
 from shardkit.errors import ConfigError, LabelError, SplitError
-from shardkit.manifest import load_manifest
-from shardkit.pack import DEFAULT_SHARD_BYTES, PackOptions, pack
+from shardkit.dataset.manifest import load_manifest
+from shardkit.packer.options import DEFAULT_SHARD_BYTES, PackOptions
+from shardkit.packer.run import pack
 
 BAD_OPTIONS = [
     (dict(format="zip"), ConfigError, "unknown format 'zip'"),
@@ -78,7 +83,7 @@ MIB = 1 << 20
 def test_default_shard_count_per_split_size(samples, nbytes, shards):
     """The default plan: the largest power of two <= 32 leaving >= 64 samples per shard, raised
     to keep the average shard <= 256 MiB (a power of two up to 32, then a multiple of 32)."""
-    assert pack_plan.default_shard_count(samples, nbytes) == shards
+    assert pack_shards.default_shard_count(samples, nbytes) == shards
 
 
 @pytest.mark.parametrize("samples, nbytes", [(1483, 95 * MIB), (2048, 130 * MIB),
@@ -87,9 +92,9 @@ def test_default_limits_cut_a_split_into_that_many_equal_shards(samples, nbytes)
     """shard_limits + the sink's rollover (pack_write.shard_ranges, which both engines follow)
     give exactly default_shard_count shards, all of ceil(n / S) samples but the last; shards
     stay under the 512 MiB cap, which equal files never reach."""
-    from shardkit.pack_write import shard_ranges
+    from shardkit.packer.write import shard_ranges
 
-    count = pack_plan.default_shard_count(samples, nbytes)
+    count = pack_shards.default_shard_count(samples, nbytes)
     max_samples, max_bytes = PackOptions().shard_limits(samples, nbytes)
     assert (max_samples, max_bytes) == (-(-samples // count), 2 * DEFAULT_SHARD_BYTES)
     ranges = shard_ranges([nbytes // samples] * samples, max_samples, max_bytes)
@@ -102,16 +107,16 @@ def test_given_shard_limits_replace_the_default_plan():
     assert PackOptions(shard_samples=10).shard_limits(1000, 10 * MIB) == (10, None)
     assert PackOptions(shard_bytes="1MB").shard_limits(1000, 10 * MIB) == (None, 1_000_000)
     assert PackOptions(shard_samples=10, shard_bytes="1MB").shard_limits(5, 1) == (10, 1_000_000)
-    assert DEFAULT_SHARD_BYTES == pack_plan.DEFAULT_SHARD_BYTES == 256 * MIB
+    assert DEFAULT_SHARD_BYTES == pack_shards.DEFAULT_SHARD_BYTES == 256 * MIB
 
 
 def test_few_shards_warning_names_the_splits_under_the_reader_parallelism():
     def split(n, shards):
         return {"num_samples": n, "shards": [{}] * shards}
 
-    assert pack_plan.READER_PARALLELISM == 8
-    assert pack_plan.few_shards_warning({"train": split(2048, 32), "val": split(0, 0)}) == []
-    (w,) = pack_plan.few_shards_warning({"train": split(1483, 16), "val": split(176, 2),
+    assert pack_shards.READER_PARALLELISM == 8
+    assert pack_shards.few_shards_warning({"train": split(2048, 32), "val": split(0, 0)}) == []
+    (w,) = pack_shards.few_shards_warning({"train": split(1483, 16), "val": split(176, 2),
                                          "test": split(180, 1)})
     assert w.startswith("split(s) with fewer than 8 shards: val (2), test (1). Readers that "
                         "hand whole shards to each of world_size x num_workers processes")
@@ -167,29 +172,29 @@ def test_steps_1_to_4_run_without_an_output_folder(sample_dir, tmp_path):
     (src / "roses" / "notes.txt").write_text("not a photo\n")
     opts = PackOptions(split={"train": 0.5, "val": 0.5}, on_label_conflict="quarantine",
                        progress=False)
-    source = pack_plan.scan_source(src.resolve(), opts)
+    source = pack_scan.scan_source(src.resolve(), opts)
     assert [it.relpath for it in source.items][:3] == [f"daisy/{p.name}" for p in photos["daisy"]]
     assert source.num_files == 8 and source.group_rule == {"kind": "none"}
-    label_map, label_idx = pack_plan.resolve_labels(source.items, None)
+    label_map, label_idx = pack_scan.resolve_labels(source.items, None)
     assert label_map.classes == ["daisy", "roses"] and label_idx == [0, 0, 0, 1, 1, 1, 1, 1]
-    checked = pack_plan.check_files(source, opts)
+    checked = pack_check.check_files(source, opts)
     assert [q["reason"] for q in checked.quarantine] == ["not an image (sniffed: unknown)"]
     assert len(checked.keep) == 7
-    outcome = pack_plan.plan_split(source, label_map, label_idx, checked, opts)
+    outcome = pack_split.plan_split(source, label_map, label_idx, checked, opts)
     copies = sorted(q["path"] for q in outcome.quarantined)
     assert copies == [f"daisy/{photos['daisy'][0].name}", "roses/copy.jpg"]
     assert len(outcome.keep) == 5 and outcome.conflicts[0]["labels"] == ["daisy", "roses"]
-    assert pack_plan.NO_GROUP_RULE_WARNING in outcome.warnings
-    again = pack_plan.plan_split(source, label_map, label_idx, checked, opts)
+    assert pack_split.NO_GROUP_RULE_WARNING in outcome.warnings
+    again = pack_split.plan_split(source, label_map, label_idx, checked, opts)
     assert again.plan.assignment == outcome.plan.assignment  # pure: same input, same plan
     with pytest.raises(LabelError, match="1 set\\(s\\) of identical bytes"):
-        pack_plan.plan_split(source, label_map, label_idx, checked, opts.replace(
+        pack_split.plan_split(source, label_map, label_idx, checked, opts.replace(
             on_label_conflict="error"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing written anywhere
 
 
 def test_jpeg_quality_without_max_side_warns():
-    from shardkit.pack import PackOptions
+    from shardkit.packer.options import PackOptions
 
     assert PackOptions(jpeg_quality=90).warnings() == [
         "--jpeg-quality 90 has no effect without --max-side (only downscaled images are "

@@ -19,9 +19,10 @@ from click.testing import CliRunner
 
 from conftest import SAMPLE
 from shardkit.errors import ConfigError, SourceError
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.pack import pack, pack_command
-from shardkit.scan_remote import scan_url
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.packer.run import pack
+from shardkit.packer.cli import pack_command
+from shardkit.sources.remote import scan_url
 
 OPTS = dict(progress=False, workers=2, seed=0)
 META = dict(metadata=SAMPLE / "metadata.csv", group_column="group_flickr_user")
@@ -60,7 +61,7 @@ def flowers(s3_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def packs(flowers, tmp_path_factory):
-    """Session-cached ``make(src, **options) -> OUT`` of :func:`shardkit.pack.pack`."""
+    """Session-cached ``make(src, **options) -> OUT`` of :func:`shardkit.packer.run.pack`."""
     cache: dict = {}
 
     def make(src, **kwargs) -> Path:
@@ -338,7 +339,7 @@ def test_prefix_on_ray_equals_local_engine(flowers, packs, tmp_path):
 
 
 def test_parallel_listing_equals_one_find(s3_server):
-    from shardkit import scan_remote
+    from shardkit.sources import remote as scan_remote
 
     bucket = s3_server.bucket()
     keys = {"p/daisy/1.jpg": b"a", "p/daisy/": b"", "p/daisy/sub/2.jpg": b"b", "p/LICENSE": b"x",

@@ -1,12 +1,12 @@
-"""The driver's check records in columns (shardkit.pack_records): every record the check returns
+"""The driver's check records in columns (shardkit.packer.records): every record the check returns
 on real photos and awkward files reads back equal, normalised bytes come back from the spill
 file, and a pack holds a fraction of the memory of a list of dicts."""
 import tracemalloc
 
 import pytest
 
-from shardkit import pack_plan
-from shardkit.pack_records import CheckRecords
+import shardkit.packer.check as pack_check
+from shardkit.packer.records import CheckRecords
 
 from conftest import SAMPLE, make_awkward
 
@@ -30,8 +30,8 @@ def records(tmp_path_factory):
         awkward[-1].write_bytes(data)
     photos = sorted(SAMPLE.rglob("*.jpg"))[:30]
     paths = photos + awkward + [folder / "missing.jpg"]
-    recs = [pack_plan._check_one(j) for j in _jobs(paths)]
-    recs += [pack_plan._check_one(j) for j in _jobs(photos[:5], max_side=128, strict=True,
+    recs = [pack_check._check_one(j) for j in _jobs(paths)]
+    recs += [pack_check._check_one(j) for j in _jobs(photos[:5], max_side=128, strict=True,
                                                     want_hash=False)]
     return recs
 

@@ -18,12 +18,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from shardkit import pack_plan, pack_remote_out, pack_write
+import shardkit.packer.check as pack_check
+import shardkit.packer.scan as pack_scan
+from shardkit.packer import remote_output as pack_remote_out, write as pack_write
 from shardkit.errors import ConfigError, OutputExistsError
-from shardkit.manifest import load_index, load_manifest
-from shardkit.pack import pack, pack_command
-from shardkit.pack_out import DiskFullError, owned_name
-from shardkit.pack_remote_out import UploadError
+from shardkit.dataset.manifest import load_index, load_manifest
+from shardkit.packer.run import pack
+from shardkit.packer.cli import pack_command
+from shardkit.packer.output import DiskFullError, owned_name
+from shardkit.packer.remote_output import UploadError
 from shardkit.stream import make_loader
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
@@ -147,7 +150,7 @@ def test_lmdb_and_hdf5_to_a_url_are_refused(s3_server, fmt):
 
 def test_missing_bucket_fails_before_the_scan(s3_server, monkeypatch):
     scanned = []
-    monkeypatch.setattr(pack_plan, "scan_source", lambda *a: scanned.append(a))
+    monkeypatch.setattr(pack_scan, "scan_source", lambda *a: scanned.append(a))
     with pytest.raises(ConfigError, match="output s3://no-such-bucket/ds cannot be written "
                                           r"\(FileNotFoundError"):
         pack(SAMPLE, "s3://no-such-bucket/ds", **OPTS)
@@ -164,14 +167,14 @@ def test_a_run_that_fails_while_writing_leaves_no_owned_object(s3_server, tmp_pa
     src = tmp_path / "src"
     shutil.copytree(SAMPLE, src)
     gone = sorted(src.rglob("*.jpg"))[-1]
-    check = pack_plan.check_files
+    check = pack_check.check_files
 
     def check_then_delete(*a, **k):  # the file disappears after its check
         checked = check(*a, **k)
         gone.unlink()
         return checked
 
-    monkeypatch.setattr(pack_plan, "check_files", check_then_delete)
+    monkeypatch.setattr(pack_check, "check_files", check_then_delete)
     url = s3_server.bucket() + "/ds"
     _put_user_objects(fs, url)
     with pytest.raises(FileNotFoundError, match=gone.name):
@@ -272,7 +275,7 @@ def test_cli_packs_to_s3(s3_server):
 
 
 def test_verify_reads_a_pack_in_object_storage(s3_server, tmp_path):
-    from shardkit.verify import verify, verify_command
+    from shardkit.doctor.verify import verify, verify_command
 
     url = s3_server.bucket() + "/v"
     pack(SAMPLE, url, shard_samples=50, **OPTS)
@@ -297,7 +300,7 @@ def test_verify_reads_a_pack_in_object_storage(s3_server, tmp_path):
 def test_overwrite_removes_what_other_readers_take_for_the_dataset_first(s3_server, monkeypatch):
     """A killed overwrite must not leave the old _info.json / .idx / split files beside shards
     that the new run has begun to replace (timm and DALI would read a mix as one dataset)."""
-    from shardkit import pack_remote_out
+    from shardkit.packer import remote_output as pack_remote_out
 
     fs, url = s3_server.fs(), s3_server.bucket() + "/ow"
     pack(SAMPLE, url, shard_samples=20, **OPTS)
@@ -343,7 +346,7 @@ def test_check_stats_inspect_read_a_pack_in_object_storage(s3_server, tmp_path):
 
 _KILLED_STAGING = """
 import os, sys
-from shardkit.pack_remote_out import staging_folder
+from shardkit.packer.remote_output import staging_folder
 folder = staging_folder()  # as a pack into object storage makes it, then killed (no cleanup)
 (folder / "shards").mkdir()
 (folder / "shards" / "train-000005.tar").write_bytes(b"x" * 100)

@@ -1,7 +1,7 @@
 """A CSV list whose rows are fsspec URLs (issue 12: SRC in object storage): files are read
 over HTTP from a server on localhost, for the local engine and for Ray, with the same result as
 the files on disk; a missing object is quarantined with its read error. Reads are kept in
-flight (shardkit.fetch.iter_read): a server that counts the GETs it serves at once shows it."""
+flight (shardkit.storage.fetch.iter_read): a server that counts the GETs it serves at once shows it."""
 import csv
 import functools
 import json
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.fetch import iter_read
-from shardkit.pack import pack
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.storage.fetch import iter_read
+from shardkit.packer.run import pack
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
 NO_HOST = "http://127.0.0.1:1"  # nothing listens on port 1: a connection error, not a 404
@@ -176,7 +176,7 @@ def test_closing_early_leaves_no_read_running(counting_server):
 
 
 def test_the_write_step_reads_in_flight_too(tmp_path, counting_server, monkeypatch):
-    from shardkit import pack_write
+    from shardkit.packer import write as pack_write
 
     rel = [f.relative_to(SAMPLE).as_posix() for f in _files()]
     src = _write_csv(tmp_path / "remote.csv", lambda r: f"{counting_server}/{r}", rel)

@@ -23,12 +23,16 @@ import pytest
 from click.testing import CliRunner
 
 from shardkit import formats
-from shardkit import pack_plan
+import shardkit.packer.check as pack_check
+import shardkit.packer.scan as pack_scan
 from shardkit.errors import ConfigError, LabelError, OutputExistsError, SourceError
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.pack import PackOptions, pack, pack_command
-from shardkit.pack_out import LOCK_NAME, STAGING_NAME, DiskFullError, OutputLockedError
-from shardkit.verify import verify
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.packer.options import PackOptions
+from shardkit.packer.run import pack
+from shardkit.packer.cli import pack_command
+from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, OutputLockedError
+from shardkit.packer.output import DiskFullError
+from shardkit.doctor.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 FORMATS = sorted(formats.FORMATS)
@@ -188,7 +192,7 @@ def test_the_lock_is_taken_before_the_scan_when_out_exists(sample_dir, tmp_path,
     out = tmp_path / "out"
     out.mkdir()
     seen = []
-    real = pack_plan.scan_source
+    real = pack_scan.scan_source
 
     def scan(*a, **k):
         seen.append(json.loads((out / LOCK_NAME).read_text()))
@@ -196,7 +200,7 @@ def test_the_lock_is_taken_before_the_scan_when_out_exists(sample_dir, tmp_path,
             pack(src, out, split={"train": 1.0}, progress=False)
         return real(*a, **k)
 
-    monkeypatch.setattr(pack_plan, "scan_source", scan)
+    monkeypatch.setattr(pack_scan, "scan_source", scan)
     pack(src, out, split={"train": 1.0}, progress=False)
     assert seen[0]["pid"] == os.getpid() and seen[0]["host"] == socket.gethostname()
     assert sorted(os.listdir(out)) == ["manifest.json", "quarantine.jsonl", "shards", "splits"]
@@ -206,7 +210,7 @@ def test_the_lock_is_taken_before_the_scan_when_out_exists(sample_dir, tmp_path,
 _KILLED_PACK = """
 import os, signal, sys
 from shardkit import formats
-from shardkit.pack import pack
+from shardkit import pack
 real, n = formats.ShardSink.add, [0]
 def add(self, *a, **k):
     if n[0] == int(sys.argv[3]):
@@ -347,7 +351,7 @@ def _running(pid: int) -> bool:
 
 _NO_PRCTL = """
 import ctypes, sys
-import shardkit.pack_plan as plan
+import shardkit.packer.plan as plan
 def refuse(*a, **k):
     raise OSError("no prctl here")
 plan.ctypes = type("C", (), {"CDLL": staticmethod(refuse)})
@@ -417,7 +421,7 @@ def no_decoding(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("files were decoded before the output folder was checked")
 
-    monkeypatch.setattr(pack_plan, "check_files", refuse)
+    monkeypatch.setattr(pack_check, "check_files", refuse)
 
 
 def test_out_that_is_a_file_is_reported_before_decoding(sample_dir, tmp_path, no_decoding):
@@ -563,7 +567,8 @@ def test_second_packer_fails_before_scanning_even_into_a_new_out(sample_dir, tmp
     """The first run creates and locks OUT before its scan, so a second run into the same new
     OUT fails at once, without scanning or decoding anything (a user found it waiting through
     the whole decode-check pass first)."""
-    from shardkit.pack_out import LOCK_NAME, OutputLockedError, PackOutput
+    from shardkit.dataset.swap import LOCK_NAME, OutputLockedError
+    from shardkit.packer.output import PackOutput
 
     src = copy_tree(tmp_path / "src", photos(sample_dir, 2))
     out = tmp_path / "new" / "out"
@@ -573,7 +578,7 @@ def test_second_packer_fails_before_scanning_even_into_a_new_out(sample_dir, tmp
         def no_scan(*a, **k):
             raise AssertionError("the second run scanned the source")
 
-        monkeypatch.setattr(pack_plan, "scan_source", no_scan)
+        monkeypatch.setattr(pack_scan, "scan_source", no_scan)
         with pytest.raises(OutputLockedError, match=f"pid {os.getpid()}"):
             pack(src, out, format="wds", progress=False)
     assert not out.exists()  # the first run created OUT, wrote nothing, and removed it

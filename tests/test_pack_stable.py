@@ -16,8 +16,9 @@ from PIL import Image
 
 from conftest import SAMPLE
 from shardkit.errors import ConfigError, SplitError
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.pack import pack, pack_command
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.packer.run import pack
+from shardkit.packer.cli import pack_command
 
 R3 = {"train": 0.8, "val": 0.1, "test": 0.1}
 

@@ -1,6 +1,6 @@
 """``pack --overwrite`` killed at every rename and unlink: the next command finds one whole dataset.
 
-The rule under test (:mod:`shardkit.swap`): the old dataset (200 photos of
+The rule under test (:mod:`shardkit.dataset.swap`): the old dataset (200 photos of
 examples/flowers-sample in shards of 12) is being replaced by a new one (60 of them in shards of
 8). Whatever call the packer is SIGKILLed at, the next shardkit command that opens OUT (verify,
 the loader's :class:`~shardkit.stream.source.ShardSource`, a pack) finds a whole dataset, old or
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import pytest
 
-from shardkit import swap
+from shardkit.dataset import swap
 from shardkit.errors import ConfigError, ManifestError, OutputExistsError
-from shardkit.manifest import load_manifest
-from shardkit.pack import pack
+from shardkit.dataset.manifest import load_manifest
+from shardkit.packer.run import pack
 from shardkit.stream.source import ShardSource
-from shardkit.swap import JOURNAL_NAME, LOCK_NAME, STAGING_NAME
-from shardkit.verify import verify
+from shardkit.dataset.swap import JOURNAL_NAME, LOCK_NAME, STAGING_NAME
+from shardkit.doctor.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "flowers-sample"
@@ -236,7 +236,7 @@ def _signature(manifest: dict) -> dict:
 
 def _samples(out: Path) -> dict[str, list[tuple[str, int, int]]]:
     """``{split: [(key, label, xxh3 of the stored bytes)]}`` from the split indexes."""
-    from shardkit.manifest import load_index
+    from shardkit.dataset.manifest import load_index
 
     found = {}
     for split in load_manifest(out)["splits"]:
@@ -409,7 +409,7 @@ def test_a_crafted_journal_moves_and_deletes_nothing(tmp_path, entry):
 
 
 def test_journal_names_cover_every_name_a_pack_writes(case):
-    from shardkit.pack_out import owned_entries
+    from shardkit.packer.output import owned_entries
 
     for version_root in (case.old,):
         names = [e for e in owned_entries(version_root) if e != "manifest.json"]

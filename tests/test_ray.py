@@ -27,9 +27,13 @@ from click.testing import CliRunner  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from conftest import SAMPLE, make_awkward  # noqa: E402
-from shardkit import formats, pack_plan, pack_write  # noqa: E402
+from shardkit import formats  # noqa: E402
+import shardkit.packer.check as pack_check
+import shardkit.packer.split as pack_split
+from shardkit.packer import write as pack_write
 from shardkit.errors import ConfigError, ManifestError, SourceError  # noqa: E402
-from shardkit.pack import pack, pack_command  # noqa: E402
+from shardkit.packer.run import pack  # noqa: E402
+from shardkit.packer.cli import pack_command
 from shardkit.ray import engine, read_split  # noqa: E402
 from shardkit.stream import make_loader  # noqa: E402
 from shardkit.stream.source import ShardSource  # noqa: E402
@@ -95,7 +99,7 @@ def test_shard_ranges_are_the_sinks_rollover(tmp_path_factory, sizes, max_sample
 def test_pack_ray_is_byte_identical_to_local(tmp_path, source, monkeypatch, fmt, limits):
     local = pack(source, tmp_path / "local", format=fmt, progress=False, **limits)
     # the ray pack must not touch the local engine's check or write paths
-    monkeypatch.setattr(pack_plan, "_check_one", _refuse)
+    monkeypatch.setattr(pack_check, "_check_one", _refuse)
     monkeypatch.setattr(pack_write, "_write_split", _refuse)
     remote = pack(source, tmp_path / "ray", format=fmt, progress=False, engine="ray", **limits)
     a, b = _files(tmp_path / "local"), _files(tmp_path / "ray")
@@ -162,13 +166,13 @@ def test_changed_source_file_raises_its_error_and_writes_nothing(tmp_path, sourc
     shutil.copytree(source / "daisy", src / "daisy")
     shutil.copytree(source / "sunflowers", src / "sunflowers")
     victim = sorted((src / "daisy").glob("1*.jpg"))[0]
-    plan_split = pack_plan.plan_split
+    plan_split = pack_split.plan_split
 
     def change_after_check(*a, **k):  # between step 3 (check) and step 6 (write)
         victim.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
         return plan_split(*a, **k)
 
-    monkeypatch.setattr(pack_plan, "plan_split", change_after_check)
+    monkeypatch.setattr(pack_split, "plan_split", change_after_check)
     with pytest.raises(SourceError, match="changed while packing") as info:
         pack(src, tmp_path / "out", engine="ray", progress=False, shard_samples=8)
     assert not isinstance(info.value, ray.exceptions.RayTaskError)
@@ -198,14 +202,14 @@ def test_task_whose_worker_dies_is_retried(tmp_path):
 
 DRIVER = """
 import sys, time
-import shardkit.manifest as m
+import shardkit.dataset.manifest as m
 write = m.write_split_files
 def slow(*a, **k):  # the first split's files are written, then the driver hangs
     write(*a, **k)
     open(sys.argv[3], "w").close()
     time.sleep(600)
 m.write_split_files = slow
-from shardkit.pack import pack
+from shardkit import pack
 pack(sys.argv[1], sys.argv[2], engine="ray", ray_address=sys.argv[4], shard_samples=16,
      progress=False)
 """

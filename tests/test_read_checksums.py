@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 
 from shardkit.errors import ManifestError, ShardCorruptError
-from shardkit.manifest import (load_index, load_manifest, read_split_records, sample_checksum,
-                               write_split_files)
+from shardkit.dataset.manifest import (
+    load_index, load_manifest, read_split_records, sample_checksum, write_split_files)
 from shardkit.stream import ShardDataset, make_loader
 from shardkit.stream.source import ShardSource
-from shardkit.verify import verify
+from shardkit.doctor.verify import verify
 
 from conftest import SAMPLE
 

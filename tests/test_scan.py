@@ -1,4 +1,4 @@
-"""shardkit.scan: ImageFolder and CSV discovery, system entries, Unicode, symlinks, group rules."""
+"""shardkit.sources.folder: ImageFolder and CSV discovery, system entries, Unicode, symlinks, group rules."""
 from __future__ import annotations
 
 import collections
@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from shardkit.errors import ConfigError, SourceError
-from shardkit.layout import class_order, map_split_names, numeric_order_note, order_splits
-from shardkit.scan import (SourceItem, apply_group_metadata, apply_group_regex,
-                           match_group_metadata, match_group_regex, match_split_metadata,
-                           scan_csv, scan_folder)
+from shardkit.sources.layouts import class_order, map_split_names, numeric_order_note, order_splits
+from shardkit.sources.items import SourceItem
+from shardkit.sources.csvlist import (
+    apply_group_metadata, match_group_metadata, match_split_metadata, scan_csv)
+from shardkit.sources.groups import apply_group_regex, match_group_regex
+from shardkit.sources.folder import scan_folder
 
 CAFE_NFC = unicodedata.normalize("NFC", "Café")
 CAFE_NFD = unicodedata.normalize("NFD", "Café")

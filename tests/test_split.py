@@ -1,4 +1,4 @@
-"""shardkit.split: group-atomic, dedup-aware, stratified split assignment (field case 24)."""
+"""shardkit.packer.assign: group-atomic, dedup-aware, stratified split assignment (field case 24)."""
 from __future__ import annotations
 
 import csv
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkit.errors import SplitError
-from shardkit.split import (DEFAULT_TOLERANCE, SplitSample, assign_splits, given_splits,
-                            parse_split_spec)
+from shardkit.packer.assign import (
+    DEFAULT_TOLERANCE, SplitSample, assign_splits, given_splits, parse_split_spec)
 
 R3 = {"train": 0.7, "val": 0.15, "test": 0.15}
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from shardkit.errors import SplitError
-from shardkit.split import SplitSample, assign_splits
+from shardkit.packer.assign import SplitSample, assign_splits
 
 R3 = {"train": 0.8, "val": 0.1, "test": 0.1}
 

@@ -484,7 +484,7 @@ def test_cli_smoke_run_writes_checkpoints_metrics_png_tensorboard(packed_sample,
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from shardkit.cli import main
-    from shardkit.manifest import load_manifest
+    from shardkit.dataset.manifest import load_manifest
 
     data, run = packed_sample("wds"), tmp_path / "run"
     result = CliRunner().invoke(main, ["train", "--data", str(data), "--out", str(run),
@@ -597,7 +597,7 @@ def test_case23_three_class_folder_head_topk_pretrained_labels_and_data_path(
     hrnet_w18_small: 3 logits (not 1000), no top-5, a 5-class checkpoint loads except its head
     (skipped and reported), the data path is the one given (the packed folder was moved after
     packing), and a label outside [0, 3) raises naming it."""
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     src = tmp_path / "three"
     for name in ("daisy", "roses", "tulips"):
@@ -643,7 +643,7 @@ def test_case23_three_class_folder_head_topk_pretrained_labels_and_data_path(
 def test_torchrun_two_process_gloo_merges_one_evaluation(packed_sample, tmp_path):
     """``torchrun --nproc_per_node 2`` on the CPU: DDP over gloo, both ranks take the same number
     of steps, and val/test are scored exactly once over all samples (merged across ranks)."""
-    from shardkit.manifest import load_manifest
+    from shardkit.dataset.manifest import load_manifest
 
     data, run = packed_sample("wds"), tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -683,7 +683,7 @@ def test_cli_without_val_split_trains_and_split_errors_exit_nonzero(sample_dir, 
     """A dataset packed with train/test only: `train` runs without validation (one note), the
     test split scores the last weights; a missing train split (or a named val split that is not
     there) exits non-zero naming the dataset's splits."""
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     data = tmp_path / "tt"
     pack(sample_dir, data, format="wds", split={"train": 0.8, "test": 0.2}, seed=0,
@@ -721,7 +721,7 @@ def _no_nan(text: str):
 def test_cli_with_an_empty_val_split_says_so_once_and_writes_no_nan(sample_dir, tmp_path):
     """Issue 9, 5b: val rounds to 0 samples (ratio 0.005 of 120 photographer groups); the run
     trains without validation, notes it once at the start, and metrics hold no NaN."""
-    from shardkit.pack import pack
+    from shardkit.packer.run import pack
 
     data = tmp_path / "d"
     summary = pack(sample_dir, data, split="train=0.8,val=0.005,test=0.195", seed=0,

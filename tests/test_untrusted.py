@@ -28,11 +28,12 @@ from conftest import SAMPLE, png_chunk
 from shardkit.cli import main
 from shardkit.errors import DecodeError, ManifestError
 from shardkit.formats import wds
-from shardkit.imageopen import DEFAULT_MAX_PIXELS, PixelLimitError, open_image
-from shardkit.manifest import (load_index, load_manifest, read_split_records, sample_checksum,
-                               write_manifest, write_split_files)
+from shardkit.images.sniff import DEFAULT_MAX_PIXELS, PixelLimitError, open_image
+from shardkit.dataset.manifest import (
+    load_index, load_manifest, read_split_records, sample_checksum, write_manifest,
+    write_split_files)
 from shardkit.stream.source import ShardSource
-from shardkit.verify import verify
+from shardkit.doctor.verify import verify
 
 SPLIT = "val"  # 30 samples in one shard of the packed sample
 
@@ -389,7 +390,7 @@ def test_manifest_text_that_is_no_manifest_is_one_error(ds, tmp_path, text, need
 
 
 def test_the_manifest_is_read_up_to_its_bound(ds, monkeypatch):
-    from shardkit import manifest as manifest_mod
+    from shardkit.dataset import manifest as manifest_mod
 
     size = (ds / "manifest.json").stat().st_size
     monkeypatch.setattr(manifest_mod, "MAX_MANIFEST_BYTES", size - 1)
@@ -572,7 +573,7 @@ def test_a_dataset_packed_before_split_hashes_is_read_and_said_once(ds, caplog):
     with caplog.at_level(logging.WARNING, logger="shardkit.manifest"):
         load_index(ds, SPLIT)
         ShardSource(ds, SPLIT)
-    notes = [r.getMessage() for r in caplog.records if r.name == "shardkit.manifest"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "shardkit.dataset.manifest"]
     assert len(notes) == 1 and "records no hash of the split files of 'val'" in notes[0]
     res = CliRunner().invoke(main, ["verify", str(ds), "--no-decode"])
     assert res.exit_code == 0, res.output

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from shardkit import formats
 from shardkit.cli import main
 from shardkit.errors import ManifestError
-from shardkit.manifest import load_manifest, read_split_records
-from shardkit.verify import verify
+from shardkit.dataset.manifest import load_manifest, read_split_records
+from shardkit.doctor.verify import verify
 
 FORMATS = sorted(formats.FORMATS)
 

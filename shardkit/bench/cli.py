@@ -2,7 +2,7 @@
 
 Writes ``OUT/bench.json`` (every row, the environment, the recommendation), PNG plots, and prints
 a table. Exit status 1 when any row errored (its message is in the table and the JSON); 2 with
-one ``Error:`` line when it cannot run (:mod:`shardkit.cli_errors`).
+one ``Error:`` line when it cannot run (:mod:`shardkit.cli_common`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from shardkit.bench.report import format_table, recommend, write_json
 from shardkit.bench.runner import (RunConfig, add_augment_ratios, add_baseline_rows,
                                    add_cache_ratios, dataset_info, run_rows)
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
-from shardkit.cli_errors import one_line_errors
+from shardkit.cli_common import one_line_errors
 from shardkit.errors import ConfigError, ShardkitError
 
 __all__ = ["bench_command", "run_bench", "decoder_availability"]

@@ -307,7 +307,7 @@ def _cache_line(rec: dict, c: dict) -> str:
 
 def write_json(path: str | os.PathLike, payload: dict) -> None:
     """Writes ``payload`` (plus ``schema_version``) as indented JSON via a temp file + rename."""
-    from shardkit.manifest import atomic_write_bytes
+    from shardkit.dataset.manifest import atomic_write_bytes
 
     text = json.dumps({"schema_version": SCHEMA_VERSION, **payload}, indent=2, default=str)
     atomic_write_bytes(path, (text + "\n").encode("utf-8"))

@@ -52,7 +52,7 @@ def dataset_info(root: str | Path) -> dict:
     Raises:
         ManifestError: no readable ``manifest.json`` under ``root``.
     """
-    from shardkit.manifest import load_manifest
+    from shardkit.dataset.manifest import load_manifest
 
     m = load_manifest(root)
     source = m.get("source", {})
@@ -252,12 +252,12 @@ def _join(a: str, b: str) -> str:
 
 def split_source_paths(root: str | Path, split: str) -> list[str]:
     """Source-relative paths of the samples of ``split`` (from ``splits/<split>.jsonl``, read
-    and checked by :func:`shardkit.manifest.read_split_records`).
+    and checked by :func:`shardkit.dataset.manifest.read_split_records`).
 
     Raises:
         ManifestError: unknown split, or a damaged split file (names the line and field).
     """
-    from shardkit.manifest import read_split_records
+    from shardkit.dataset.manifest import read_split_records
 
     return [r["path"] for r in read_split_records(root, split, required=("key", "path"))]
 

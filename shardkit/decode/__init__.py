@@ -28,7 +28,7 @@ from shardkit.decode.resize import RESIZE_FILTERS, resize_into, simd_level
 from shardkit.decode.roi import ROIDecoder
 from shardkit.decode.turbo import TurboJPEGDecoder
 from shardkit.errors import ConfigError
-from shardkit.imageopen import DEFAULT_MAX_PIXELS, PixelLimitError
+from shardkit.images.sniff import DEFAULT_MAX_PIXELS, PixelLimitError
 
 __all__ = [
     "DECODERS", "AUTO_ORDER", "get_decoder", "available_decoders", "decoder_environment",
@@ -88,8 +88,8 @@ def get_decoder(name: str = "auto", *, fast_dct: bool = False, fast_upsample: bo
             default (see benchmarks/bench_decode.py for the measured pixel difference).
         fast_upsample: no fancy (triangle) chroma upsampling; off by default.
         max_pixels: refuse images over this many pixels (width * height of the header) with a
-            :class:`~shardkit.imageopen.PixelLimitError`; None = :data:`DEFAULT_MAX_PIXELS`.
-            The reader's own limit, never the manifest's (see :mod:`shardkit.imageopen`).
+            :class:`~shardkit.images.sniff.PixelLimitError`; None = :data:`DEFAULT_MAX_PIXELS`.
+            The reader's own limit, never the manifest's (see :mod:`shardkit.images.sniff`).
     Raises:
         ConfigError: unknown name, the named backend is unavailable here (says why), or a bad
             ``max_pixels``.

@@ -18,9 +18,9 @@ of JPEG file", ...) are never printed: each decode stores how many it saw in
 policy with :func:`apply_warning_policy` (field case 12).
 
 Pixel limit: every decoder refuses images whose header size is over ``max_pixels`` (constructor
-option; None = ``shardkit.imageopen.DEFAULT_MAX_PIXELS``) with a
-:class:`~shardkit.imageopen.PixelLimitError`, whatever the format or backend, and opens
-non-JPEG data with :func:`shardkit.imageopen.open_image`: the function and limit the packer
+option; None = ``shardkit.images.sniff.DEFAULT_MAX_PIXELS``) with a
+:class:`~shardkit.images.sniff.PixelLimitError`, whatever the format or backend, and opens
+non-JPEG data with :func:`shardkit.images.sniff.open_image`: the function and limit the packer
 uses, never Pillow's process-wide ``Image.MAX_IMAGE_PIXELS``.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 from shardkit.decode.resize import resize_into
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.imageopen import check_pixels, open_image, resolve_max_pixels
+from shardkit.images.sniff import check_pixels, open_image, resolve_max_pixels
 
 __all__ = [
     "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
@@ -162,7 +162,7 @@ def loaded_library_path(fragment: str) -> str | None:
 
 
 def pil_probe(data: bytes | memoryview, max_pixels: int | None = None) -> tuple[int, int]:
-    """(width, height) from the header via :func:`shardkit.imageopen.open_image`.
+    """(width, height) from the header via :func:`shardkit.images.sniff.open_image`.
 
     Raises DecodeError if unreadable, PixelLimitError (a DecodeError) over ``max_pixels``
     (None = the default limit)."""
@@ -180,7 +180,7 @@ def pil_decode_rgb(data: bytes | memoryview, reduce: int = 1,
     where they are normalised properly (field case 15). Raises DecodeError on any failure,
     including truncated data (Pillow's ``LOAD_TRUNCATED_IMAGES`` is never changed), and
     PixelLimitError (a DecodeError) when the header size is over ``max_pixels`` (None = the
-    default limit; opened with :func:`shardkit.imageopen.open_image`).
+    default limit; opened with :func:`shardkit.images.sniff.open_image`).
     """
     try:
         with open_image(data, max_pixels) as im:
@@ -215,8 +215,8 @@ class Decoder:
     Args:
         fast_dct, fast_upsample: libjpeg speed flags (see ``shardkit.decode.get_decoder``).
         max_pixels: refuse images whose header ``width * height`` is over this (positive int;
-            None = ``shardkit.imageopen.DEFAULT_MAX_PIXELS``). The reader's own limit, never
-            the dataset's ``normalization.max_pixels`` (see :mod:`shardkit.imageopen`).
+            None = ``shardkit.images.sniff.DEFAULT_MAX_PIXELS``). The reader's own limit, never
+            the dataset's ``normalization.max_pixels`` (see :mod:`shardkit.images.sniff`).
 
     Attributes:
         last_warnings: number of decoder warnings of the most recent call (0 when clean).

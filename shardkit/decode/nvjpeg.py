@@ -28,7 +28,7 @@ import numpy as np
 from shardkit.decode import _ext
 from shardkit.decode.base import Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.imageopen import PixelLimitError, check_pixels, open_image, resolve_max_pixels
+from shardkit.images.sniff import PixelLimitError, check_pixels, open_image, resolve_max_pixels
 
 __all__ = ["NvJPEGDecoder", "BatchProbe", "probe_batch", "decode_crop_batch"]
 
@@ -53,7 +53,7 @@ def probe_batch(datas: Sequence, max_pixels: int | None = None) -> list[BatchPro
 
     Args:
         datas: N encoded images (bytes-like). max_pixels: pixel limit (None = the default
-            ``shardkit.imageopen.DEFAULT_MAX_PIXELS``; the reader's own limit, never the
+            ``shardkit.images.sniff.DEFAULT_MAX_PIXELS``; the reader's own limit, never the
             manifest's).
     Returns:
         N :class:`BatchProbe`. JPEG headers are read by the ``_jpegroi`` extension when built

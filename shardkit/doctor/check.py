@@ -6,7 +6,7 @@ Findings are *errors* (the command exits 1) or *warnings* (exit 0 unless ``stric
   train/eval transform drift (see :mod:`shardkit.doctor.drift`);
 - warning: near-duplicates across splits (pHash Hamming distance <= threshold, see
   :mod:`shardkit.doctor.leaks`), degenerate images (a side under 32 px, or near-constant pixels:
-  blank frames, "image not found" placeholders; :func:`shardkit.neardup.degenerate_reason`),
+  blank frames, "image not found" placeholders; :func:`shardkit.images.neardup.degenerate_reason`),
   a class missing from a split, a split whose max/min class-count ratio exceeds the imbalance
   threshold; with ``augment=SPEC``: hue jitter on while the classes differ in hue
   (:func:`augment_hue_report`). ``strict=True`` turns every warning into an error.
@@ -17,7 +17,7 @@ near-duplicate search uses the pHashes and degenerate list that ``shardkit pack`
 (packed before, or with ``--near-duplicates off``), or ``recompute_hashes=True``, decodes every
 sample once instead (the bulk of the run time: the pHash and the degenerate test come from that
 one decode). It then finds the pairs within the threshold among all
-splits' hashes at once by multi-index hashing (:func:`shardkit.neardup.near_pairs`: exact,
+splits' hashes at once by multi-index hashing (:func:`shardkit.images.neardup.near_pairs`: exact,
 sub-quadratic; ~1-3 s for a million hashes at distance 4, see benchmarks/README.md) and keeps
 those whose samples lie in different splits. Degenerate images are left out of that search
 (their pHashes are meaningless: every blank image hashes alike); the report lists them.
@@ -32,7 +32,7 @@ from shardkit.doctor import leaks
 from shardkit.doctor.reading import (format_stored_resolution, load_manifest_dict, read_rows,
                                      stored_resolution)
 from shardkit.errors import ConfigError, ManifestError, ShardCorruptError
-from shardkit.manifest import is_url
+from shardkit.dataset.manifest import is_url
 from shardkit.stream.source import check_shard_files
 
 __all__ = ["check_dataset", "check_shards", "format_check_report", "check_headline",
@@ -255,7 +255,7 @@ def _check_remote_shards(root: str, manifest: dict[str, Any]) -> None:
 
     import fsspec
 
-    from shardkit.manifest import join
+    from shardkit.dataset.manifest import join
 
     fs, base = fsspec.core.url_to_fs(root)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
@@ -388,10 +388,11 @@ def _json_safe(value: Any) -> Any:
 
 def write_json_report(report: dict[str, Any], path: str | Path) -> Path:
     """Write ``report`` as UTF-8 JSON (an infinite ratio is written as the string ``"inf"``;
-    see :func:`shardkit.manifest.json_bytes` for names that are not valid UTF-8)."""
+    see :func:`shardkit.dataset.manifest.json_bytes` for names that are not valid UTF-8)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from shardkit.manifest import json_bytes  # text that is not UTF-8 (file names): escaped
+    from shardkit.dataset.manifest import (  # text that is not UTF-8 (file names): escaped
+        json_bytes)
 
     path.write_bytes(json_bytes(_json_safe(report), indent=2) + b"\n")
     return path

@@ -14,7 +14,7 @@ verdict, 2 is trouble):
   where ``<ErrorType>`` is the :mod:`shardkit.errors` class (``ManifestError``,
   ``ShardCorruptError``, ``ConfigError``, ...) and the message names the file, or for a store's
   error ``Error: <URL>: <StoreErrorType>: <the store's message>``
-  (:mod:`shardkit.cli_errors`); never a traceback.
+  (:mod:`shardkit.cli_common`); never a traceback.
 
 Progress bars (tqdm, on stderr) are on by default when stderr is a terminal and off otherwise
 (pipes, CI logs); ``--progress`` / ``--no-progress`` force them.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import click
 
-from shardkit.cli_errors import CommandError, one_line_errors, printable_text
+from shardkit.cli_common import CommandError, one_line_errors, printable_text
 from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
 from shardkit.doctor.inspection import (augment_grid, format_augment_grid, format_summary,
                                         inspect_dataset)
@@ -50,7 +50,7 @@ def _echo_report(text: str, report: dict, json_path) -> None:
 
 def run_command(fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, with a ShardkitError turned into a
-    :class:`~shardkit.cli_errors.CommandError` (store errors: see :func:`one_line_errors` on the
+    :class:`~shardkit.cli_common.CommandError` (store errors: see :func:`one_line_errors` on the
     commands)."""
     try:
         return fn(*args, **kwargs)
@@ -78,7 +78,7 @@ def _load_transform_config(path: Path | None, root: Path):
 def dataset_arg(ctx, param, value: str):
     """Click callback of a dataset argument (OUT, ROOT): the URL of a wds pack in object
     storage as it is, else a local folder that must exist."""
-    from shardkit.manifest import is_url
+    from shardkit.dataset.manifest import is_url
 
     if is_url(value):
         return value.rstrip("/")
@@ -203,7 +203,7 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 def stats_command(out, split, max_samples, save, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
     saved in the manifest."""
-    from shardkit.manifest import is_url
+    from shardkit.dataset.manifest import is_url
 
     if save and is_url(out):
         raise CommandError(ConfigError(f"--save rewrites manifest.json, which shardkit does not "

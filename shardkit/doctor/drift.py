@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from shardkit.doctor.reading import iter_sample_bytes
 from shardkit.errors import ConfigError
-from shardkit.manifest import load_index
+from shardkit.dataset.manifest import load_index
 
 __all__ = ["TOLERANCE", "load_transform_config", "train_transform", "check_transform_drift"]
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardkit.cli_errors import printable_text
+from shardkit.cli_common import printable_text
 from shardkit.doctor.drift import train_transform
 from shardkit.doctor.leaks import class_counts, imbalance
 from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, iter_sample_bytes,

@@ -1,15 +1,15 @@
 """Split-leakage checks of ``shardkit check``: shared groups, identical bytes, near-duplicates,
 degenerate images, missing classes and class imbalance (field case 24).
 
-Near-duplicates use the 64-bit perceptual hash of :func:`shardkit.neardup.phash64` (bit for bit
+Near-duplicates use the 64-bit perceptual hash of :func:`shardkit.images.neardup.phash64` (bit for bit
 ``imagehash.phash``: DCT of a 32x32 grayscale thumbnail, sign of the 8x8 low-frequency block
 against its median; after Zauner, "Implementation and Benchmarking of Perceptual Image Hash
 Functions", 2010, and pHash.org). Two samples in different splits are reported when the Hamming
 distance of their hashes is at most :data:`PHASH_THRESHOLD` (4 of 64 bits): a resized or
 re-encoded copy of a photo lands at 0-2, while two unrelated photos differ in ~32 bits on
-average. The pairs come from :func:`shardkit.neardup.near_pairs` (multi-index hashing, exact and
+average. The pairs come from :func:`shardkit.images.neardup.near_pairs` (multi-index hashing, exact and
 sub-quadratic) over every split's hashes at once. Degenerate images
-(:func:`shardkit.neardup.degenerate_reason`: a side under 32 px, or near-constant pixels such as
+(:func:`shardkit.images.neardup.degenerate_reason`: a side under 32 px, or near-constant pixels such as
 blank frames and "image not found" placeholders) are left out: their pHashes all look alike.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from shardkit.doctor.reading import dataset_max_pixels, decode_rgb, iter_sample_bytes
 from shardkit.errors import ConfigError
-from shardkit.neardup import PHASH_THRESHOLD, degenerate_reason, near_pairs, phash64
+from shardkit.images.neardup import PHASH_THRESHOLD, degenerate_reason, near_pairs, phash64
 
 __all__ = ["PHASH_THRESHOLD", "IMBALANCE_THRESHOLD", "phash64", "group_overlap", "sha_overlap",
            "near_duplicate_pairs", "class_counts", "missing_classes", "imbalance",
@@ -79,7 +79,7 @@ def split_image_checks(root: str | Path, manifest: dict[str, Any], split: str, *
     Returns:
         ``(hashes, degenerate)``: ``(num_samples,)`` uint64 pHashes in split order (0 for a
         degenerate sample: its hash is not computed), and position -> reason
-        (:func:`shardkit.neardup.degenerate_reason`) for the degenerate samples.
+        (:func:`shardkit.images.neardup.degenerate_reason`) for the degenerate samples.
 
     Raises:
         ShardCorruptError, DecodeError: a sample cannot be read or decoded.
@@ -147,7 +147,7 @@ def near_duplicate_pairs(hashes: dict[str, np.ndarray], rows: dict[str, list[dic
                          skip: dict[str, Iterable[int]] | None = None) -> list[dict[str, Any]]:
     """Pairs of samples in *different* splits whose pHashes differ in at most ``threshold`` bits.
 
-    One :func:`shardkit.neardup.near_pairs` search over all splits' hashes concatenated (exact,
+    One :func:`shardkit.images.neardup.near_pairs` search over all splits' hashes concatenated (exact,
     sub-quadratic), keeping the pairs whose samples lie in different splits. Pairs of
     byte-identical files (equal sha256) are left out: :func:`sha_overlap` reports them.
 

@@ -1,6 +1,6 @@
 """Read-side helpers shared by ``shardkit inspect``, ``check``, ``stats`` and ``verify``.
 
-Everything here goes through the public contracts of docs/DESIGN.md: ``shardkit.manifest``
+Everything here goes through the public contracts of docs/DESIGN.md: ``shardkit.dataset.manifest``
 (``load_manifest``, ``load_index``, ``read_split_records``, ``write_manifest``),
 ``shardkit.formats.open_reader`` and ``shardkit.decode.get_decoder``. Per-sample metadata (path,
 group, sha256) comes from ``splits/<split>.jsonl``; byte locations come from the split index.
@@ -34,14 +34,14 @@ def load_manifest_dict(root: str | Path) -> dict[str, Any]:
         ManifestError: ``root/manifest.json`` is missing, unreadable, not a JSON object, or of an
             unknown schema.
     """
-    from shardkit.manifest import load_manifest
+    from shardkit.dataset.manifest import load_manifest
 
     return load_manifest(root)
 
 
 def save_manifest_dict(root: str | Path, manifest: dict[str, Any]) -> None:
-    """Rewrite ``root/manifest.json`` atomically through ``shardkit.manifest.write_manifest``."""
-    from shardkit.manifest import write_manifest
+    """Rewrite ``root/manifest.json`` atomically through ``shardkit.dataset.manifest.write_manifest``."""
+    from shardkit.dataset.manifest import write_manifest
 
     write_manifest(root, manifest)
 
@@ -72,7 +72,7 @@ def read_rows(root: str | Path, split: str,
             truncated file), or a row is not an object or lacks one of ``required`` (names the
             file and row number).
     """
-    from shardkit.manifest import read_split_records
+    from shardkit.dataset.manifest import read_split_records
 
     where = f"{root}/splits/{split}.jsonl"
     rows = read_split_records(root, split)  # ManifestError naming a line that is not JSON
@@ -100,7 +100,7 @@ def iter_sample_bytes(root: str | Path, manifest: Any, split: str,
             shard and the sample key).
     """
     from shardkit.formats import open_reader
-    from shardkit.manifest import load_index
+    from shardkit.dataset.manifest import load_index
 
     index = load_index(root, split, manifest)
     n = len(index.key)
@@ -156,15 +156,15 @@ def decode_rgb(data: bytes, decoder: str = "auto", max_pixels: int | None = None
 
 def dataset_max_pixels(manifest: dict) -> int | None:
     """The pixel limit the doctor commands decode ``manifest``'s dataset under: None, shardkit's
-    default (:data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`). Never the manifest's
+    default (:data:`shardkit.images.sniff.DEFAULT_MAX_PIXELS`). Never the manifest's
     ``normalization.max_pixels``: that records what pack applied, and a crafted manifest must
-    not lift a reader's safety limit (see :mod:`shardkit.imageopen`)."""
+    not lift a reader's safety limit (see :mod:`shardkit.images.sniff`)."""
     return None
 
 
 def is_downscaled(row: dict[str, Any]) -> bool:
     """Whether a split-file row was stored downscaled (``shardkit pack --max-side``): its rule
-    holds the step ``downscaled`` (see ``shardkit.images.RULES``)."""
+    holds the step ``downscaled`` (see ``shardkit.images.normalize.RULES``)."""
     return "downscaled" in str(row.get("rule", "original")).split("+")
 
 

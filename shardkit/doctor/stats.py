@@ -16,12 +16,12 @@ samples, for ``shardkit check --augment``'s hue warning: see :func:`hue_vector` 
 mean hue and :meth:`ClassHue.result` for the between/within rule (``eta2``).
 
 Saving (:func:`save_stats`) writes into the dataset, so it holds the dataset's lock
-(:class:`shardkit.swap.DatasetLock`, the one ``pack`` and ``export`` hold) meanwhile: under it
+(:class:`shardkit.dataset.swap.DatasetLock`, the one ``pack`` and ``export`` hold) meanwhile: under it
 the manifest is read again, the split's entry merged into ``stats`` (the other splits' entries,
 saved by another ``stats`` meanwhile, are kept), and the file rewritten atomically. The result is
 not saved, and the reason returned (the statistics themselves are still returned and printed),
 when a pack holds the lock (waited for: another ``stats`` or an ``export``, up to
-:data:`shardkit.swap.BRIEF_WAIT_S`), when the dataset was replaced while they were computed
+:data:`shardkit.dataset.swap.BRIEF_WAIT_S`), when the dataset was replaced while they were computed
 (its manifest, ``stats`` aside, is no longer the one they were computed on), or when the folder
 cannot be written (another user's dataset, a read-only file system).
 """
@@ -263,7 +263,7 @@ def class_hues(root: str | Path, split: str = "train", *, max_samples: int | Non
         ConfigError: unknown split, ``max_samples < 1``, or an empty split.
         ManifestError, ShardCorruptError, DecodeError: from reading the dataset.
     """
-    from shardkit.manifest import load_index
+    from shardkit.dataset.manifest import load_index
 
     manifest = load_manifest_dict(root) if manifest is None else manifest
     n = _sample_count(root, manifest, split, max_samples)
@@ -300,8 +300,8 @@ def save_stats(root: str | Path, split: str, result: dict[str, Any],
     dataset's lock (see the module doc). ``computed_on``: the manifest the statistics were
     computed from. Returns None when saved, else the reason it was not (nothing was written
     then); never raises for a dataset that cannot take the result."""
-    from shardkit.manifest import MANIFEST_NAME, local_path
-    from shardkit.swap import BRIEF_WAIT_S, DatasetLock
+    from shardkit.dataset.manifest import MANIFEST_NAME, local_path
+    from shardkit.dataset.swap import BRIEF_WAIT_S, DatasetLock
 
     root = Path(local_path(root))
     try:
@@ -359,7 +359,7 @@ def compute_stats(root: str | Path, split: str = "train", *, max_samples: int | 
         raise ConfigError(f"max_samples must be a positive integer or None; got {max_samples!r}")
     manifest = load_manifest_dict(root)
     n = _sample_count(root, manifest, split, max_samples)
-    from shardkit.manifest import load_index
+    from shardkit.dataset.manifest import load_index
 
     moments = ChannelMoments()
     hues = ClassHue(list(manifest["classes"]))

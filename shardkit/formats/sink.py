@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
-from ..fsio import fsync_dir
+from shardkit.storage.atomic import fsync_dir
 from .base import TMP_SUFFIX, FormatWriter, sha256_file, shard_name
 from .registry import get_format
 
@@ -31,7 +31,7 @@ class ShardSink:
         on_close: called as ``on_close(path, record)`` with each finished shard's final path and
             its record (see :meth:`close`) right after the atomic rename; the sink never reads
             the file again, so the hook may move or delete it (a pack into object storage
-            uploads it and deletes the local copy: :mod:`shardkit.pack_remote_out`). An error it
+            uploads it and deletes the local copy: :mod:`shardkit.packer.remote_output`). An error it
             raises propagates from :meth:`add` or :meth:`close`.
     """
 
@@ -105,7 +105,7 @@ class ShardSink:
     def close(self) -> list[dict]:
         """Finishes the open shard and fsyncs ``OUT/shards/`` (so every rename is durable before
         the caller writes the manifest; a failed folder fsync is logged, see
-        :func:`shardkit.fsio.fsync_dir`); returns the shard records (``path`` relative to OUT,
+        :func:`shardkit.storage.atomic.fsync_dir`); returns the shard records (``path`` relative to OUT,
         ``num_samples``, ``bytes``, ``sha256``) in shard order."""
         if self._writer is not None:
             self._finish()

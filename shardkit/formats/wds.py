@@ -26,7 +26,7 @@ import os
 import tarfile
 
 from ..errors import ShardCorruptError
-from ..manifest import is_url, json_bytes
+from shardkit.dataset.manifest import is_url, json_bytes
 from .base import FormatReader, FormatWriter
 
 __all__ = ["Writer", "Reader", "suffix", "sample_members"]

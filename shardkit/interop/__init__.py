@@ -28,8 +28,8 @@ Split names (:data:`TOOL_SPLIT_NAMES`): shardkit's ``val`` is ``validation`` for
 (its only name there) and for timm (both names listed in ``_info.json``, as timm's ``train.py``
 asks for ``--val-split validation`` by default); every other split keeps its name.
 
-Files are written atomically (:mod:`shardkit.fsio`); their names are owned names of
-:mod:`shardkit.pack_out` (a pack replaces or removes them like its other files). ``lmdb`` and
+Files are written atomically (:mod:`shardkit.storage.atomic`); their names are owned names of
+:mod:`shardkit.packer.output` (a pack replaces or removes them like its other files). ``lmdb`` and
 ``hdf5`` datasets get nothing: no other tool reads those shards.
 """
 from __future__ import annotations
@@ -38,9 +38,9 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
-from shardkit import manifest as manifest_mod
+from shardkit.dataset import manifest as manifest_mod
 from shardkit.errors import ConfigError, ShardCorruptError
-from shardkit.fsio import atomic_write_bytes
+from shardkit.storage.atomic import atomic_write_bytes
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
 from shardkit.interop.shards import DALI_INDEX_NAME, ShardMembers, dali_index_path, scan
 from shardkit.interop.timm_info import INFO_NAME, info_dict
@@ -98,13 +98,13 @@ def write_pack_metadata(root: Path, manifest: dict[str, Any],
     """Writes the :data:`PACK_TOOLS` files (timm's ``_info.json``, DALI's ``.idx``) for the
     dataset being packed at ``root``; returns their paths.
 
-    Called by :func:`shardkit.pack.pack` after the shards and split files, just before
+    Called by :func:`shardkit.packer.run.pack` after the shards and split files, just before
     ``manifest.json`` (``root`` is ``OUT``, the staging folder of an overwrite, or the local
     staging folder of a pack into object storage). Returns ``[]`` for ``lmdb`` / ``hdf5``. A
     tool whose labels the shards lack (:func:`missing_for`) is left out with one INFO line on
     the ``shardkit.interop`` logger. ``members``: the shards' members, each shard scanned
     (:func:`shardkit.interop.shards.scan_shard`, with its DALI index) before it left ``root``
-    (:mod:`shardkit.pack_remote_out` uploads and deletes every shard as it is closed); None
+    (:mod:`shardkit.packer.remote_output` uploads and deletes every shard as it is closed); None
     scans the shards under ``root``.
 
     Raises:
@@ -137,7 +137,7 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
             at ``root``, or a remote URL. ShardCorruptError: shards that do not match the
             split index. OutputLockedError: a pack is writing to ``root``.
     """
-    from shardkit.swap import BRIEF_WAIT_S, DatasetLock
+    from shardkit.dataset.swap import BRIEF_WAIT_S, DatasetLock
 
     tools = tuple(dict.fromkeys(tools))
     unknown = [t for t in tools if t not in TOOLS]
@@ -212,7 +212,7 @@ def _dataset_name(root: Path, manifest: dict) -> str:
     if source.get("root"):
         path = Path(source["root"])
         return path.stem if source.get("kind") == "csv" else path.name
-    from shardkit.pack_out import STAGING_NAME
+    from shardkit.dataset.swap import STAGING_NAME
 
     root = root.resolve()
     return root.parent.name if root.name == STAGING_NAME else root.name

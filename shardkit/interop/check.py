@@ -18,7 +18,7 @@ with the one shardkit would write now:
   (the split's shard files) and, when every shard could be scanned, its ``features``.
 
 A dataset packed before these files existed has none of them: nothing is reported. Damage to
-the shards, split files or index themselves is :func:`shardkit.verify.verify`'s finding; a
+the shards, split files or index themselves is :func:`shardkit.doctor.verify.verify`'s finding; a
 shard or split that cannot be read is skipped here (verify names it).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from shardkit import manifest as manifest_mod
+from shardkit.dataset import manifest as manifest_mod
 from shardkit.errors import ShardkitError
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
 from shardkit.interop.shards import (DALI_INDEX_NAME, DALI_INDEX_VERSION, ShardMembers,

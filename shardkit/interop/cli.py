@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from shardkit.cli_errors import CommandError, one_line_errors
+from shardkit.cli_common import CommandError, one_line_errors
 
 __all__ = ["export_command"]
 
@@ -21,7 +21,7 @@ def _local_dataset(ctx, param, value: str) -> Path:
     """OUT: a local dataset folder; a URL is refused in one line (export writes files beside
     the shards, which shardkit does not do in object storage)."""
     from shardkit.errors import ConfigError
-    from shardkit.manifest import is_url
+    from shardkit.dataset.manifest import is_url
 
     if is_url(value):
         raise CommandError(ConfigError(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import yaml
 
-from shardkit.cli_errors import printable_text
+from shardkit.cli_common import printable_text
 
 __all__ = ["CARD_NAME", "CARD_MARKER", "card_text", "features_yaml"]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardkit import manifest as manifest_mod
+from shardkit.dataset import manifest as manifest_mod
 from shardkit.errors import ShardCorruptError
 from shardkit.formats.wds import sample_members
 
@@ -33,7 +33,7 @@ DALI_INDEX_VERSION = "v1.2"
 
 DALI_INDEX_NAME = re.compile(r"[A-Za-z0-9_]+-\d{6}\.idx")
 """The names of the DALI index files shardkit writes (``train-000000.idx``; owned names of
-:mod:`shardkit.pack_out`)."""
+:mod:`shardkit.packer.output`)."""
 
 
 def dali_index_path(shard_path: str) -> str:
@@ -111,7 +111,7 @@ def scan(root: str | Path, manifest: dict, *, dali_index: bool = False) -> Shard
 
     Args:
         root: the dataset folder (``OUT``, or the staging folder during a pack).
-        manifest: its manifest (the dict :func:`shardkit.manifest.load_manifest` returns).
+        manifest: its manifest (the dict :func:`shardkit.dataset.manifest.load_manifest` returns).
         dali_index: also build each shard's DALI index text (one line per sample, in tar order:
             ``<ext> <data offset> <size> <member name>`` for each of its members).
 

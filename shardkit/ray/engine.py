@@ -1,16 +1,16 @@
 """``shardkit pack --engine ray``: steps 3 (check) and 6 (write shards) as Ray tasks.
 
 Only the per-file and per-shard work moves: the scan, the label map, the split plan, the split
-files and the manifest stay on the driver (:func:`shardkit.pack.pack`), so ``--engine ray``
+files and the manifest stay on the driver (:func:`shardkit.packer.run.pack`), so ``--engine ray``
 gives the local engine's answer for the same source, options and seed:
 
-- **check**: :func:`check_all` runs :func:`shardkit.pack_plan._check_one` over batches of up to
+- **check**: :func:`check_all` runs :func:`shardkit.packer.check._check_one` over batches of up to
   :data:`CHECK_BATCH` files per task (remote files read with GETs in flight while earlier ones
-  are checked, :func:`shardkit.fetch.iter_read`) and returns the records in input order;
+  are checked, :func:`shardkit.storage.fetch.iter_read`) and returns the records in input order;
 - **write**: :func:`write_splits` cuts every split into the local sink's shards
-  (:func:`shardkit.pack_write.shard_ranges` over the stored sizes known after the check) and
+  (:func:`shardkit.packer.write.shard_ranges` over the stored sizes known after the check) and
   writes each shard in one task through the same :class:`shardkit.formats.ShardSink` code (temp
-  name, fsync, atomic rename) and the same :func:`shardkit.pack_write._write_one`, so shards,
+  name, fsync, atomic rename) and the same :func:`shardkit.packer.write._write_one`, so shards,
   split records and hashes are the local engine's (wds and hdf5 byte for byte; LMDB files differ
   between any two packs, their records and values do not).
 
@@ -27,7 +27,7 @@ driver's paths (one machine, or a shared file system), or fsspec URLs (an object
 URL rows: each task reads its own files, with reads in flight). A local ``OUT`` must be at the
 driver's path on every node; an ``OUT`` in object storage (``wds``) needs nothing shared: each
 task writes its shard in a staging folder of its own node and uploads it
-(:mod:`shardkit.pack_remote_out`). Ray itself: ``pip install 'shardkit[ray]'``.
+(:mod:`shardkit.packer.remote_output`). Ray itself: ``pip install 'shardkit[ray]'``.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 
 if TYPE_CHECKING:
-    from shardkit.pack import PackOptions
+    from shardkit.packer.options import PackOptions
 
 __all__ = ["check_all", "write_splits", "ensure_ray", "run_ordered", "CHECK_BATCH",
            "MAX_RETRIES"]
@@ -50,7 +50,7 @@ logger = logging.getLogger("shardkit.ray")
 CHECK_BATCH = 64
 """Most files one check task takes (fewer for small sources, so every CPU gets work): a task
 costs Ray ~1-2 ms of scheduling, a file ~10-50 ms of decoding. Remote files: at least 4 x the
-reads in flight (:func:`shardkit.pack_plan.chunk_size`)."""
+reads in flight (:func:`shardkit.packer.check.chunk_size`)."""
 MAX_RETRIES = 3
 """Retries of a task whose worker process (or node) died (Ray's ``max_retries``)."""
 
@@ -160,14 +160,14 @@ def _get(ray, ref, what: str):
 # ----------------------------------------------------------------------------- 3: check
 def check_all(jobs: list, progress: bool, *, desc: str = "check",
               address: str | None = None, concurrency: int = 16) -> Iterator[dict]:
-    """:func:`shardkit.pack_plan._check_one` of every job (``(path, relpath, max_pixels,
+    """:func:`shardkit.packer.check._check_one` of every job (``(path, relpath, max_pixels,
     strict, want_hash, max_side, jpeg_quality)``), as Ray tasks of up to :data:`CHECK_BATCH`
     files, each with up to ``concurrency`` remote reads in flight
-    (:func:`shardkit.pack_plan.check_chunk`); yields the records in input order (as the local
+    (:func:`shardkit.packer.check.check_chunk`); yields the records in input order (as the local
     engine), each batch's as soon as it and all before it are done."""
     from tqdm import tqdm
 
-    from shardkit.pack_plan import check_chunk, chunk_size
+    from shardkit.packer.check import check_chunk, chunk_size
 
     ray = ensure_ray(address)
     if not jobs:
@@ -195,13 +195,13 @@ def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: in
                  concurrency: int = 16) -> tuple[list[dict], dict, object]:
     """Writes shard ``index`` of ``split`` from ``rows`` (``(key, item, result, label)`` in
     split order; sources re-read with up to ``concurrency`` remote reads in flight,
-    :func:`shardkit.pack_write.source_reads`); returns its split records, its manifest entry and, with ``upload_url`` (a
-    remote OUT), its members (:func:`shardkit.pack_remote_out.put_shard`: the shard is written
+    :func:`shardkit.packer.write.source_reads`); returns its split records, its manifest entry and, with ``upload_url`` (a
+    remote OUT), its members (:func:`shardkit.packer.remote_output.put_shard`: the shard is written
     in a staging folder of this node, uploaded to ``upload_url`` and deleted; else None)."""
     import shutil
 
     from shardkit import formats
-    from shardkit.pack_write import _write_one, source_reads
+    from shardkit.packer.write import _write_one, source_reads
 
     class _OneShard(formats.ShardSink):  # the sink's rules, at a fixed shard index
         def _final_path(self, _):
@@ -212,7 +212,7 @@ def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: in
 
     staging, members, records = None, None, []
     if upload_url is not None:  # no file system shared with the driver: this node's own
-        from shardkit.pack_remote_out import put_shard, staging_folder
+        from shardkit.packer.remote_output import put_shard, staging_folder
 
         staging = out = staging_folder("shardkit-shard-")
 
@@ -257,10 +257,10 @@ def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_id
     """Writes the shards of every split (``(name, members in stored order)``) as Ray tasks, one
     per shard, all splits at once; yields ``(split records, shard entries)`` per split, in the
     order of ``splits``, as each split completes. ``bar`` counts files written (its postfix the
-    shards). ``upload`` (a :class:`shardkit.pack_remote_out.ShardUpload`, remote OUT): each
+    shards). ``upload`` (a :class:`shardkit.packer.remote_output.ShardUpload`, remote OUT): each
     task writes its shard in its node's staging folder and uploads it to ``upload.url``
     itself; the shards' members are summed into ``upload.members`` here."""
-    from shardkit.pack_write import shard_ranges, stored_size
+    from shardkit.packer.write import shard_ranges, stored_size
 
     ray = ensure_ray(options.ray_address)
     (Path(out) / "shards").mkdir(parents=True, exist_ok=True)  # as ShardSink, for empty splits

@@ -65,7 +65,7 @@ import weakref
 import numpy as np
 
 from ..errors import ShardkitError
-from ..manifest import sample_checksum
+from shardkit.dataset.manifest import sample_checksum
 
 __all__ = ["Arena", "ArenaUnavailable", "HEADER_BYTES", "TABLE", "table_layout", "untrusted"]
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, ShardkitError
-from ..manifest import read_split_records
+from shardkit.dataset.manifest import read_split_records
 from .arena import Arena, ArenaUnavailable, table_layout
 
 __all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
@@ -336,7 +336,7 @@ class DecodedCache:
         try:
             pixels = arena.slot(pos)
             if self.verify:
-                from ..manifest import sample_checksum
+                from shardkit.dataset.manifest import sample_checksum
 
                 if sample_checksum(pixels) != int(t["xxh3"][pos]):
                     log.warning("decoded cache %s: slot of sample %d failed its check; decoding "

@@ -396,7 +396,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             programs travel with the batch, which is moved there and augmented with
             torchvision's tensor ops, so images come out uint8 ``(N, 3, S, S)`` on that device.
         max_pixels: the largest image (width x height) this reader decodes (default
-            :data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`); the reader's own safety limit,
+            :data:`shardkit.images.sniff.DEFAULT_MAX_PIXELS`); the reader's own safety limit,
             never taken from the dataset. A dataset packed with a larger ``--max-pixels``
             needs it: its images are refused (a ``PixelLimitError``, under ``on_error``)
             otherwise.

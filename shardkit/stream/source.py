@@ -19,8 +19,8 @@ from torch.utils.data import get_worker_info
 
 from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
 from ..formats import open_reader, resource_error
-from ..imageopen import PixelLimitError, resolve_max_pixels
-from ..manifest import is_url, join, load_index, load_manifest, sample_checksum
+from shardkit.images.sniff import PixelLimitError, resolve_max_pixels
+from shardkit.dataset.manifest import is_url, join, load_index, load_manifest, sample_checksum
 from .options import ON_ERROR
 
 __all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count"]
@@ -108,12 +108,12 @@ class ShardSource:
 
     Attributes:
         root, split: as given. remote: True for a remote (non-``file://``) URL.
-        index: the :class:`shardkit.manifest.SplitIndex`.
+        index: the :class:`shardkit.dataset.manifest.SplitIndex`.
         classes: class names (label ``i`` is ``classes[i]``). format: ``"wds"|"lmdb"|"hdf5"``.
         max_pixels: the decoders' pixel limit (width * height of a header): the ``max_pixels``
-            given, else :data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`; never the manifest's
+            given, else :data:`shardkit.images.sniff.DEFAULT_MAX_PIXELS`; never the manifest's
             ``normalization.max_pixels`` (a dataset must not lift its readers' safety limit).
-            An image over it is a :class:`~shardkit.imageopen.PixelLimitError` before any pixel
+            An image over it is a :class:`~shardkit.images.sniff.PixelLimitError` before any pixel
             is decoded, so ``on_error="skip"`` skips it. packed_max_pixels: the manifest's
             record of pack's limit (only to say, when an image is refused, that the dataset
             claims a higher one). on_error: ``"raise"`` or ``"skip"``.
@@ -124,7 +124,7 @@ class ShardSource:
     Raises:
         ManifestError: no finished dataset at ``root``, unknown ``split``, or a manifest or
             split index that breaks the schema or its recorded hash
-            (:func:`shardkit.manifest.load_manifest`, :func:`~shardkit.manifest.load_index`).
+            (:func:`shardkit.dataset.manifest.load_manifest`, :func:`~shardkit.dataset.manifest.load_index`).
         ConfigError: bad ``on_error`` or ``max_pixels``; ``lmdb``/``hdf5`` at a remote URL.
         ShardCorruptError: a listed shard is missing or its size differs from the manifest
             (local roots; :func:`check_shard_files`).
@@ -219,7 +219,7 @@ class ShardSource:
 
     def read(self, pos: int) -> bytes | memoryview:
         """Stored bytes of the sample at split position ``pos``; the result stays valid. With
-        :attr:`verified`, their xxh3 (:func:`shardkit.manifest.sample_checksum`, ~1 us per
+        :attr:`verified`, their xxh3 (:func:`shardkit.dataset.manifest.sample_checksum`, ~1 us per
         60 KB) must equal the index's, else the sample is corrupt.
 
         Raises:
@@ -287,7 +287,7 @@ class ShardSource:
                               f"{self.index.key_at(pos)!r}: {e}{self.limit_hint(e)}") from e
 
     def limit_hint(self, err: Exception) -> str:
-        """For a :class:`~shardkit.imageopen.PixelLimitError` under a limit below the one the
+        """For a :class:`~shardkit.images.sniff.PixelLimitError` under a limit below the one the
         dataset says it was packed with: how to read it anyway; else ``""``."""
         packed = self.packed_max_pixels
         if isinstance(err, PixelLimitError) and isinstance(packed, int) \

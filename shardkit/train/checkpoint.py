@@ -16,7 +16,7 @@ loads with ``torch.load(..., weights_only=True)``: the RNG states are stored as 
 lists (:func:`rng_state`), never as numpy arrays or other pickled objects. Loading never uses
 ``weights_only=False``: a file whose pickle names any other global (``os.system``, a class with a
 ``__reduce__``, a numpy array) is refused with :class:`~shardkit.errors.CheckpointError` before
-anything in it runs (:func:`safe_load`). Written with :func:`shardkit.fsio.atomic_write_with`
+anything in it runs (:func:`safe_load`). Written with :func:`shardkit.storage.atomic.atomic_write_with`
 (temporary file, fsync, rename, folder fsync).
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, ConfigError, OutputExistsError
-from ..fsio import atomic_write_with
+from shardkit.storage.atomic import atomic_write_with
 from .config import SCHEDULE_FIELDS, TrainConfig
 
 __all__ = ["save_checkpoint", "load_checkpoint", "safe_load", "resolve_resume",
@@ -77,7 +77,7 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(path: str | Path, payload: dict) -> None:
     """Writes ``payload`` (see the module docstring) to ``path`` atomically (temporary file,
-    fsync, rename, folder fsync; :func:`shardkit.fsio.atomic_write_with`)."""
+    fsync, rename, folder fsync; :func:`shardkit.storage.atomic.atomic_write_with`)."""
     obj = {"format": CHECKPOINT_FORMAT, "version": 1, **payload}
     atomic_write_with(path, lambda f: torch.save(obj, f))
 

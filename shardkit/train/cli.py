@@ -9,7 +9,7 @@ import os
 
 import click
 
-from shardkit.cli_errors import one_line_errors
+from shardkit.cli_common import one_line_errors
 
 from .config import CHOICES
 

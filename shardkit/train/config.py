@@ -243,6 +243,6 @@ def load_config(config: str | Path | None = None, **overrides: Any) -> TrainConf
 
 def save_config(config: TrainConfig, path: str | Path) -> None:
     """Writes the resolved config as YAML (keys in field order), atomically."""
-    from ..fsio import atomic_write_bytes
+    from shardkit.storage.atomic import atomic_write_bytes
 
     atomic_write_bytes(path, yaml.safe_dump(config.to_dict(), sort_keys=False).encode())

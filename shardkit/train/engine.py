@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ..augment import AugmentSpec
 from ..errors import CheckpointError, ConfigError, LoaderError, ShardkitError
-from ..fsio import atomic_write_bytes
+from shardkit.storage.atomic import atomic_write_bytes
 from .checkpoint import (RESUME_FIELDS, check_resume_classes, check_resume_config,
                          check_run_folder, load_checkpoint, resolve_resume,
                          rng_state, save_checkpoint, set_rng_state)
@@ -91,7 +91,7 @@ class Trainer:
     """Holds the model, optimiser, loaders and run state of one process."""
 
     def __init__(self, config: TrainConfig, info, device: torch.device):
-        from ..manifest import load_manifest
+        from shardkit.dataset.manifest import load_manifest
 
         self.info, self.device = info, device
         self.out = Path(config.out)

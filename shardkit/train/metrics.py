@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..fsio import atomic_write_bytes, atomic_write_with
+from shardkit.storage.atomic import atomic_write_bytes, atomic_write_with
 from .model import topk_for
 
 __all__ = ["classification_metrics", "save_eval", "plot_confusion", "better", "EarlyStopping"]

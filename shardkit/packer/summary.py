@@ -1,4 +1,4 @@
-"""The summary of one :func:`shardkit.pack.pack` run (:class:`PackSummary`), as returned and as
+"""The summary of one :func:`shardkit.packer.run.pack` run (:class:`PackSummary`), as returned and as
 printed by ``shardkit pack``, and the text helpers shared with the packer's messages."""
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardkit import manifest as manifest_mod
+from shardkit.dataset import manifest as manifest_mod
 
 __all__ = ["PackSummary", "printable", "reason_kind"]
 
 
 @dataclass
 class PackSummary:
-    """What :func:`shardkit.pack.pack` did.
+    """What :func:`shardkit.packer.run.pack` did.
 
     ``splits`` maps split -> {"samples", "fraction" (achieved, 0..1), "groups", "shards",
     "class_counts" (list aligned with ``classes``)}; ``quarantine_reasons`` counts rejects by reason

@@ -5,13 +5,13 @@ Rules (a pack never destroys what it did not write):
 - **Owned names.** In ``OUT`` shardkit writes, and so deletes or replaces, only: ``manifest.json``,
   ``quarantine.jsonl``, ``splits/<split>.jsonl``, ``splits/<split>.index.npz``,
   ``shards/<split>-NNNNNN<suffix>`` (``<suffix>`` of a registered format: ``.tar``, ``.lmdb``,
-  ``.h5``), their temporary names (``.<name>.<random>.tmp`` of :mod:`shardkit.fsio`,
+  ``.h5``), their temporary names (``.<name>.<random>.tmp`` of :mod:`shardkit.storage.atomic`,
   ``shards/.<shard>.tmp`` and LMDB's ``.tmp.work`` of :class:`shardkit.formats.ShardSink`), the
   staging folder :data:`STAGING_NAME` and the lock file :data:`LOCK_NAME`; for ``wds`` datasets
   also the other readers' files of :mod:`shardkit.interop`: timm's ``shards/_info.json``, DALI's
   ``shards/<split>-NNNNNN.idx`` and the Hugging Face card ``README.md`` of ``shardkit export``,
   the latter only while it carries the card's marker line (a user's own ``README.md`` is never
-  touched), and the swap journal :data:`~shardkit.swap.JOURNAL_NAME` of :mod:`shardkit.swap`.
+  touched), and the swap journal :data:`~shardkit.dataset.swap.JOURNAL_NAME` of :mod:`shardkit.dataset.swap`.
   Every other entry, in
   ``OUT``, ``OUT/shards`` or ``OUT/splits`` (a user's ``splits/fold0.txt``), is left alone;
   ``shards/`` and ``splits/`` are removed only when nothing else is left in them. Whatever is
@@ -19,18 +19,18 @@ Rules (a pack never destroys what it did not write):
 - **Checked before the scan** (:meth:`PackOutput.open`, nothing is written): ``OUT`` is not a file,
   its nearest existing folder is writable, ``OUT`` is not inside the source and the source
   (folder or CSV) is not inside ``OUT``; a ``manifest.json`` needs ``overwrite``.
-- **One packer per OUT.** The lock of :mod:`shardkit.swap` (:class:`~shardkit.swap.DatasetLock`,
+- **One packer per OUT.** The lock of :mod:`shardkit.dataset.swap` (:class:`~shardkit.dataset.swap.DatasetLock`,
   an exclusive ``fcntl.flock`` on ``OUT/.shardkit-pack.lock``) is held for the whole run (from
   the start when ``OUT`` exists, else from the moment the run creates it). The file holds the
   holder's command, pid, host and start time; a second packer fails at once with
   :class:`OutputLockedError` naming them (a ``stats`` or ``export`` holding it is waited for,
-  up to :data:`~shardkit.swap.BRIEF_WAIT_S`). The file is removed when the run ends. A swap
+  up to :data:`~shardkit.dataset.swap.BRIEF_WAIT_S`). The file is removed when the run ends. A swap
   that a killed overwrite left half-done is finished first, under the lock
-  (:func:`shardkit.swap.roll_forward`).
+  (:func:`shardkit.dataset.swap.roll_forward`).
 - **Fresh OUT** (no ``manifest.json``): owned leftovers of a killed run are deleted, then the run
   writes into ``OUT`` itself, ``manifest.json`` last. If the run fails (an exception, a full disk),
   everything it wrote is deleted again (a SIGKILL leaves only unlisted files and no manifest).
-- **overwrite** of a finished dataset: the swap of :mod:`shardkit.swap`. The new dataset is
+- **overwrite** of a finished dataset: the swap of :mod:`shardkit.dataset.swap`. The new dataset is
   built in the staging folder (``OUT/.shardkit-new/``, its shards in ``OUT/shards/.shardkit-new/``
   and split files in ``OUT/splits/.shardkit-new/``: each on the file system of its final place,
   so the swap is renames only, also when ``OUT/shards`` is a symlink to another disk; the disks
@@ -46,7 +46,7 @@ Disk-full errors (``ENOSPC``, ``EDQUOT``) while writing become :class:`DiskFullE
 naming the file, after the run's files were removed.
 
 A remote ``OUT`` (an fsspec URL, ``wds`` only; :func:`open_output`) follows the same rules by
-name in :mod:`shardkit.pack_remote_out`, except that no lock is possible there and an overwrite
+name in :mod:`shardkit.packer.remote_output`, except that no lock is possible there and an overwrite
 deletes the old ``manifest.json`` when writing starts instead of building beside it.
 """
 from __future__ import annotations
@@ -58,11 +58,11 @@ import re
 import shutil
 from pathlib import Path
 
-from shardkit import swap
+from shardkit.dataset import swap
 from shardkit.errors import ConfigError, OutputExistsError, ShardkitError
-from shardkit.fsio import fsync_dir
-from shardkit.manifest import is_url
-from shardkit.swap import LOCK_NAME, STAGING_NAME, DatasetLock, OutputLockedError
+from shardkit.storage.atomic import fsync_dir
+from shardkit.dataset.manifest import is_url
+from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, DatasetLock, OutputLockedError
 
 __all__ = ["PackOutput", "open_output", "OutputLockedError", "DiskFullError", "owned_entries",
            "owned_name", "LOCK_NAME", "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
@@ -72,7 +72,7 @@ logger = logging.getLogger("shardkit.pack")
 MANIFEST_NAME = "manifest.json"
 QUARANTINE_NAME = "quarantine.jsonl"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-_SPLIT = r"[A-Za-z0-9_]+"  # shardkit.split.SPLIT_NAME_RE
+_SPLIT = r"[A-Za-z0-9_]+"  # shardkit.packer.assign.SPLIT_NAME_RE
 
 
 class DiskFullError(ShardkitError, OSError):
@@ -129,7 +129,7 @@ def _is_our_card(path: str) -> bool:
 def owned_entries(out: str | os.PathLike) -> list[str]:
     """The entries of ``out`` that a pack writes (see the module doc), as posix paths relative to
     ``out``: ``manifest.json`` first (deleting it first makes the folder visibly unfinished), the
-    staging folder's parts (:func:`shardkit.swap.staging_parts`: ``.shardkit-new/``,
+    staging folder's parts (:func:`shardkit.dataset.swap.staging_parts`: ``.shardkit-new/``,
     ``shards/.shardkit-new/``, ``splits/.shardkit-new/``), then files in ``shards/``,
     ``splits/``, ``OUT``. The lock file and the swap journal are not listed, nor a ``README.md``
     without the marker of shardkit's card."""
@@ -179,14 +179,14 @@ def remove_owned(out: Path, entries: list[str], prune: bool = True) -> list[str]
 # ----------------------------------------------------------------------------- the run
 def open_output(src: Path | str, out: Path | str, options) -> PackOutput:
     """The output side of a pack into ``out``: a local folder (:class:`PackOutput`) or a remote
-    fsspec URL (:class:`shardkit.pack_remote_out.RemoteOutput`, ``wds`` only; its rules mirror
+    fsspec URL (:class:`shardkit.packer.remote_output.RemoteOutput`, ``wds`` only; its rules mirror
     the ones above, without the lock).
 
     Raises:
         ConfigError: a remote ``out`` for a format other than ``wds``.
     """
     if is_url(out):
-        from shardkit.pack_remote_out import RemoteOutput
+        from shardkit.packer.remote_output import RemoteOutput
 
         return RemoteOutput(src, str(out), options)
     return PackOutput(src, Path(out), options.overwrite)
@@ -203,7 +203,7 @@ def owned_name(rel: str) -> bool:
 
 class OutputRun:
     """The ``with`` protocol of a pack's output side (:class:`PackOutput`, and
-    :class:`shardkit.pack_remote_out.RemoteOutput`): ``open()`` on entry; on an exception,
+    :class:`shardkit.packer.remote_output.RemoteOutput`): ``open()`` on entry; on an exception,
     ``rollback()`` then ``close()``, a full disk re-raised as ``_disk_full(exc)``."""
 
     def __enter__(self):
@@ -232,12 +232,12 @@ class PackOutput(OutputRun):
 
     Attributes:
         root: where the run writes (``OUT``, or ``OUT/.shardkit-new`` of
-            :func:`shardkit.swap.make_staging`); None before prepare.
+            :func:`shardkit.dataset.swap.make_staging`); None before prepare.
         cleaned: owned leftovers of unfinished runs removed (relative to ``OUT``): before
             writing, and (temporary names beside an old dataset) after the swap.
         replaced: files of the previous dataset overwritten or removed by the swap (overwrite).
         upload: None: shards stay where the sink writes them (a remote output's is a
-            :class:`shardkit.pack_remote_out.ShardUpload`).
+            :class:`shardkit.packer.remote_output.ShardUpload`).
     """
 
     upload = None
@@ -301,7 +301,7 @@ class PackOutput(OutputRun):
 
     def _lock_and_finish(self) -> None:
         """Takes the lock (a stats or export holding it is waited for, a pack is not), then
-        finishes a swap that a killed overwrite left (:func:`shardkit.swap.roll_forward`)."""
+        finishes a swap that a killed overwrite left (:func:`shardkit.dataset.swap.roll_forward`)."""
         self._lock.acquire(swap.BRIEF_WAIT_S, wait_for_pack=False)
         if os.path.lexists(self.out / swap.JOURNAL_NAME):
             swap.roll_forward(self.out, resumed=True)
@@ -339,7 +339,7 @@ class PackOutput(OutputRun):
     def commit(self) -> None:
         """Swaps a staged dataset into ``OUT`` (nothing to do for a fresh one): writes the swap
         journal (from here on the new dataset is the dataset), then rolls it forward
-        (:func:`shardkit.swap.roll_forward`) and deletes the old dataset's hidden leftovers
+        (:func:`shardkit.dataset.swap.roll_forward`) and deletes the old dataset's hidden leftovers
         (temporary names of a killed run). Logs what of the old dataset was replaced.
 
         Raises:

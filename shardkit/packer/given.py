@@ -1,26 +1,26 @@
 """Given splits in a pack: which splits a source gives (step 1) and the plan keeping them (4).
 
 A source *gives* splits when it is a split-first tree (``SRC/<split>/<class>/...``, a folder or
-an object-store prefix, see :mod:`shardkit.layout`) or when ``split_column`` names a column of
+an object-store prefix, see :mod:`shardkit.sources.layouts`) or when ``split_column`` names a column of
 the ``.csv`` source (local or remote) or of ``metadata``. With ``split`` unset
 (``PackOptions.split_auto``) or ``"given"`` the packer keeps them
-(:func:`shardkit.split.given_splits`: nothing moves; identical bytes and shared groups across
+(:func:`shardkit.packer.assign.given_splits`: nothing moves; identical bytes and shared groups across
 them are warnings, and ``shardkit check`` still fails on them); with ratios it pools every file
-and re-splits by group, and says so. Used by :mod:`shardkit.pack_plan`. ``src`` is a local
+and re-splits by group, and says so. Used by :mod:`shardkit.packer.plan`. ``src`` is a local
 path or, for a remote source, its URL (``str``).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from shardkit import csvlist, layout, scan
+from shardkit.sources import csvlist, layouts as layout
 from shardkit.errors import ConfigError, ShardkitError
-from shardkit.manifest import is_url
-from shardkit.split import SplitPlan, given_splits
+from shardkit.dataset.manifest import is_url
+from shardkit.packer.assign import SplitPlan, given_splits
 
 if TYPE_CHECKING:
-    from shardkit.pack import PackOptions
-    from shardkit.scan import ScanResult, SourceItem
+    from shardkit.packer.options import PackOptions
+    from shardkit.sources.items import ScanResult, SourceItem
 
 __all__ = ["read_given", "lacking_rule_error", "split_mode", "plan_given", "given_notes",
            "split_fields"]
@@ -49,7 +49,7 @@ def read_given(src, result: ScanResult, options: PackOptions
                           f"the splits: {layout.describe_mapping(result.given_splits)}); drop "
                           "--split-column")
     if column is not None and options.metadata is not None:
-        with_split, missing, mapping = scan.match_split_metadata(items, options.metadata, column)
+        with_split, missing, mapping = csvlist.match_split_metadata(items, options.metadata, column)
         by_rel = {it.relpath: it for it in with_split}
         items = [by_rel.get(it.relpath, it) for it in items]
         given = {"from": "column", "csv": csvlist.csv_location(options.metadata),
@@ -79,7 +79,7 @@ def lacking_rule_error(items: list[SourceItem], options: PackOptions,
         no_group = [r for r in rels if by_rel[r].group is None]
         if no_group and group_error is not None:
             return group_error(no_group)
-        return scan.lacking_metadata_error(options.metadata, options.split_column,
+        return csvlist.lacking_metadata_error(options.metadata, options.split_column,
                                            [r for r in rels if by_rel[r].split is None],
                                            known=list(by_rel))
     return error

@@ -1,11 +1,11 @@
-"""Steps 5-7 of :func:`shardkit.pack.pack`: quarantine list, shards, split files, manifest.
+"""Steps 5-7 of :func:`shardkit.packer.run.pack`: quarantine list, shards, split files, manifest.
 
 The output folder itself (its rules, the lock, staging for overwrite, cleaning) is
-:mod:`shardkit.pack_out`; the functions here write into the folder it gives (``root``).
+:mod:`shardkit.packer.output`; the functions here write into the folder it gives (``root``).
 :func:`write_quarantine` (5) writes the quarantine list; :func:`write_shards` (6, with the split
 files of 7) returns the manifest's ``splits`` section; :func:`class_warnings` +
 :func:`build_manifest` (7) return the manifest, which the caller writes last. Inputs are the
-values returned by :mod:`shardkit.pack_plan` and the validated :class:`~shardkit.pack.PackOptions`.
+values returned by :mod:`shardkit.packer.plan` and the validated :class:`~shardkit.packer.options.PackOptions`.
 An ``OSError`` raised while writing a file carries that file's path in ``filename`` (a full disk
 is reported by name). Notes go to the ``shardkit.pack`` logger.
 """
@@ -23,16 +23,18 @@ import numpy as np
 from tqdm import tqdm
 
 from shardkit import __version__, formats
-from shardkit import manifest as manifest_mod
+from shardkit.dataset import manifest as manifest_mod
 from shardkit.errors import ShardkitError, SourceError
-from shardkit.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
-from shardkit.labels import LabelMap
-from shardkit.pack_out import QUARANTINE_NAME
-from shardkit.pack_plan import CheckedFiles, ScannedSource, SplitOutcome
+from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
+from shardkit.sources.labels import LabelMap
+from shardkit.packer.output import QUARANTINE_NAME
+from shardkit.packer.check import CheckedFiles
+from shardkit.packer.scan import ScannedSource
+from shardkit.packer.split import SplitOutcome
 
 if TYPE_CHECKING:
-    from shardkit.pack import PackOptions
-    from shardkit.pack_remote_out import ShardUpload
+    from shardkit.packer.options import PackOptions
+    from shardkit.packer.remote_output import ShardUpload
 
 __all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
            "shuffled_members", "shard_ranges", "stored_size", "class_warnings",
@@ -75,7 +77,7 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
     "records_sha256"}}``. ``classes``: the
     label map's class names (label ``k`` is ``classes[k]``).
 
-    ``upload`` (a pack into object storage, :mod:`shardkit.pack_remote_out`): every shard is
+    ``upload`` (a pack into object storage, :mod:`shardkit.packer.remote_output`): every shard is
     handed to ``upload(path, record, its split records)`` as soon as its sink closes it (the
     sink's ``on_close``), which uploads it and deletes the local file; None keeps the shards in
     ``out``.
@@ -200,7 +202,7 @@ def _write_split(out: Path, name: str, members: list[int], items, label_idx, res
 def source_reads(pairs, concurrency: int = DEFAULT_CONCURRENCY):
     """The ``(bytes, error)`` of every ``(path, check record)`` in ``pairs`` whose stored bytes
     are the source's (rule ``"original"``), ``(None, None)`` for the others, in order, with up
-    to ``concurrency`` remote reads in flight (:func:`shardkit.fetch.iter_read`): the write step
+    to ``concurrency`` remote reads in flight (:func:`shardkit.storage.fetch.iter_read`): the write step
     of a source in object storage is not one GET at a time."""
     return iter_read((path if rec["rule"] == "original" else None for path, rec in pairs),
                      concurrency)
@@ -289,7 +291,7 @@ def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOut
     Raises:
         PackInvariantError: scanned files != packed + quarantined.
     """
-    from shardkit import images
+    from shardkit.images import normalize as images
 
     plan, classes = outcome.plan, label_map.classes
     num_packed = sum(s["num_samples"] for s in split_manifest.values())

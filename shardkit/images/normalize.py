@@ -8,7 +8,7 @@ nvJPEG) sees the same upright RGB pixels (field case 15):
   PNG named ``.jpg`` is handled as a PNG.
 * The pixel count is read from the header *before* anything is decoded; images over
   ``max_pixels`` (default :data:`DEFAULT_MAX_PIXELS`, Pillow's own limit) are rejected with a
-  reason. The header is read by :func:`shardkit.imageopen.open_image`, the same function (and
+  reason. The header is read by :func:`shardkit.images.sniff.open_image`, the same function (and
   limit) every decoder uses at read time, so what packs under ``--max-pixels N`` reads under
   a reader limit of N (the manifest records N; readers never take their limit from it).
   Pillow's global ``Image.MAX_IMAGE_PIXELS`` and ``ImageFile.LOAD_TRUNCATED_IMAGES`` are never
@@ -53,10 +53,9 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps, features
 
 from shardkit.errors import ConfigError, DecodeError
-from shardkit.imageopen import (
+from shardkit.images.sniff import (
     DEFAULT_MAX_PIXELS, MEDIA_TYPES, PIL_FORMATS, PixelLimitError, open_image, resolve_max_pixels,
-    sniff,
-)
+    sniff)
 
 __all__ = ["DEFAULT_MAX_PIXELS", "BACKGROUND", "PNG_COMPRESS_LEVEL", "RULES", "MEDIA_TYPES",
            "DOWNSCALE_FILTER", "DOWNSCALE_REDUCING_GAP", "ImageResult", "sniff", "check_image",
@@ -174,7 +173,7 @@ def _turbo():
 
 
 def _open(data: bytes, media: str, max_pixels: int) -> Image.Image:
-    """:func:`shardkit.imageopen.open_image` (the readers' own header read and pixel limit),
+    """:func:`shardkit.images.sniff.open_image` (the readers' own header read and pixel limit),
     with its errors turned into rejection reasons."""
     try:
         return open_image(data, max_pixels, media)

@@ -1,6 +1,6 @@
 """Open encoded images under ONE pixel limit, at pack time and at read time alike.
 
-The packer (:func:`shardkit.images.check_image`, ``pack --max-pixels N``) and every decoder
+The packer (:func:`shardkit.images.normalize.check_image`, ``pack --max-pixels N``) and every decoder
 (``shardkit.decode.get_decoder(..., max_pixels=N)``) open images through :func:`open_image` and
 check sizes with :func:`check_pixels`, so an image the packer accepted under a limit is never
 refused by a reader given the same limit.

@@ -7,7 +7,7 @@ POSIX within one file system), then the folder is fsynced so the rename itself s
 loss. A reader sees either the old file or the complete new one, never a partial file.
 
 A folder fsync that fails (some network and FUSE file systems refuse ``fsync`` on a directory) is
-logged once per process at WARNING on the ``shardkit.fsio`` logger, not raised: the data is
+logged once per process at WARNING on the ``shardkit.storage.atomic`` logger, not raised: the data is
 written and renamed, only its durability across a power cut is weaker there.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The check records of a pack, held in columns: what the driver keeps per file between step 3
 (check) and step 6 (write).
 
-:func:`shardkit.pack_plan._check_one` returns one dict per file; a list of those dicts costs the
+:func:`shardkit.packer.check._check_one` returns one dict per file; a list of those dicts costs the
 driver ~600 bytes per file (a dict of a dozen keys, a 64-character hex digest, a list of
 warnings, boxed ints), which is 60 GB for 100 M files (benchmarks/README.md, "Packing on Ray").
 :class:`CheckRecords` stores the same records in NumPy columns (the digest as 32 raw bytes, the
@@ -13,7 +13,7 @@ downscaled image) in a sparse table. Normalised bytes (``data``: a transcoded PN
 back when the write step asks for them, so a pack that re-encodes every image no longer needs
 the whole dataset in RAM.
 
-Reading ``records[i]`` rebuilds the dict :func:`~shardkit.pack_plan._check_one` returned, with the
+Reading ``records[i]`` rebuilds the dict :func:`~shardkit.packer.check._check_one` returned, with the
 same keys and values (``data`` read back from the spill file), so the split planner and the
 writers read it as before; ``records[i]`` is None for a file not checked yet.
 """
@@ -35,7 +35,7 @@ _ACCEPTED_KEYS = {"ok", "sha256", "size", "ext", "rule", "width", "height", "war
 class CheckRecords(Sequence):
     """The check record of each of ``n`` files, by position; columns inside (module doc).
 
-    ``records[i] = record`` stores the dict of :func:`shardkit.pack_plan._check_one` (any other
+    ``records[i] = record`` stores the dict of :func:`shardkit.packer.check._check_one` (any other
     key raises KeyError: a new field must get a column or a sparse slot here);
     ``records[i]`` returns an equal dict, or None when position ``i`` is not set.
 

@@ -30,10 +30,12 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 import xxhash
 
-from .dataset_schema import RECORD_INDEX_FIELDS, check_manifest, check_record, check_split_name
-from .errors import ManifestError
-from .fsio import atomic_write_bytes  # re-exported: the one atomic writer lives in shardkit.fsio
-from .swap import finish_swap
+from shardkit.dataset.schema import (
+    RECORD_INDEX_FIELDS, check_manifest, check_record, check_split_name)
+from shardkit.errors import ManifestError
+from shardkit.storage.atomic import (  # re-exported: the one atomic writer lives in shardkit.storage.atomic
+    atomic_write_bytes)
+from shardkit.dataset.swap import finish_swap
 
 __all__ = [
     "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "is_url", "local_path", "join",
@@ -173,10 +175,10 @@ def json_bytes(obj, **kwargs) -> bytes:
 
 def load_manifest(root: str | os.PathLike) -> dict:
     """Reads ``root/manifest.json`` and checks it against the schema, once, for every reader
-    (:func:`shardkit.dataset_schema.check_manifest`: types and ranges of every field shardkit
+    (:func:`shardkit.dataset.schema.check_manifest`: types and ranges of every field shardkit
     reads, split names, shard paths that stay inside ``root``). A local ``root`` that a killed
     ``pack --overwrite`` left half-swapped is rolled forward first
-    (:func:`shardkit.swap.finish_swap`), so every reader finds one whole dataset.
+    (:func:`shardkit.dataset.swap.finish_swap`), so every reader finds one whole dataset.
 
     At most :data:`MAX_MANIFEST_BYTES` are read (a local file is not read past the bound).
 
@@ -364,7 +366,7 @@ _LEGACY_NOTED: set[tuple[str, str]] = set()
 def _check_file_hash(root, split: str, entry: dict, field: str, data: bytes,
                      location: str) -> None:
     """Compares the sha256 of ``data`` with ``entry[field]``; says once per process, root and
-    split (WARNING on the ``shardkit.manifest`` logger) when the manifest has no such hash
+    split (WARNING on the ``shardkit.dataset.manifest`` logger) when the manifest has no such hash
     (a dataset packed before split-file hashes existed: its split files are not checked)."""
     want = entry.get(field)
     if want is None:
@@ -415,7 +417,7 @@ def load_index(root: str | os.PathLike, split: str, manifest: dict | None = None
     lies in ``[0, len(classes))``, ``shard`` in ``[0, len(shards))``, ``size >= 1``,
     ``offset >= 0``, ``size`` within its shard's ``bytes`` (``wds``: the data
     ``[offset, offset + size)`` inside the shard, after a 512-byte header; ``hdf5``: ``offset``
-    a row of the shard), keys :data:`shardkit.dataset_schema.KEY`, and each shard holds
+    a row of the shard), keys :data:`shardkit.dataset.schema.KEY`, and each shard holds
     as many samples as the manifest says. At most ``1 MiB + 291 B * num_samples`` are read.
     Then the file's sha256 must be the manifest's ``index_sha256`` for the split (a manifest
     without one, packed before it existed, is read unchecked and said once, see
@@ -575,7 +577,7 @@ def _key_text(key: bytes) -> str:
 def read_split_records(root: str | os.PathLike, split: str, manifest: dict | None = None, *,
                        required: Sequence[str] = RECORD_INDEX_FIELDS) -> list[dict]:
     """All per-sample records of ``splits/<split>.jsonl`` (for tools, not for the hot path),
-    each checked by :func:`shardkit.dataset_schema.check_record` (a JSON object with
+    each checked by :func:`shardkit.dataset.schema.check_record` (a JSON object with
     ``required``, known fields of the right type and range, labels and shard numbers in range).
 
     The file's hash (the manifest's ``records_sha256``) is not compared here: the records are

@@ -5,15 +5,15 @@ Checks, in order, for every split listed in ``manifest.json`` (layout: ``docs/DE
 1. the split files agree with the manifest and with each other: ``splits/<split>.jsonl`` and the
    ``.index.npz`` have the sha256 the manifest records (``records_sha256``, ``index_sha256``; a
    dataset packed before they existed gets one ``NOTE`` line per split, no ``FAIL``), pass the
-   schema checks of :func:`shardkit.manifest.load_index` and
-   :func:`~shardkit.manifest.read_split_records` (each read without its hash check, so that
+   schema checks of :func:`shardkit.dataset.manifest.load_index` and
+   :func:`~shardkit.dataset.manifest.read_split_records` (each read without its hash check, so that
    a damaged file is named by what is wrong in it), list ``num_samples`` samples with distinct
    keys, hold the same ``key``, ``label``, ``shard``, ``offset``, ``size`` and ``xxh3`` for each
    sample, and each shard holds as many samples as the records that point to it;
 2. every shard file exists, has the recorded size in bytes and the recorded sha256;
 3. every sample is read back through :func:`shardkit.formats.open_reader` and has the recorded size
    and, where the split file has one (datasets packed since checksums exist), the recorded
-   ``xxh3`` of the stored bytes (:func:`shardkit.manifest.sample_checksum`; the index's copy, which
+   ``xxh3`` of the stored bytes (:func:`shardkit.dataset.manifest.sample_checksum`; the index's copy, which
    readers compare, must be the same); a sample stored as the original file
    (``rule == "original"``) must hash to the recorded source sha256; a normalised one (any other
    rule) must decode fully with Pillow, under the pixel limit (the ``max_pixels`` given, else
@@ -33,7 +33,7 @@ Damage inside the dataset (a split file that is truncated or does not match, a m
 or changed shard, a bad sample) is verify's finding: one ``FAIL`` line each, exit code 1. A
 folder that is no dataset at all (``manifest.json`` missing, not JSON, not a JSON object, of
 another schema, or breaking the schema: a shard path outside the folder, a field of the wrong
-type; :func:`shardkit.manifest.load_manifest`) stops it: one ``Error: ManifestError: ...`` line
+type; :func:`shardkit.dataset.manifest.load_manifest`) stops it: one ``Error: ManifestError: ...`` line
 on stderr, exit code 2, as for ``shardkit check`` / ``stats`` / ``inspect`` (see
 :mod:`shardkit.doctor.cli`).
 """
@@ -51,11 +51,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from shardkit import manifest as manifest_mod
-from shardkit.cli_errors import one_line_errors
+from shardkit.dataset import manifest as manifest_mod
+from shardkit.cli_common import one_line_errors
 from shardkit.errors import ManifestError, ShardkitError
-from shardkit.imageopen import open_image, resolve_max_pixels
-from shardkit.manifest import CHECKSUM_FIELD, sample_checksum
+from shardkit.images.sniff import open_image, resolve_max_pixels
+from shardkit.dataset.manifest import CHECKSUM_FIELD, sample_checksum
 
 __all__ = ["verify", "VerifyReport", "verify_command", "RECORD_FIELDS"]
 
@@ -132,7 +132,7 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
             checked, and deleted).
         decode: also decode the normalised (non-``original``) samples with Pillow.
         max_pixels: the pixel limit of that decoding (None: shardkit's default,
-            :data:`shardkit.imageopen.DEFAULT_MAX_PIXELS`); an image over it is a finding.
+            :data:`shardkit.images.sniff.DEFAULT_MAX_PIXELS`); an image over it is a finding.
 
     Returns:
         a :class:`VerifyReport`; ``report.ok`` is True when every check holds.

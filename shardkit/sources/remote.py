@@ -3,15 +3,15 @@
 :func:`scan_url` takes an fsspec URL (``s3://bucket/flowers``, ``gs://...``, ``https://...``):
 
 * A URL ending in ``.csv`` (case-insensitive) is a CSV list, parsed exactly as
-  :func:`shardkit.csvlist.scan_csv` parses a local one, after one GET of the CSV. A relative
+  :func:`shardkit.sources.csvlist.scan_csv` parses a local one, after one GET of the CSV. A relative
   ``path`` cell resolves against the CSV's own URL folder and becomes a URL (``daisy/a.jpg`` in
   ``s3://b/lists/all.csv`` is ``s3://b/lists/daisy/a.jpg``, relpath ``daisy/a.jpg``; "\\" read
   as "/"; ``..`` leaving the folder keeps the URL as relpath); a URL cell is kept; an absolute
   local path is a local file, as in a local CSV. No object is looked up here: a missing one is
   quarantined by the check with its read error.
-* Any other URL is a prefix, read like :func:`shardkit.scan.scan_folder` reads a folder, with
-  the same code (:func:`shardkit.scan.scan_tree`): ``<prefix>/<class>/.../<file>``, split-first
-  detection and ``layout`` (:mod:`shardkit.layout`), the ignored names at any depth (dot-files,
+* Any other URL is a prefix, read like :func:`shardkit.sources.folder.scan_folder` reads a folder, with
+  the same code (:func:`shardkit.sources.folder.scan_tree`): ``<prefix>/<class>/.../<file>``, split-first
+  detection and ``layout`` (:mod:`shardkit.sources.layouts`), the ignored names at any depth (dot-files,
   ``__MACOSX``, ``._*``, ``Thumbs.db``...), objects directly under the prefix ignored as "file
   beside the class folders", NFC relpaths, sorted results, the same warnings and errors. Object
   stores have no folders: a folder is a ``/`` in a key. Zero-byte folder marker keys (``daisy/``,
@@ -20,7 +20,7 @@
   exists only through its marker. Symbolic-link rules are local-only.
 
 Item ``path`` is the object's full URL with its protocol (what
-:func:`shardkit.manifest.read_location` and ``fsspec.open`` take), ``relpath`` is relative to
+:func:`shardkit.dataset.manifest.read_location` and ``fsspec.open`` take), ``relpath`` is relative to
 the prefix, ``ScanResult.root`` is the URL (without a trailing ``/``), ``kind`` is ``"folder"``
 (``"csv"`` for a list).
 
@@ -49,9 +49,11 @@ import os
 import posixpath
 import urllib.parse
 
-from shardkit import csvlist, scan
+from shardkit.sources import csvlist
+import shardkit.sources.folder as folder_scan
+import shardkit.sources.items as source_items
 from shardkit.errors import ConfigError, SourceError
-from shardkit.scan import ScanResult, SourceItem
+from shardkit.sources.items import ScanResult, SourceItem
 
 __all__ = ["scan_url"]
 
@@ -72,11 +74,11 @@ def scan_url(url: str, layout: str = "auto", split_column: str | None = None) ->
         url: fsspec URL; a trailing ``/`` is dropped.
         layout: ``"auto"``, ``"class"`` or ``"split/class"`` (prefixes only).
         split_column: the given split column of a ``.csv`` list (as
-            :func:`shardkit.csvlist.scan_csv`).
+            :func:`shardkit.sources.csvlist.scan_csv`).
 
     Returns:
-        ScanResult, as :func:`shardkit.scan.scan_folder` (prefix) or
-        :func:`shardkit.csvlist.scan_csv` (list) return it; ``path`` of every item is a URL.
+        ScanResult, as :func:`shardkit.sources.folder.scan_folder` (prefix) or
+        :func:`shardkit.sources.csvlist.scan_csv` (list) return it; ``path`` of every item is a URL.
 
     Raises:
         ConfigError: ``layout`` is not a layout, or not ``"auto"`` for a ``.csv``; the
@@ -86,7 +88,7 @@ def scan_url(url: str, layout: str = "auto", split_column: str | None = None) ->
             such bucket, no credentials, no connection: the cause is named); the CSV cannot be
             read; every error of the folder and CSV rules. Each names the URL.
     """
-    scan.check_layout(layout)
+    folder_scan.check_layout(layout)
     url = os.fspath(url).rstrip("/")
     fs, path = _filesystem(url)
     if url.lower().endswith(".csv"):
@@ -143,7 +145,7 @@ def _scan_prefix(fs, base: str, url: str, layout: str) -> ScanResult:
             _probe(fs, base, where)
         raise SourceError(f"{where} is empty or does not exist (no object under it"
                           + (", or its page is not an index of links" if http else "") + ")")
-    return scan.scan_tree(tree, tree.top, layout, where)
+    return folder_scan.scan_tree(tree, tree.top, layout, where)
 
 
 LIST_CONCURRENCY = 16
@@ -210,7 +212,7 @@ class _Node:
 
 
 class _RemoteTree:
-    """The listing interface of :func:`shardkit.scan.scan_tree` over a flat listing: an
+    """The listing interface of :func:`shardkit.sources.folder.scan_tree` over a flat listing: an
     in-memory tree of :class:`_Node`, built by :meth:`add`."""
 
     def __init__(self, root: str):
@@ -318,7 +320,7 @@ def _url_row(base: str):
         joined = posixpath.normpath(posixpath.join(folder, raw.replace("\\", "/")))
         location = f"{protocol}://{joined}"
         inside = joined.startswith(folder + "/")
-        rel = scan._nfc(joined[len(folder) + 1:]) if inside else location
+        rel = source_items.nfc(joined[len(folder) + 1:]) if inside else location
         out.items.append(dataclasses.replace(item, path=location, relpath=rel))
         return True
     return locate

@@ -1,10 +1,10 @@
-"""Step 4 of :func:`shardkit.pack.pack` (pure: no I/O but :func:`load_previous`): the split plan.
+"""Step 4 of :func:`shardkit.packer.run.pack` (pure: no I/O but :func:`load_previous`): the split plan.
 
-:func:`plan_split` splits the accepted items with :func:`shardkit.split.assign_splits` (or keeps
-the source's given splits), links near-duplicates (:mod:`shardkit.neardup`), keeps an earlier
+:func:`plan_split` splits the accepted items with :func:`shardkit.packer.assign.assign_splits` (or keeps
+the source's given splits), links near-duplicates (:mod:`shardkit.images.neardup`), keeps an earlier
 pack's placements (``--split-from``: :func:`load_previous`, :func:`ratios_from_previous`) and
-applies the label-conflict policy. Steps 1-3 are in :mod:`shardkit.pack_plan`, 5-7 in
-:mod:`shardkit.pack_write`. Notes go to the ``shardkit.pack`` logger.
+applies the label-conflict policy. Steps 1-3 are in :mod:`shardkit.packer.plan`, 5-7 in
+:mod:`shardkit.packer.write`. Notes go to the ``shardkit.pack`` logger.
 """
 from __future__ import annotations
 
@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardkit import layout, neardup, pack_given
-from shardkit import manifest as manifest_mod
+from shardkit.sources import layouts as layout
+from shardkit.images import neardup
+from shardkit.packer import given as pack_given
+from shardkit.dataset import manifest as manifest_mod
 from shardkit.errors import ConfigError, LabelError, SplitError
-from shardkit.labels import LabelMap
-from shardkit.split import SplitPlan, assign_splits
+from shardkit.sources.labels import LabelMap
+from shardkit.packer.assign import SplitPlan, assign_splits
 
 if TYPE_CHECKING:
-    from shardkit.pack import PackOptions
-    from shardkit.pack_plan import CheckedFiles, ScannedSource
-    from shardkit.pack_records import CheckRecords
+    from shardkit.packer.options import PackOptions
+    from shardkit.packer.check import CheckedFiles
+    from shardkit.packer.scan import ScannedSource
+    from shardkit.packer.records import CheckRecords
 
 __all__ = ["SplitOutcome", "PreviousSplits", "plan_split", "load_previous",
            "ratios_from_previous", "NO_GROUP_RULE_WARNING"]
@@ -125,7 +128,7 @@ class SplitOutcome:
         warnings: the scanner's warnings, the notes on given splits and numeric class order,
             the plan's warnings, then the one about a missing group rule (not for given splits).
         split_fields: the manifest ``split`` keys that depend on the mode (``mode``, ``ratios``,
-            ``given``; :func:`shardkit.pack_given.split_fields`), plus ``method``,
+            ``given``; :func:`shardkit.packer.given.split_fields`), plus ``method``,
             ``near_duplicates`` (see :func:`plan_split`) and, with ``--split-from``,
             ``kept_from``.
         degenerate: ``{"path", "reason"}`` of the packed degenerate images, in scan order.
@@ -143,8 +146,8 @@ class SplitOutcome:
 def plan_split(source: ScannedSource, label_map: LabelMap, label_idx: list[int],
                checked: CheckedFiles, options: PackOptions,
                previous: PreviousSplits | None = None) -> SplitOutcome:
-    """Step 4 (pure): splits the accepted items with :func:`shardkit.split.assign_splits`, or
-    keeps the source's given splits (:func:`shardkit.pack_given.split_mode`), and applies
+    """Step 4 (pure): splits the accepted items with :func:`shardkit.packer.assign.assign_splits`, or
+    keeps the source's given splits (:func:`shardkit.packer.given.split_mode`), and applies
     ``options.on_label_conflict``. Near-duplicates (pHash within ``options.near_threshold``
     bits, degenerate images left out) are linked (``"merge"``) or reported; ``previous``
     placements are kept.

@@ -6,7 +6,7 @@ that can write; credentials as that filesystem finds them: the standard ``AWS_*`
 the unchanged local code (:class:`shardkit.formats.ShardSink`: temp name, fsync, rename) into a
 local staging folder (``tempfile.mkdtemp`` in ``$TMPDIR``), and every shard is uploaded as soon as
 its sink closes it (the sink's ``on_close`` hook), checked and deleted locally, so the local disk
-holds about one open shard per writer. The rules mirror :mod:`shardkit.pack_out`'s for a folder:
+holds about one open shard per writer. The rules mirror :mod:`shardkit.packer.output`'s for a folder:
 
 - **Exact bytes.** A shard is uploaded from the very file whose sha256 the manifest records; the
   object's size (``fs.info``) must be the file's, else :class:`UploadError` names both. Before it
@@ -17,7 +17,7 @@ holds about one open shard per writer. The rules mirror :mod:`shardkit.pack_out`
   files of :mod:`shardkit.interop` (``shards/_info.json``, ``shards/<split>-NNNNNN.idx``); then one
   listing of ``OUT`` checks every object the manifest names has its size; ``manifest.json``
   LAST, so its presence still means "finished".
-- **Owned names** are :func:`shardkit.pack_out.owned_name`'s, plus :data:`PROBE_NAME`; a
+- **Owned names** are :func:`shardkit.packer.output.owned_name`'s, plus :data:`PROBE_NAME`; a
   ``README.md`` only with the marker of shardkit's card. Nothing else under ``OUT`` is deleted.
 - **Checked before the scan** (:meth:`RemoteOutput.open`): the format is ``wds``; ``OUT`` does
   not lie inside a URL source nor hold it; ``OUT`` can be written (a small probe object is put
@@ -62,9 +62,9 @@ from pathlib import Path
 from shardkit.errors import ConfigError, OutputExistsError, ShardCorruptError, ShardkitError
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME
 from shardkit.interop.shards import ShardMembers, scan_shard
-from shardkit.manifest import MANIFEST_NAME, is_url, json_bytes
-from shardkit.pack_out import DiskFullError, OutputRun, owned_name
-from shardkit.pack_plan import pid_alive
+from shardkit.dataset.manifest import MANIFEST_NAME, is_url, json_bytes
+from shardkit.packer.output import DiskFullError, OutputRun, owned_name
+from shardkit.storage.procs import pid_alive
 
 __all__ = ["RemoteOutput", "ShardUpload", "UploadError", "put_shard", "remote_fs",
            "upload_file", "staging_folder", "PROBE_NAME", "STAGING_MARKER"]
@@ -208,8 +208,8 @@ def _is_shard(rel: str) -> bool:
 
 class RemoteOutput(OutputRun):
     """The output side of a pack into an fsspec URL (see the module doc); the context manager
-    :func:`shardkit.pack_out.open_output` returns for a remote ``OUT``, with the interface of
-    :class:`shardkit.pack_out.PackOutput`.
+    :func:`shardkit.packer.output.open_output` returns for a remote ``OUT``, with the interface of
+    :class:`shardkit.packer.output.PackOutput`.
 
     Attributes:
         out: the URL (no trailing ``/``). root: the local staging folder; None before prepare.
@@ -355,7 +355,7 @@ class RemoteOutput(OutputRun):
         Raises:
             UploadError: an upload failed, or an object is missing or has another size.
         """
-        from shardkit.pack_out import owned_entries
+        from shardkit.packer.output import owned_entries
 
         manifest = json.loads((self.root / MANIFEST_NAME).read_bytes())
         files = [r for r in owned_entries(self.root) if r != MANIFEST_NAME]

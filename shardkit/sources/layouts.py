@@ -1,6 +1,6 @@
 """Source layouts: which folders are splits, which are classes, and in which order classes go.
 
-Two folder layouts (:func:`shardkit.scan.scan_folder`, ``layout=``):
+Two folder layouts (:func:`shardkit.sources.folder.scan_folder`, ``layout=``):
 
 * ``"class"``: ``SRC/<class>/.../<file>`` (torchvision ImageFolder).
 * ``"split/class"``: ``SRC/<split>/<class>/.../<file>``, the split-first tree most public
@@ -150,7 +150,7 @@ def two_level_error(root: str, shape: Mapping[str, Counter]) -> SourceError:
         root: the source folder, or the URL of an object-store prefix.
         shape: top folder -> Counter of files per sub-folder.
     """
-    from shardkit.manifest import is_url
+    from shardkit.dataset.manifest import is_url
 
     parts = []
     for top, subs in list(shape.items())[:_SHOWN]:

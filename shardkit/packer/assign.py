@@ -5,12 +5,12 @@ Method (:func:`assign_splits`):
 1. **Dedup merge.** A union-find over groups joins every two groups that hold a sample with the same
    content hash, so identical bytes always land in one split whatever their groups (field case 24:
    byte-identical copies under different names must not straddle train and test). ``links`` (pairs
-   of near-duplicate samples found by :mod:`shardkit.neardup`) join their groups the same way. The
+   of near-duplicate samples found by :mod:`shardkit.images.neardup`) join their groups the same way. The
    merged sets are the atomic units ("components") of the split.
 2. **Label conflicts.** Identical bytes under different labels are reported in
    :attr:`SplitPlan.label_conflicts`; the plan itself never drops samples. The packer turns a
    conflict into a :class:`~shardkit.errors.LabelError` unless told otherwise (see
-   ``shardkit.pack.pack(on_label_conflict=...)``).
+   ``shardkit.packer.run.pack(on_label_conflict=...)``).
 3. **Kept placements** (``fixed``, from a previous pack: ``shardkit pack --split-from PREV``). A
    component holding a group that the previous pack placed goes where that group was (when its
    groups were in several splits, to the most held-out of them, i.e. the one with the smallest

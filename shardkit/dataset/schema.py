@@ -1,4 +1,4 @@
-"""The schema of a dataset's metadata, checked once where :mod:`shardkit.manifest` loads it.
+"""The schema of a dataset's metadata, checked once where :mod:`shardkit.dataset.manifest` loads it.
 
 A dataset folder is untrusted input (downloaded, copied over a flaky link, edited by hand), so
 every field a reader uses is checked for type and range before any reader sees it: later code
@@ -28,14 +28,14 @@ import math
 import re
 from collections.abc import Iterable
 
-from .errors import ManifestError
+from shardkit.errors import ManifestError
 
 __all__ = ["FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "MAX_INT64",
            "RECORD_INDEX_FIELDS",
            "check_manifest", "check_split_name", "check_relative_path", "check_record"]
 
 #: Shard formats a manifest may name (``shardkit.formats.FORMATS``; not imported here, which
-#: would be an import running back up: the formats import :mod:`shardkit.manifest`).
+#: would be an import running back up: the formats import :mod:`shardkit.dataset.manifest`).
 FORMATS = ("hdf5", "lmdb", "wds")
 #: Split names: they become file names, ``splits/<split>.jsonl``.
 SPLIT_NAME = re.compile(r"[A-Za-z0-9_]{1,128}")

@@ -30,7 +30,7 @@ the holder when it ends.
    ``manifest.json`` last, deletes the staging folder, then the journal.
 
 Every command that opens OUT goes through :func:`finish_swap` (called by
-:func:`shardkit.manifest.load_manifest` for a local dataset; ``pack`` runs :func:`roll_forward`
+:func:`shardkit.dataset.manifest.load_manifest` for a local dataset; ``pack`` runs :func:`roll_forward`
 under its own lock): a journal present means a pack was killed during step 3, and the command
 finishes the swap under the lock first (waiting up to :data:`SWAP_WAIT_S` for a pack still
 swapping). So at every kill point the next shardkit command finds one whole dataset, old or new,
@@ -47,7 +47,7 @@ staged entry must be a regular file, and nothing outside those folders (or the f
 symlinked ``OUT/shards`` / ``OUT/splits`` points to) is moved or deleted.
 
 This module sits below every reader and writer: it imports only :mod:`shardkit.errors` and
-:mod:`shardkit.fsio`.
+:mod:`shardkit.storage.atomic`.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 
 from shardkit.errors import ConfigError, ManifestError, ShardkitError
-from shardkit.fsio import atomic_write_bytes, fsync_dir
+from shardkit.storage.atomic import atomic_write_bytes, fsync_dir
 
 __all__ = ["DatasetLock", "OutputLockedError", "finish_swap", "roll_forward", "write_journal",
            "make_staging", "remove_staging", "staging_parts", "journal_entry_ok",
@@ -75,7 +75,7 @@ logger = logging.getLogger("shardkit.swap")
 LOCK_NAME = ".shardkit-pack.lock"
 STAGING_NAME = ".shardkit-new"
 JOURNAL_NAME = ".shardkit-swap.json"
-_MANIFEST = "manifest.json"  # shardkit.manifest.MANIFEST_NAME (that module imports this one)
+_MANIFEST = "manifest.json"  # shardkit.dataset.manifest.MANIFEST_NAME (that module imports this one)
 STAGED_FOLDERS = ("shards", "splits")
 SWAP_WAIT_S = 60.0
 """Seconds :func:`finish_swap` waits for the lock held by a pack that is still swapping (the
@@ -86,7 +86,7 @@ saving, ``export``, a swap being finished: they hold it for seconds at most); a 
 makes them fail at once."""
 _POLL_S = 0.02
 _JOURNAL_VERSION = 1
-_SAFE_NAMES = {  # the non-hidden names a pack writes (shardkit.pack_out's owned names)
+_SAFE_NAMES = {  # the non-hidden names a pack writes (shardkit.packer.output's owned names)
     "": re.compile(r"quarantine\.jsonl|README\.md"),
     "shards": re.compile(r"[A-Za-z0-9_]+-\d{6}\.[A-Za-z0-9]+|_info\.json"),
     "splits": re.compile(r"[A-Za-z0-9_]+\.(?:jsonl|index\.npz)"),

@@ -1,7 +1,7 @@
 """CSV sources: the CSV list (:func:`scan_csv`) and metadata CSV joins (group and split columns).
 
-Re-exported by :mod:`shardkit.scan` (``from shardkit.scan import scan_csv`` keeps working); the
-rules for names (NFC, stripping) and the error formats are those of :mod:`shardkit.scan`.
+Re-exported by :mod:`shardkit.sources.folder` (``from shardkit.sources.folder import scan_csv`` keeps working); the
+rules for names (NFC, stripping) and the error formats are those of :mod:`shardkit.sources.folder`.
 
 Metadata joins (``--metadata M.csv`` with ``--group-column`` / ``--split-column``) look a row's
 path up as the file's relpath under the source root after :func:`_path_key`: "\\" read as "/",
@@ -22,11 +22,11 @@ import posixpath
 import unicodedata
 from pathlib import Path, PurePosixPath
 
-from shardkit import layout as layout_mod
+from shardkit.sources import layouts as layout_mod
 from shardkit.errors import ConfigError, SourceError
-from shardkit.manifest import is_url
-from shardkit.scan import (ScanResult, SourceItem, _check_unique, _kind, _listing, _nfc,
-                           unreachable_reason)
+from shardkit.dataset.manifest import is_url
+from shardkit.sources.items import (
+    ScanResult, SourceItem, check_unique, path_kind, listing, nfc, unreachable_reason)
 
 __all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
            "apply_group_metadata", "csv_location"]
@@ -43,7 +43,7 @@ def _read_csv(csv_path: str) -> tuple[list[str], list[dict[str, str]]]:
     """``(header, rows)`` of a local CSV file, or of an object-store URL (one GET)."""
     try:
         if is_url(csv_path):
-            from shardkit.manifest import read_location
+            from shardkit.dataset.manifest import read_location
 
             text = read_location(csv_path).decode("utf-8-sig")
             return parse_csv(io.StringIO(text, newline=""), csv_path)
@@ -81,7 +81,7 @@ def _rel(base: str, path: str) -> str:
     rel = os.path.relpath(path, base)
     if rel == ".." or rel.startswith(".." + os.sep):
         rel = path  # outside the root: keep the absolute path
-    return _nfc(PurePosixPath(*Path(rel).parts).as_posix())
+    return nfc(PurePosixPath(*Path(rel).parts).as_posix())
 
 
 def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
@@ -95,9 +95,9 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
     read error. A path absent as written is also tried with Windows "\\"
     separators read as "/" and in its NFC and NFD spellings. A row whose file does not exist is
     not dropped: it goes to ``ScanResult.missing`` (the packer quarantines it with "file not
-    found", or the reason of :func:`shardkit.scan.unreachable_reason` for a symlink loop). An
+    found", or the reason of :func:`shardkit.sources.items.unreachable_reason` for a symlink loop). An
     empty ``group`` cell gives ``group=None``. With ``split_column``, each row's value there is
-    its given split (mapped by :func:`shardkit.layout.map_split_names`; the mapping is
+    its given split (mapped by :func:`shardkit.sources.layouts.map_split_names`; the mapping is
     ``given_splits``).
 
     Raises:
@@ -118,7 +118,7 @@ def _local_row(base: str):
     def locate(raw: str, item: SourceItem, out: ScanResult) -> bool:
         path = _disk_path(base, raw)
         item = dataclasses.replace(item, path=path, relpath=_rel(base, path))
-        kind = _kind(path)
+        kind = path_kind(path)
         if kind == "dir":
             return False
         if kind in ("broken", "unreachable"):
@@ -137,7 +137,7 @@ def scan_rows(csv_s: str, header: list[str], rows: list[dict[str, str]], base: s
               split_column: str | None) -> ScanResult:
     """The rules of :func:`scan_csv` over parsed rows (:func:`parse_csv`) of the CSV named
     ``csv_s`` (a path or URL), ``base`` its root; ``locate(raw, item, out)`` resolves a path
-    cell that is not a URL (:func:`_local_row`; :mod:`shardkit.scan_remote` has the remote
+    cell that is not a URL (:func:`_local_row`; :mod:`shardkit.sources.remote` has the remote
     one) and returns False when it names a folder. Errors: as :func:`scan_csv`."""
     lacking = [c for c in ("path", "label") if c not in header]
     if lacking:
@@ -153,15 +153,15 @@ def scan_rows(csv_s: str, header: list[str], rows: list[dict[str, str]], base: s
     mapping = {}
     if split_column is not None:
         mapping = layout_mod.map_split_names(
-            sorted({_nfc(r[split_column]).strip() for r in rows} - {""}),
+            sorted({nfc(r[split_column]).strip() for r in rows} - {""}),
             f"CSV {csv_s!r} column {split_column!r}")
     for n, row in enumerate(rows, start=2):
-        raw, label = row["path"].strip(), _nfc(row["label"]).strip()
-        split = mapping.get(_nfc(row[split_column]).strip()) if split_column else None
+        raw, label = row["path"].strip(), nfc(row["label"]).strip()
+        split = mapping.get(nfc(row[split_column]).strip()) if split_column else None
         if not raw or not label or (split_column and not split):
             empty.append(f"line {n}")
             continue
-        group = _nfc(row.get("group", "")).strip() or None
+        group = nfc(row.get("group", "")).strip() or None
         item = SourceItem(raw, raw, label, group, split)
         if is_url(raw):  # an object in remote storage: read (and found missing) at the check
             out.items.append(item)
@@ -169,13 +169,13 @@ def scan_rows(csv_s: str, header: list[str], rows: list[dict[str, str]], base: s
             folders.append(raw)
     if empty:
         what = "path, label or split" if split_column else "path or label"
-        raise SourceError(f"CSV {csv_s!r}: rows with an empty {what}, {_listing(empty)}")
+        raise SourceError(f"CSV {csv_s!r}: rows with an empty {what}, {listing(empty)}")
     out.given_splits = mapping
     if folders:
-        raise SourceError(f"CSV {csv_s!r}: paths that are folders, not files, {_listing(folders)}")
+        raise SourceError(f"CSV {csv_s!r}: paths that are folders, not files, {listing(folders)}")
     out.items.sort(key=lambda i: i.relpath)
     out.missing.sort(key=lambda i: i.relpath)
-    _check_unique(out.items + out.missing, f"CSV {csv_s!r}")
+    check_unique(out.items + out.missing, f"CSV {csv_s!r}")
     return out
 
 
@@ -203,7 +203,7 @@ def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
 def _canonical(raw: str) -> str:
     """``raw`` stripped, "\\" as "/", NFC, without empty or "." segments (a leading "/" kept):
     ``" ./daisy//./x.jpg"`` -> ``"daisy/x.jpg"``. ".." is kept (it may cross a symlink)."""
-    key = _nfc(raw.strip().replace("\\", "/"))
+    key = nfc(raw.strip().replace("\\", "/"))
     parts = [p for p in key.split("/") if p not in ("", ".")]
     return ("/" if key.startswith("/") else "") + "/".join(parts)
 
@@ -282,13 +282,13 @@ def _metadata_values(csv_path: str | os.PathLike, column: str, path_column: str,
     path_key = _path_key(root)
     for row in rows:
         key = path_key(row[path_column])
-        value = _nfc(row[column]).strip()
+        value = nfc(row[column]).strip()
         if key in values and values[key] != value:
             conflicts.append(key)
         values[key] = value
     if conflicts:
         raise SourceError(f"metadata CSV {csv_s!r} gives several {column!r} values to "
-                          f"{_listing(sorted(set(conflicts)))} path(s)")
+                          f"{listing(sorted(set(conflicts)))} path(s)")
     return values
 
 
@@ -297,7 +297,7 @@ def match_split_metadata(items: list[SourceItem], csv_path: str | os.PathLike, c
                          ) -> tuple[list[SourceItem], list[SourceItem], dict[str, str]]:
     """Sets each item's given ``split`` from ``column`` of a metadata CSV, joined on the
     relpath like :func:`match_group_metadata`; values are mapped to split names by
-    :func:`shardkit.layout.map_split_names` (values of rows that match no item are not read).
+    :func:`shardkit.sources.layouts.map_split_names` (values of rows that match no item are not read).
 
     Returns:
         ``(items with split, items without a row or with an empty value, {value: split})``.
@@ -343,7 +343,7 @@ def lacking_metadata_error(csv_path: str | os.PathLike, column: str, relpaths: l
         text += (f". The CSV's path {pair[0]!r} matches no file; compare the file {pair[1]!r} "
                  f"under {where}: paths must be relative to SRC like that, may start with "
                  "'./', or be absolute under SRC")
-    return SourceError(f"{text}. Files without a row: {_listing(relpaths)}")
+    return SourceError(f"{text}. Files without a row: {listing(relpaths)}")
 
 
 def _unmatched_example(csv_s: str, path_column: str, relpaths: list[str], root, known

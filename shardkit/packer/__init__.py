@@ -1,0 +1,16 @@
+"""The packer: :func:`shardkit.pack` and ``shardkit pack``, one module per step.
+
+The public function is :func:`shardkit.pack` (defined in :mod:`.run`); this package is not named
+``pack`` so that importing it never replaces that function on the ``shardkit`` package.
+
+- :mod:`.options`: :class:`~.options.PackOptions`, every option validated once;
+- :mod:`.shards`: the default shard plan (pure);
+- :mod:`.scan`: steps 1-2, scan the source and resolve labels;
+- :mod:`.check`: step 3, check every file (the per-file worker function :func:`~.check.check_chunk`);
+- :mod:`.records`: the check records, held in columns between steps 3 and 6;
+- :mod:`.assign`, :mod:`.given`, :mod:`.split`: step 4, the split plan (pure);
+- :mod:`.output`, :mod:`.remote_output`: the output folder or object-store prefix of a run;
+- :mod:`.write`: steps 5-7, quarantine list, shards, split files, manifest;
+- :mod:`.summary`: :class:`~.summary.PackSummary`;
+- :mod:`.run`: :func:`~.run.pack`, the driver of the steps; :mod:`.cli`: ``shardkit pack``.
+"""
