@@ -11,7 +11,9 @@ agree), then compare the two JSON files::
 The configurations cover the three formats, both engines, both split methods, given splits
 (folder and CSV column), a CSV list source, ``--max-side``, explicit shard sizes, ``--overwrite``
 and an object-store ``OUT`` (a local moto S3 server; skipped with a note when moto is missing).
-Exit 0 when the files are identical, 1 listing each configuration and file that differs.
+Exit 0 when the files are identical, 1 listing each configuration and file that differs. An LMDB
+shard is compared by its records (its free pages hold arbitrary bytes, so two packs of one input
+differ there), and the manifest with LMDB shards' file sha256 left out.
 """
 from __future__ import annotations
 
@@ -77,8 +79,35 @@ def configs(src: dict[str, Path]) -> dict[str, list[str]]:
     }
 
 
+def _lmdb_digest(path: Path) -> str:
+    """sha256 of an LMDB file's records (key, value, in key order): LMDB's free pages hold
+    whatever memory the writer had, so two identical packs differ in their file bytes."""
+    import lmdb
+
+    h = hashlib.sha256()
+    with lmdb.open(str(path), subdir=False, readonly=True, lock=False) as env:
+        with env.begin() as txn:
+            for key, value in txn.cursor():
+                h.update(len(key).to_bytes(8, "little") + key)
+                h.update(len(value).to_bytes(8, "little") + value)
+    return "records:" + h.hexdigest()
+
+
+def _digest(path: Path) -> str:
+    if path.suffix == ".lmdb":
+        return _lmdb_digest(path)
+    if path.name == "manifest.json":  # an LMDB shard's file sha256 varies as its bytes do
+        manifest = json.loads(path.read_text())
+        for split in manifest.get("splits", {}).values():
+            for shard in split.get("shards", []):
+                if shard.get("path", "").endswith(".lmdb"):
+                    shard["sha256"] = "(lmdb file bytes)"
+        return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+    return {str(p.relative_to(root)): _digest(p)
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 

@@ -1,4 +1,7 @@
-"""How a shardkit command that cannot run ends: exit code 2 and one ``Error:`` line on stderr.
+"""The plumbing every ``shardkit`` command shares: exit codes, the one-line error, the dataset
+argument and the progress default.
+
+How a command that cannot run ends: exit code 2 and one ``Error:`` line on stderr.
 
 The exit codes of every command (the convention of ``diff`` and ``grep``; the doctor commands
 document their verdicts in :mod:`shardkit.doctor.cli`): 0 fine, 1 a negative verdict (``check``
@@ -19,20 +22,28 @@ reads 1 as "leak or damage found" is not misled. Messages are made one line (whi
 collapsed) and printable (lone surrogates of file names that are not UTF-8 as ``\\xNN``).
 
 :func:`one_line_errors` applies this to a click command's callback; :class:`shardkit.cli`'s group
-applies the same mapping to every command it runs, as a backstop.
+applies the same mapping to every command it runs, as a backstop. :func:`run_command` turns a
+:class:`~shardkit.errors.ShardkitError` of one call into a :class:`CommandError`.
+
+The dataset argument of a command (:func:`dataset_arg`) takes a local folder that must exist or
+an object-store URL. Progress bars (tqdm, on stderr) are on by default when stderr is a terminal
+and off otherwise (pipes, CI logs; :func:`progress_default`); ``--progress`` / ``--no-progress``
+(:data:`PROGRESS_OPTION`) force them.
 """
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import click
 
 from shardkit.errors import ShardkitError
 
 __all__ = ["CommandError", "is_store_error", "cannot_run", "one_line_errors", "printable_text",
-           "STORE_PACKAGES"]
+           "STORE_PACKAGES", "run_command", "progress_default", "dataset_arg", "PROGRESS_OPTION"]
 
 STORE_PACKAGES = ("botocore", "aiobotocore", "boto3", "s3transfer", "s3fs", "gcsfs", "adlfs",
                   "fsspec", "aiohttp", "google.auth", "google.api_core", "google.cloud",
@@ -139,3 +150,37 @@ def one_line_errors(fn):
                 raise
             raise err from None
     return wrapper
+
+
+def run_command(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, with a ShardkitError turned into a
+    :class:`~shardkit.cli_common.CommandError` (store errors: see :func:`one_line_errors` on the
+    commands)."""
+    try:
+        return fn(*args, **kwargs)
+    except ShardkitError as exc:
+        raise CommandError(exc) from None
+
+
+def progress_default(flag: bool | None) -> bool:
+    """``flag`` when given (``--progress`` / ``--no-progress``), else whether stderr is a
+    terminal."""
+    if flag is not None:
+        return flag
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def dataset_arg(ctx, param, value: str):
+    """Click callback of a dataset argument (OUT, ROOT): the URL of a wds pack in object
+    storage as it is, else a local folder that must exist."""
+    from shardkit.dataset.manifest import is_url
+
+    if is_url(value):
+        return value.rstrip("/")
+    return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
+
+
+PROGRESS_OPTION = click.option("--progress/--no-progress", default=None,
+                               help="tqdm bars on stderr [default: on when stderr is a terminal].")
+"""The ``--progress/--no-progress`` option (None when not given: see :func:`progress_default`)."""

@@ -703,7 +703,7 @@ def test_transform_config_from_a_train_run_folder(clean, tmp_path):
 
 
 def test_progress_bars_follow_the_terminal_rule(clean, monkeypatch):
-    from shardkit.doctor.cli import progress_default
+    from shardkit.cli_common import progress_default
 
     class Tty:
         def __init__(self, tty):

@@ -187,7 +187,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
 def _data_arg(ctx, param, values):
     """``--data`` values: URLs of wds datasets in object storage as they are (the loader reads
     them), else folders that must exist."""
-    from shardkit.doctor.cli import dataset_arg
+    from shardkit.cli_common import dataset_arg
 
     return tuple(str(dataset_arg(ctx, param, v)) for v in values)
 

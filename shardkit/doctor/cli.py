@@ -22,21 +22,20 @@ Progress bars (tqdm, on stderr) are on by default when stderr is a terminal and 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
-from shardkit.cli_common import CommandError, one_line_errors, printable_text
+from shardkit.cli_common import (PROGRESS_OPTION, CommandError, dataset_arg, one_line_errors,
+                                 printable_text, progress_default, run_command)
 from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
 from shardkit.doctor.inspection import (augment_grid, format_augment_grid, format_summary,
                                         inspect_dataset)
 from shardkit.doctor.reading import load_manifest_dict
 from shardkit.doctor.stats import compute_stats, format_class_hues
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ConfigError
 
-__all__ = ["CommandError", "run_command", "progress_default", "inspect_command", "check_command",
-           "stats_command"]
+__all__ = ["inspect_command", "check_command", "stats_command"]
 
 
 def _echo_report(text: str, report: dict, json_path) -> None:
@@ -48,41 +47,12 @@ def _echo_report(text: str, report: dict, json_path) -> None:
         click.echo(f"wrote {json_path}")
 
 
-def run_command(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, with a ShardkitError turned into a
-    :class:`~shardkit.cli_common.CommandError` (store errors: see :func:`one_line_errors` on the
-    commands)."""
-    try:
-        return fn(*args, **kwargs)
-    except ShardkitError as exc:
-        raise CommandError(exc) from None
-
-
-def progress_default(flag: bool | None) -> bool:
-    """``flag`` when given (``--progress`` / ``--no-progress``), else whether stderr is a
-    terminal."""
-    if flag is not None:
-        return flag
-    isatty = getattr(sys.stderr, "isatty", None)
-    return bool(isatty and isatty())
-
-
 def _load_transform_config(path: Path | None, root: Path):
     if path is None:
         return None
     from shardkit.doctor.drift import load_transform_config
 
     return run_command(load_transform_config, path, run_command(load_manifest_dict, root))
-
-
-def dataset_arg(ctx, param, value: str):
-    """Click callback of a dataset argument (OUT, ROOT): the URL of a wds pack in object
-    storage as it is, else a local folder that must exist."""
-    from shardkit.dataset.manifest import is_url
-
-    if is_url(value):
-        return value.rstrip("/")
-    return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
 
 
 _OUT = click.argument("out", callback=dataset_arg)
@@ -92,8 +62,7 @@ _TCFG = click.option("--transform-config", type=click.Path(exists=True, path_typ
                      default=None, help="YAML file of TransformConfig fields (top level or under "
                      "'transform'), or a `shardkit train` run folder / its config.yaml (the "
                      "transform that run used); default: TransformConfig().")
-_PROGRESS = click.option("--progress/--no-progress", default=None,
-                         help="tqdm bars on stderr [default: on when stderr is a terminal].")
+_PROGRESS = PROGRESS_OPTION
 
 
 @click.command("inspect")

@@ -440,7 +440,7 @@ def _downscale_problem(rec: dict, size: tuple[int, int], man: dict) -> str | Non
 
 
 def _dataset_arg(ctx, param, value):
-    from shardkit.doctor.cli import dataset_arg  # late: it imports every doctor command
+    from shardkit.cli_common import dataset_arg
 
     return dataset_arg(ctx, param, value)
 
@@ -461,7 +461,7 @@ def verify_command(root: Path, no_decode: bool, max_pixels: int | None) -> None:
     ROOT is not a readable dataset or its store cannot be reached (one "Error: ..." line on
     stderr).
     """
-    from shardkit.doctor.cli import run_command
+    from shardkit.cli_common import run_command
     from shardkit.interop.check import check_reader_files
 
     report = run_command(verify, root, decode=not no_decode, max_pixels=max_pixels)

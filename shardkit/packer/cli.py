@@ -156,10 +156,10 @@ def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_me
 
 
 def command_error(exc: BaseException) -> click.ClickException:
-    """The CLI convention of :mod:`shardkit.doctor.cli` for a command that could not run: exit
+    """The CLI convention of :mod:`shardkit.cli_common` for a command that could not run: exit
     code 2 and one stderr line ``Error: <ErrorType>: <message>`` (printable: lone surrogates of
     non-UTF-8 file names escaped)."""
-    from shardkit.doctor.cli import CommandError
+    from shardkit.cli_common import CommandError
 
     err = CommandError(exc)
     err.message = printable(err.message)

@@ -65,7 +65,7 @@ def build_command(out, split, cache, max_side, num_workers, progress):
     """Decode every image of SPLIT of the dataset OUT into the cache (a progress bar on
     stderr); prints the cache's stats as JSON. A run with the same --cache and resolution then
     starts with every sample cached."""
-    from ..doctor.cli import run_command
+    from shardkit.cli_common import run_command
 
     stats = run_command(build_cache, out, split, cache, max_side=max_side,
                         num_workers=num_workers, progress=progress)
