@@ -11,7 +11,7 @@ import PIL
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
-from shardkit.images import neardup
+from shardkit.images import neardup, phash
 from shardkit.doctor.reading import decode_rgb
 from shardkit.errors import ConfigError
 
@@ -93,7 +93,7 @@ def test_a_48_megapixel_photo_is_checked_and_hashed_in_bounded_memory(tmp_path):
     child = (
         "import resource, sys\n"
         "from shardkit.images.normalize import DEFAULT_MAX_PIXELS\n"
-        "from shardkit.packer.plan import check_chunk\n"
+        "from shardkit.packer.check import check_chunk\n"
         "(res,) = check_chunk([(sys.argv[1], '48mp.jpg', DEFAULT_MAX_PIXELS, False, True, None, "
         "95)])\n"
         "assert res['ok'] and (res['width'], res['height']) == (8000, 6000), res\n"
@@ -117,7 +117,7 @@ def test_thumbnail_by_bands_of_rows_equals_pillows(shape, monkeypatch):
     rng = np.random.default_rng(sum(shape))
     rgb = np.asarray(Image.fromarray(rng.integers(0, 256, (shape[0] // 20, shape[1] // 20, 3),
                                                   dtype=np.uint8)).resize(shape[::-1]))
-    monkeypatch.setattr(neardup, "_CHUNK_PIXELS", 50_000)  # 20-1250 bands
+    monkeypatch.setattr(phash, "_CHUNK_PIXELS", 50_000)  # 20-1250 bands
     pillow = np.asarray(Image.fromarray(rgb).convert("L").resize((32, 32), Image.LANCZOS))
     assert np.array_equal(neardup.thumbnail32(rgb), pillow)
     assert neardup.phash64(rgb) == _imagehash64(rgb)

@@ -6,7 +6,7 @@ the ``.csv`` source (local or remote) or of ``metadata``. With ``split`` unset
 (``PackOptions.split_auto``) or ``"given"`` the packer keeps them
 (:func:`shardkit.packer.assign.given_splits`: nothing moves; identical bytes and shared groups across
 them are warnings, and ``shardkit check`` still fails on them); with ratios it pools every file
-and re-splits by group, and says so. Used by :mod:`shardkit.packer.plan`. ``src`` is a local
+and re-splits by group, and says so. Used by :mod:`shardkit.packer.scan`. ``src`` is a local
 path or, for a remote source, its URL (``str``).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every option of a pack is one :class:`PackOptions`, validated once when it is built (a bad option
 raises before anything is read or written). Steps of :func:`pack`, each a function of
-:mod:`shardkit.packer.plan` (1-4) or :mod:`shardkit.packer.write` (5-7); on-disk layout and manifest
+:mod:`shardkit.packer.scan` (1-2), :mod:`shardkit.packer.check` (3), :mod:`shardkit.packer.split` (4) or :mod:`shardkit.packer.write` (5-7); on-disk layout and manifest
 schema: ``docs/DESIGN.md``:
 
 1. **Scan** (:mod:`shardkit.sources.folder`) an ImageFolder tree or a ``.csv`` list, then apply the group

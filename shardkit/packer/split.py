@@ -3,7 +3,7 @@
 :func:`plan_split` splits the accepted items with :func:`shardkit.packer.assign.assign_splits` (or keeps
 the source's given splits), links near-duplicates (:mod:`shardkit.images.neardup`), keeps an earlier
 pack's placements (``--split-from``: :func:`load_previous`, :func:`ratios_from_previous`) and
-applies the label-conflict policy. Steps 1-3 are in :mod:`shardkit.packer.plan`, 5-7 in
+applies the label-conflict policy. Steps 1-3 are in :mod:`shardkit.packer.scan` and :mod:`shardkit.packer.check`, 5-7 in
 :mod:`shardkit.packer.write`. Notes go to the ``shardkit.pack`` logger.
 """
 from __future__ import annotations

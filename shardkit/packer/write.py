@@ -5,7 +5,7 @@ The output folder itself (its rules, the lock, staging for overwrite, cleaning) 
 :func:`write_quarantine` (5) writes the quarantine list; :func:`write_shards` (6, with the split
 files of 7) returns the manifest's ``splits`` section; :func:`class_warnings` +
 :func:`build_manifest` (7) return the manifest, which the caller writes last. Inputs are the
-values returned by :mod:`shardkit.packer.plan` and the validated :class:`~shardkit.packer.options.PackOptions`.
+values returned by steps 1-4 and the validated :class:`~shardkit.packer.options.PackOptions`.
 An ``OSError`` raised while writing a file carries that file's path in ``filename`` (a full disk
 is reported by name). Notes go to the ``shardkit.pack`` logger.
 """
