@@ -16,6 +16,7 @@ transform.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -82,8 +83,6 @@ def make_spec(root, split: str, *, decode: str = "bytes", transform=None,
             refuses, and ``transform`` / ``augment`` with ``decode="bytes"``, an augmentation
             with ``decode="eval"``, the batch ops ``mixup`` / ``cutmix``).
     """
-    import os
-
     from shardkit.imageopen import resolve_max_pixels
     from shardkit.manifest import is_url, local_path
     from shardkit.stream import ON_ERROR, ON_WARNING
@@ -98,8 +97,6 @@ def make_spec(root, split: str, *, decode: str = "bytes", transform=None,
         raise ConfigError(f"on_error={on_error!r} is not one of {list(ON_ERROR)}")
     if on_warning not in ON_WARNING:
         raise ConfigError(f"on_warning={on_warning!r} is not one of {list(ON_WARNING)}")
-    if shuffle is not None and not isinstance(shuffle, bool):
-        raise ConfigError(f"shuffle={shuffle!r}: expected True, False or None")
     max_pixels = resolve_max_pixels(max_pixels)
     spec = _augment_spec(augment, decode)
     if decode == "bytes":
@@ -115,7 +112,7 @@ def make_spec(root, split: str, *, decode: str = "bytes", transform=None,
     if not is_url(root):
         root = os.path.abspath(local_path(root))  # Ray workers do not share the driver's cwd
     return ReadSpec(root, split, decode, transform, size, spec, int(seed), epoch,
-                    decode == "train" if shuffle is None else shuffle, on_error, on_warning,
+                    decode == "train" if shuffle is None else bool(shuffle), on_error, on_warning,
                     bool(verify_reads), max_pixels)
 
 
@@ -260,8 +257,10 @@ class _PlacedTransform:
 
 class _Reader:
     """What one thread of a Ray worker keeps per ``(root, split, verify_reads, on_error,
-    decoded)``: the MapShardDataset, the split's ShardSource for the ``on_error`` policy, and
-    the transform slot."""
+    decoded)``, across tasks and epochs: the MapShardDataset (its ``seed`` unused: the slot
+    draws from the place), the split's ShardSource for the ``on_error`` policy
+    (:meth:`~shardkit.stream.ShardSource.handle_error`, as make_loader), and the transform
+    slot."""
 
     def __init__(self, spec: ReadSpec):
         from shardkit.stream import MapShardDataset, ShardSource
