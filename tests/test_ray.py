@@ -1,6 +1,6 @@
 """The Ray engine (issue 12): ``pack --engine ray`` gives the local engine's bytes, its tasks
-are retried, a dead driver leaves no manifest, and ``shardkit.ray.read_split`` feeds the same
-images as ``make_loader``, exactly once across ``streaming_split`` consumers.
+are retried, a dead driver leaves no manifest, a local runtime ends with its driver
+(``shardkit.ray.read_split`` is tested in tests/test_ray_data.py).
 
 One local Ray runtime (2 CPUs, no dashboard) serves the module; real data: the embedded
 flowers sample (200 photos) plus awkward files made from one of them.
@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,14 +27,13 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from conftest import SAMPLE, make_awkward  # noqa: E402
 from shardkit import formats  # noqa: E402
-import shardkit.packer.check as pack_check
-import shardkit.packer.split as pack_split
-from shardkit.packer import write as pack_write
-from shardkit.errors import ConfigError, ManifestError, SourceError  # noqa: E402
-from shardkit.packer.run import pack  # noqa: E402
-from shardkit.packer.cli import pack_command
-from shardkit.ray import engine, read_split  # noqa: E402
-from shardkit.stream import make_loader  # noqa: E402
+import shardkit.packer.check as pack_check  # noqa: E402
+import shardkit.packer.split as pack_split  # noqa: E402
+from shardkit import pack  # noqa: E402
+from shardkit.errors import ManifestError, SourceError  # noqa: E402
+from shardkit.packer import write as pack_write  # noqa: E402
+from shardkit.packer.cli import pack_command  # noqa: E402
+from shardkit.ray import engine  # noqa: E402
 from shardkit.stream.source import ShardSource  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -240,104 +238,7 @@ def test_killed_driver_leaves_no_manifest(tmp_path, source):
     assert _files(out) == _files(tmp_path / "local")
 
 
-# ----------------------------------------------------------------------------- feeding
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ray-packed") / "wds"
-    pack(SAMPLE, out, shard_samples=24, progress=False)
-    return out
-
-
-def test_read_split_train_images_are_make_loaders(packed):
-    rows = read_split(packed, "train", decode="train", seed=3, epoch=1, image_size=32).take_all()
-    by_index = {int(r["index"]): r for r in rows}
-    assert len(by_index) == len(rows) == 161
-    loader = make_loader(packed, "train", 16, image_size=32, seed=3, num_workers=0,
-                         return_meta=True)
-    loader.set_epoch(1)
-    seen = 0
-    for images, labels, meta in loader:
-        hwc = images.permute(0, 2, 3, 1).numpy()
-        for k, i in enumerate(meta["index"].tolist()):
-            row = by_index[i]
-            assert np.array_equal(row["image"], hwc[k]), f"sample {row['key']}"
-            assert row["label"] == int(labels[k])
-            seen += 1
-    assert seen == 161
-    other = read_split(packed, "train", decode="train", seed=3, epoch=2, image_size=32)
-    first = {int(r["index"]): r["image"] for r in other.take_all()}
-    differ = sum(not np.array_equal(first[i], by_index[i]["image"]) for i in by_index)
-    assert differ > 140  # a new epoch draws new crops and flips
-
-
-def test_read_split_eval_and_bytes(packed):
-    rows = read_split(packed, "val", decode="eval", image_size=48).take_all()
-    loader = make_loader(packed, "val", 8, train=False, image_size=48, num_workers=0)
-    expected = np.concatenate([im.permute(0, 2, 3, 1).numpy() for im, _ in loader])
-    got = np.stack([r["image"] for r in sorted(rows, key=lambda r: int(r["index"]))])
-    assert got.shape == (20, 48, 48, 3) and got.dtype == np.uint8
-    assert np.array_equal(got, expected)
-    src = ShardSource(packed, "test")
-    raw = read_split(packed, "test").take_all()
-    assert sorted(int(r["index"]) for r in raw) == list(range(len(src)))
-    for r in raw:
-        assert r["image"] == bytes(src.read(int(r["index"])))
-        assert r["key"] == src.key(int(r["index"])) and r["image"][:2] == b"\xff\xd8"
-
-
-def test_read_split_exactly_once_across_streaming_split(packed):
-    ds = read_split(packed, "train", decode="train", seed=5, image_size=16)
-    consumers = ds.streaming_split(2, equal=False)
-    keys: list[list[str]] = [[], []]
-
-    def consume(i: int) -> None:
-        for batch in consumers[i].iter_batches(batch_size=16, batch_format="numpy"):
-            assert batch["image"].shape[1:] == (16, 16, 3)
-            keys[i].extend(batch["key"].tolist())
-
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    everything = keys[0] + keys[1]
-    assert keys[0] and keys[1]  # both consumers got rows
-    assert len(everything) == len(set(everything)) == 161
-    assert set(everything) == {ShardSource(packed, "train").key(i) for i in range(161)}
-
-
-def test_read_split_errors(packed, tmp_path):
-    with pytest.raises(ConfigError, match="decode='jpeg'"):
-        read_split(packed, "train", decode="jpeg")
-    with pytest.raises(ConfigError, match="epoch"):
-        read_split(packed, "train", epoch=-1)
-    with pytest.raises(ManifestError, match="'nope'"):
-        read_split(packed, "nope")
-    with pytest.raises(ManifestError, match="not a finished"):
-        read_split(tmp_path, "train")
-
-
-def test_read_split_of_a_remote_pack_is_make_loaders_for_any_num_workers(packed):
-    """Over HTTP the order is shard-block order, cut per loader worker; read_split and
-    make_loader with 0 or 2 workers still give every sample the same pixels."""
-    from test_remote import _serve
-
-    with _serve(packed) as (url, _):
-        rows = read_split(url, "train", decode="train", seed=3, epoch=1,
-                          image_size=32).take_all()
-        want = {int(r["index"]): r["image"] for r in rows}
-        assert len(want) == 161
-        for num_workers in (0, 2):
-            loader = make_loader(url, "train", 16, image_size=32, seed=3,
-                                 num_workers=num_workers, return_meta=True)
-            loader.set_epoch(1)
-            got = {i: x for images, _, meta in loader
-                   for i, x in zip(meta["index"].tolist(),
-                                   images.permute(0, 2, 3, 1).numpy())}
-            assert got.keys() == want.keys()
-            assert all(np.array_equal(got[i], want[i]) for i in want), num_workers
-
-
+# ----------------------------------------------------------------------------- local runtime
 LOCAL_DRIVER = r"""
 import sys, psutil
 from shardkit.ray.engine import ensure_ray

@@ -2,8 +2,9 @@
 
 - :func:`read_split`: one split of a packed dataset as a ``ray.data.Dataset`` of rows ``key``,
   ``label``, ``index``, ``image`` (stored bytes, or uint8 ``(S, S, 3)`` after shardkit's train
-  or eval transform with :func:`shardkit.stream.make_loader`'s randomness), built from the
-  manifest and split index (:mod:`shardkit.ray.data`).
+  or eval transform and augmentation with :func:`shardkit.stream.make_loader`'s randomness),
+  read by one Ray task per shard planned from the manifest and split index
+  (:mod:`shardkit.ray.data`; the datasource: :mod:`shardkit.ray.datasource`).
 - ``shardkit pack --engine ray``: the per-file check and the shard writes as Ray tasks, with the
   local engine's output (:mod:`shardkit.ray.engine`).
 

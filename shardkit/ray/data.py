@@ -1,157 +1,93 @@
 """Feeding on Ray: one split of a packed dataset as a ``ray.data.Dataset`` (:func:`read_split`).
 
-The dataset is built from the manifest and ``splits/<split>.index.npz`` only (no shard is
-listed or opened on the driver): a ``ray.data.range`` over the epoch's positions, mapped in Ray
-tasks that read each sample through :class:`shardkit.stream.source.ShardSource` (``pread`` at
-the indexed offset, xxh3-checked) and, for ``decode="train"``/``"eval"``, run shardkit's fused
-transform. So CPU-only Ray nodes decode and GPU trainers consume with ``iter_torch_batches`` (of
+The dataset comes from :class:`shardkit.ray.datasource.SplitDatasource`, planned from the
+manifest and ``splits/<split>.index.npz`` only (no shard is listed or opened on the driver):
+one read task per shard, whose metadata carry its row count and in-memory size from the index;
+the epoch order is computed once on the driver and each task gets only its rows
+(:mod:`shardkit.ray.tasks`). A task reads its samples through
+:class:`shardkit.stream.MapShardDataset` (``pread`` at the indexed offset, xxh3-checked) and,
+for ``decode="train"``/``"eval"``, runs shardkit's fused transform and the augmentation. So
+CPU-only Ray nodes decode and GPU trainers consume with ``iter_torch_batches`` (of
 ``ds.select_columns(["image", "label"])``: torch takes no text ``key``) or
 ``streaming_split(n, equal=False)`` (each row goes to exactly one of the ``n`` consumers; with
 ``equal=True`` Ray may drop rows to even them out).
 
-Same images as :func:`shardkit.stream.make_loader` with ``world_size=1``: the epoch order is
-:func:`shardkit.sharding.epoch_order` of ``(seed, epoch)`` (shuffled for ``"train"``, split order
-for ``"eval"``), and the sample at place ``j`` of that order is transformed with
-``sample_rng(seed, epoch, 0, j)`` (field case 17), so row ``index == i`` holds the pixels the
-loader yields for split position ``i`` in the same epoch (tests/test_ray.py). Rows come out
-block by block, roughly in epoch order; Ray does not promise the order between blocks.
+Same images as :func:`shardkit.stream.make_loader` with ``world_size=1`` and the same
+``transform``, ``augment``, ``seed``: the epoch order is :func:`shardkit.sharding.epoch_order`
+of ``(seed, epoch)`` (shuffled for ``"train"``, split order for ``"eval"``), and the sample at
+place ``j`` of that order is transformed with ``sample_rng(seed, epoch, 0, j)`` (field case 17),
+so row ``index == i`` holds the pixels the loader yields for split position ``i`` in the same
+epoch (tests/test_ray_data.py). Rows come out shard by shard (the samples of one shard in epoch
+order, block by block; pack stores each shard's samples shuffled); Ray does not promise the
+order between blocks (``random_shuffle`` or ``iter_batches(local_shuffle_buffer_size=...)``
+mix them further).
 """
 from __future__ import annotations
 
-import os
-import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from shardkit.errors import ConfigError
+
+from .tasks import DECODE_MODES, ROWS_PER_BATCH
 
 if TYPE_CHECKING:
     import ray.data
 
 __all__ = ["read_split", "DECODE_MODES", "ROWS_PER_BATCH"]
 
-DECODE_MODES = ("bytes", "train", "eval")
-"""``image`` of a row: the stored bytes, or uint8 ``(S, S, 3)`` after the train transform
-(RandomResizedCrop + flip) or the eval transform (resize + center crop)."""
-ROWS_PER_BATCH = 64
-"""Rows per ``map_batches`` call (one output block): 64 x 224 x 224 x 3 B = 9.6 MB decoded."""
-
-
-@dataclass(frozen=True)
-class _Spec:
-    root: str
-    split: str
-    decode: str
-    seed: int
-    epoch: int
-    image_size: int
-    shuffle: bool
-    verify_reads: bool
-
-
-class _State:
-    """What a Ray worker process builds once per :class:`_Spec`: source, order, transform."""
-
-    def __init__(self, spec: _Spec):
-        from shardkit.sharding import epoch_order
-        from shardkit.stream.source import ShardSource
-
-        self.source = ShardSource(spec.root, spec.split, "raise", spec.verify_reads)
-        idx = self.source.index
-        self.order = epoch_order(len(idx), seed=spec.seed, epoch=spec.epoch,
-                                 shuffle=spec.shuffle, shards=idx.shard,
-                                 block=self.source.remote)
-        self.transform = None
-        if spec.decode != "bytes":
-            from shardkit.transforms import TransformConfig, make_transform
-
-            self.transform = make_transform(TransformConfig(image_size=spec.image_size),
-                                            spec.decode == "train")
-            self.transform.max_pixels = self.source.max_pixels  # as make_loader
-
-
-_STATES: dict[_Spec, _State] = {}
-_STATES_LOCK = threading.Lock()
-
-
-def _state(spec: _Spec) -> _State:
-    with _STATES_LOCK:
-        st = _STATES.get(spec)
-        if st is None:
-            if len(_STATES) >= 4:  # a worker serving many epochs keeps the latest few
-                _STATES.pop(next(iter(_STATES))).source.close()
-            st = _STATES[spec] = _State(spec)
-        return st
-
-
-def _rows(batch: dict, spec: _Spec) -> dict:
-    """Rows for the epoch places ``batch["id"]``."""
-    from shardkit.sharding import sample_rng
-
-    st = _state(spec)
-    places = np.asarray(batch["id"], dtype=np.int64)
-    positions = st.order[places]
-    keys, images = [], []
-    for j, pos in zip(places.tolist(), positions.tolist()):
-        data = st.source.read(pos)
-        if st.transform is None:
-            images.append(bytes(data))
-        else:
-            images.append(st.transform(data, sample_rng(spec.seed, spec.epoch, 0, j)))
-        keys.append(st.source.key(pos))
-    image = np.stack(images) if st.transform is not None else np.array(images, dtype=object)
-    return {"key": np.array(keys, dtype=object), "label": st.source.index.label[positions],
-            "index": positions, "image": image}
-
 
 def read_split(root, split: str, *, decode: str = "bytes", seed: int = 0, epoch: int = 0,
-               image_size: int = 224, shuffle: bool | None = None,
-               verify_reads: bool = True) -> ray.data.Dataset:
+               image_size: int | None = None, transform=None, augment=None,
+               shuffle: bool | None = None, on_error: str = "raise", on_warning: str = "keep",
+               verify_reads: bool = True, max_pixels: int | None = None) -> ray.data.Dataset:
     """Split ``split`` of the packed dataset at ``root`` as a lazy ``ray.data.Dataset``.
 
     Rows: ``key`` (str), ``label`` (int64 in ``[0, num_classes)``), ``index`` (int64 split
-    position), ``image``: the stored bytes (``decode="bytes"``), or uint8 ``(image_size,
-    image_size, 3)`` RGB, 0..255 (``"train"``: RandomResizedCrop + flip; ``"eval"``: resize +
-    center crop; shardkit's :func:`~shardkit.transforms.make_transform` with the default
-    :class:`~shardkit.transforms.TransformConfig`). One row per sample of the split per epoch.
+    position), ``image``: the stored bytes (``decode="bytes"``), or uint8 ``(S, S, 3)`` RGB,
+    0..255 (``"train"``: RandomResizedCrop + flip, then ``augment``; ``"eval"``: resize +
+    center crop). One row per sample of the split per epoch, less the samples ``on_error`` /
+    ``on_warning`` leave out.
 
     Args:
         root: dataset folder (every Ray node must see it at this path), ``file://`` URL, or an
             fsspec URL of ``wds`` tar shards.
+        decode: one of :data:`DECODE_MODES`.
         seed, epoch: order and augmentation randomness (those of ``make_loader``).
+        image_size: output side ``S`` in pixels (default 224, or ``transform.image_size``).
+        transform: as :func:`shardkit.stream.make_loader`'s: a
+            :class:`~shardkit.transforms.TransformConfig` (default: ``TransformConfig()``), or a
+            picklable callable ``(data, rng, out=None) -> (S, S, 3) uint8`` (then
+            ``image_size`` is required); ``decode`` says train or eval.
+        augment: as ``make_loader``'s (a preset, op list, YAML or
+            :class:`~shardkit.augment.AugmentSpec`), ``decode="train"`` only; the batch ops
+            ``mixup`` / ``cutmix`` are refused (a Ray dataset is rows: mix in the trainer).
         shuffle: the epoch order is shuffled; default: on for ``"train"``, off otherwise.
-        verify_reads: check each sample's xxh3 against the index.
+        on_error: ``"raise"``: a sample that fails to read or decode fails its Ray task with
+            the error naming shard and key; ``"skip"``: it is left out and logged at WARNING
+            (keys in :attr:`SplitDatasource.skipped
+            <shardkit.ray.datasource.SplitDatasource.skipped>`: build the datasource yourself,
+            ``ray.data.read_datasource(SplitDatasource(root, split, ...))``, to read them).
+        on_warning: ``"keep"`` (logged per shard), ``"skip"`` (as ``on_error="skip"``) or
+            ``"raise"`` (DecodeWarningError) for a decode with libjpeg warnings (field case 12).
+        verify_reads: check each sample's xxh3 against the index (a damaged sample is a
+            ShardCorruptError naming it, handled by ``on_error``).
+        max_pixels: the largest image (width x height) decoded, as ``make_loader``'s.
 
     Raises (here, on the driver):
-        ConfigError: ``decode`` not in :data:`DECODE_MODES`, a bad seed, epoch or image_size,
-            Ray not installed. ManifestError: no finished dataset or unknown split.
+        ConfigError: an invalid option (naming it; ``transform`` or ``augment`` with
+            ``decode="bytes"``, ``augment`` with ``"eval"``), Ray not installed.
+        ManifestError: no finished dataset or unknown split.
         ShardCorruptError: a listed shard is missing or of the wrong size.
-    Errors reading a sample (ShardCorruptError naming shard and key) fail the Ray task.
+    Errors reading a sample (above) fail the Ray task that reads it, and so the consumer.
     """
-    from shardkit.dataset.manifest import is_url, local_path
-    from shardkit.stream.source import ShardSource
-    from shardkit.stream.state import check_epoch
-    from shardkit.transforms import TransformConfig
-
-    if decode not in DECODE_MODES:
-        raise ConfigError(f"decode={decode!r}; expected one of {list(DECODE_MODES)}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed={seed!r}; expected an int >= 0")
-    epoch = check_epoch(epoch)
-    TransformConfig(image_size=image_size)  # validates image_size (ConfigError)
     try:
         import ray.data
     except ImportError:
         raise ConfigError("read_split needs Ray Data: pip install 'shardkit[ray]' (or "
                           "'ray[data]')") from None
-    root = os.fspath(root)
-    if not is_url(root):
-        root = os.path.abspath(local_path(root))  # Ray workers do not share the driver's cwd
-    n = len(ShardSource(root, split, "raise", verify_reads))  # validates before any task
-    spec = _Spec(root, split, decode, int(seed), epoch, int(image_size),
-                 decode == "train" if shuffle is None else bool(shuffle), bool(verify_reads))
-    blocks = max(1, -(-n // ROWS_PER_BATCH))  # one block per batch: no re-bundling
-    return ray.data.range(n, override_num_blocks=blocks).map_batches(
-        _rows, fn_kwargs={"spec": spec}, batch_size=ROWS_PER_BATCH, batch_format="numpy")
+    from .datasource import SplitDatasource
+
+    return ray.data.read_datasource(SplitDatasource(
+        root, split, decode=decode, transform=transform, image_size=image_size, augment=augment,
+        seed=seed, epoch=epoch, shuffle=shuffle, on_error=on_error, on_warning=on_warning,
+        verify_reads=verify_reads, max_pixels=max_pixels))
