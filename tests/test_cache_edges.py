@@ -264,7 +264,9 @@ def test_a_run_that_exits_without_close_leaves_no_arena(root, shm, tmp_path, cap
     assert list(shm.iterdir()) == []  # released at exit: neither the arena nor its lock
     with caplog.at_level(logging.WARNING, logger="shardkit.stream.cache"):
         with make_loader(root, "train", BATCH, cache="ram") as loader:
-            assert loader.cache.arena.created
+            stats = loader.cache_stats()  # a new arena in the emptied folder, nothing filled yet
+            assert Path(stats["path"]).parent == shm and Path(stats["path"]).is_file()
+            assert stats["filled_samples"] == 0 and stats["disabled"] is None
     assert "stale" not in caplog.text and "killed" not in caplog.text
 
 
