@@ -27,11 +27,12 @@ names = [m.name for m in pkgutil.walk_packages(shardkit.__path__, "shardkit.")]
 for name in names:
     importlib.import_module(name)
 import shardkit.formats.wds, shardkit.stream
-from shardkit.pack import pack
+from shardkit.cli import main
 from shardkit.stream import make_loader
 from shardkit.transforms import TransformConfig
 src, out = sys.argv[1], sys.argv[2]
-pack(src, out, format="wds", split={{"train": 1.0}}, near_duplicates="off", progress=False)
+main(["pack", src, out, "--format", "wds", "--split", "train=1.0", "--near-duplicates", "off",
+      "--no-progress"], standalone_mode=False)
 with make_loader(out, "train", 4, transform=TransformConfig(image_size=32)) as loader:
     batches = [list(b[0].shape) for b in loader]
 leaked = sorted(n for n in {blocked!r} if sys.modules.get(n) is not None)
