@@ -113,7 +113,7 @@ def _read_cost(source, n: int) -> dict:
 @click.option("--out", default=None, help="Write the results as JSON here.")
 def main(data, split, batch_size, image_size, repeats, workers, out):
     from shardkit.bench.env import collect_environment
-    from shardkit.stream import ShardSource
+    from shardkit.stream.source import ShardSource
     from shardkit.transforms import TransformConfig
 
     cores = len(os.sched_getaffinity(0))

@@ -359,14 +359,33 @@ def test_recommendation_prefers_thread_backend_at_equal_workers():
 
 # --- case 20: the environment names the PIL that really loaded ------------------------------
 
-def test_environment_reports_real_pil_and_flags_missing_pillow_simd():
-    env = collect_environment(expect_pil="pillow-simd")
+def installed_pil() -> tuple[bool, str, str]:
+    """``(simd, other, message)`` for the PIL installed here: ``simd`` when the distribution
+    that installed the ``PIL`` package is Pillow-SIMD (``make simd``) rather than Pillow (``make
+    install``), read from the installed distributions; ``other`` the ``--expect-pil`` choice of
+    the flavour that is NOT installed, and ``message`` the start of the mismatch it must give."""
+    import importlib.metadata as metadata
+
+    dists = metadata.packages_distributions().get("PIL", [])
+    assert len(dists) == 1, f"several distributions provide PIL: {dists}"
+    if dists[0].lower().replace("_", "-") == "pillow-simd":
+        return True, "pillow", f"stock Pillow was requested but Pillow-SIMD {PIL.__version__}"
+    return False, "pillow-simd", f"pillow-simd was requested but stock Pillow {PIL.__version__}"
+
+
+def test_environment_reports_real_pil_and_flags_the_other_flavour():
+    """Under Pillow (make install) and Pillow-SIMD (make simd) alike: the loaded PIL is named,
+    asking for the other flavour is one mismatch, asking for this one (or any) none."""
+    simd, other, message = installed_pil()
+    env = collect_environment(expect_pil=other)
     assert env["pil"]["version"] == PIL.__version__
-    assert env["pil"]["simd"] is False  # stock Pillow is what this venv installs
+    assert env["pil"]["simd"] is simd
     assert env["torch"]["version"] == torch.__version__
     assert env["cpu"]["usable_cores"] >= 1
     assert len(env["mismatches"]) == 1
-    assert "pillow-simd was requested but stock Pillow " + PIL.__version__ in env["mismatches"][0]
+    assert message in env["mismatches"][0]
+    same = "pillow-simd" if simd else "pillow"
+    assert collect_environment(expect_pil=same)["mismatches"] == []
     assert collect_environment(expect_pil="any")["mismatches"] == []
     tj = env["turbojpeg"]
     assert Path(tj["library_path"]).is_file()
@@ -407,16 +426,17 @@ def test_cli_on_packed_wds_writes_table_json_plots_recommendation(packed_sample,
 
     data = packed_sample("wds")
     out = tmp_path / "bench"
+    _, other_pil, pil_message = installed_pil()
     result = CliRunner().invoke(main, [
         "bench", "--data", str(data), "--out", str(out), "--num-workers", "0,1",
         "--prefetch-factor", "2,4", "--pin-memory", "both", "--batch-size", "8",
         "--image-size", "64", "--warmup", "1", "--batches", "3", "--repeats", "2",
-        "--step-ms", "5", "--baseline", "imagefolder", "--expect-pil", "pillow-simd",
+        "--step-ms", "5", "--baseline", "imagefolder", "--expect-pil", other_pil,
         "--format", "wds", "--decoder", "auto", "--decoder", "nvjpeg", "--persistent-workers",
         "--backend", "process"])
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert "loader ms" in result.output and "Recommended:" in result.output
-    assert "pillow-simd was requested but stock Pillow" in result.output
+    assert pil_message in result.output
     doc = json.loads((out / "bench.json").read_text())
     assert doc["schema_version"] == 4
     assert doc["config"]["backends"] == ["process"]

@@ -23,10 +23,11 @@ import torch
 
 from shardkit.errors import LoaderError
 from shardkit.dataset.manifest import read_split_records, sample_checksum
-from shardkit.stream import BatchDataset, WorkerOptions, make_loader
+from shardkit.stream import WorkerOptions, make_loader
 from shardkit.stream import arena as arena_mod
 from shardkit.stream import cache as cache_mod
 from shardkit.stream.cache import SHM_DIR_ENV, SHM_MARGIN, shm_reserve
+from shardkit.stream.datasets import BatchDataset
 
 BATCH = 32
 N = 140  # train samples of the packed sample
@@ -130,7 +131,7 @@ def _unshare_works() -> bool:
 _SMALL_SHM = textwrap.dedent("""
     import hashlib, json, logging, sys
     logging.basicConfig(level=logging.WARNING, format="LOG %(levelname)s %(name)s %(message)s")
-    from shardkit.stream import BatchDataset, WorkerOptions, make_loader
+    from shardkit.stream import WorkerOptions, make_loader
     root, configs = sys.argv[1], json.loads(sys.argv[2])
     for backend, cache in configs:
         print("=== " + backend + " " + cache, file=sys.stderr, flush=True)
@@ -238,7 +239,7 @@ def test_no_shared_memory_for_a_batch_is_one_clear_error(root, monkeypatch):
 
 _NO_CLOSE = textwrap.dedent("""
     import sys
-    from shardkit.stream import BatchDataset, WorkerOptions, make_loader
+    from shardkit.stream import WorkerOptions, make_loader
     if __name__ == "__main__":
         backend, ctx = sys.argv[2], (None if sys.argv[3] == "default" else sys.argv[3])
         loader = make_loader(sys.argv[1], "train", 32, num_workers=2, cache="ram",
@@ -264,7 +265,9 @@ def test_a_run_that_exits_without_close_leaves_no_arena(root, shm, tmp_path, cap
     assert list(shm.iterdir()) == []  # released at exit: neither the arena nor its lock
     with caplog.at_level(logging.WARNING, logger="shardkit.stream.cache"):
         with make_loader(root, "train", BATCH, cache="ram") as loader:
-            assert loader.cache.arena.created
+            stats = loader.cache_stats()  # a new arena in the emptied folder, nothing filled yet
+            assert Path(stats["path"]).parent == shm and Path(stats["path"]).is_file()
+            assert stats["filled_samples"] == 0 and stats["disabled"] is None
     assert "stale" not in caplog.text and "killed" not in caplog.text
 
 

@@ -156,18 +156,42 @@ def test_wds_truncated_or_shifted_shard_names_shard_and_key(sample_dir, tmp_path
         reader.read(records[1]["key"], records[1]["offset"], records[1]["size"])
 
 
-def test_lmdb_tiny_map_grows_and_file_is_compacted(sample_dir, tmp_path):
+class _SizedEnv:
+    """An ``lmdb.Environment`` that records the map sizes it is given."""
+
+    def __init__(self, env, sizes: list[int]):
+        self._env, self._sizes = env, sizes
+
+    def set_mapsize(self, size: int):
+        self._sizes.append(size)
+        return self._env.set_mapsize(size)
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+
+def test_lmdb_tiny_map_grows_and_file_is_compacted(sample_dir, tmp_path, monkeypatch):
     """Case 9: an initial map of 1 MiB grows by doubling; the final file is tight."""
+    import lmdb
+
     files = _jpegs(sample_dir, 30)
     source_bytes = sum(p.stat().st_size for p in files)
-    sink = ShardSink(tmp_path / "out", "train", "lmdb",
+    sizes: list[int] = []
+    real_open = lmdb.open
+
+    def sized_open(path, **kw):
+        sizes.append(kw["map_size"])
+        return _SizedEnv(real_open(path, **kw), sizes)
+
+    monkeypatch.setattr(lmdb, "open", sized_open)
+    records = _write(tmp_path / "out", "lmdb", files,
                      writer_options={"initial_map_size": 1 << 20})
-    for i, p in enumerate(files):
-        sink.add(f"train_{i:08d}", p.read_bytes(), "jpg", 0)
-    writer = sink._writer
-    shards = sink.close()
-    assert writer.map_growths >= 1
+    monkeypatch.undo()
+    assert source_bytes > 1 << 20  # more than the first map holds
+    assert len(sizes) >= 2 and sizes == [(1 << 20) << k for k in range(len(sizes))], sizes
+    shards = load_manifest(tmp_path / "out")["splits"]["train"]["shards"]
     assert source_bytes < shards[0]["bytes"] < 1.2 * source_bytes + (1 << 20)
+    assert _read_all(tmp_path / "out") == [r["sha256"] for r in records]
 
 
 def test_lmdb_reads_from_read_only_copy(sample_dir, tmp_path):

@@ -17,8 +17,9 @@ import torch
 from shardkit.decode import DecodeWarningError, auto_choice
 from shardkit.errors import ConfigError, DecodeError, LoaderError, ShardCorruptError
 from shardkit.dataset.manifest import load_index
-from shardkit.stream import (DeviceNormalizer, MapShardDataset, ProcessBackend, SamplingOptions,
-                             ThreadBackend, WorkerOptions, make_loader)
+from shardkit.stream import (DeviceNormalizer, MapShardDataset, SamplingOptions, WorkerOptions,
+                             make_loader)
+from shardkit.stream.backends import ProcessBackend, ThreadBackend
 from shardkit.transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
 from test_dataset import build_split
 
@@ -212,7 +213,8 @@ def test_train_true_on_an_eval_split_works_and_warns_once(packed_sample, caplog)
 def test_eval_split_names(sample_dir, tmp_path, split, train):
     """val, validation, valid, test, dev, eval (any case) are eval splits; other names train.
     make_loader and ShardDataset resolve the mode, and shuffle=None from it, alike."""
-    from shardkit.stream import ShardDataset, is_eval_split
+    from shardkit.stream import ShardDataset
+    from shardkit.stream.options import is_eval_split
 
     build_split(sample_dir, tmp_path, "wds", [5], split=split)
     assert is_eval_split(split) is not train

@@ -6,6 +6,9 @@
   ``(3, H, W)`` uint8 tensors of any device, and in-place C fast paths on ``(H, W, 3)`` rows.
 - :mod:`~shardkit.augment.mix`: batch-level mixup / cutmix with soft targets (timm semantics),
   applied by the loader to each whole batch (:func:`shardkit.stream.make_loader`).
+- :mod:`~shardkit.augment.batched`: programs applied to a whole batch on a device.
+- :mod:`~shardkit.augment.vendored`: the torchvision 0.29.1 internals these need (affine matrix
+  and grid, policy magnitude tables), copied so that only public torchvision API is used.
 
 Where they run: ``augment_device="cpu"`` applies each sample's program inside the loader's
 decoding threads, on the uint8 row the fused crop just wrote; ``"cuda"`` (any torch device)

@@ -20,11 +20,9 @@ from typing import Callable
 
 import torch
 import torchvision.transforms.v2.functional as F
-from torchvision.transforms.v2.functional._color import _rgb_to_grayscale_image
-from torchvision.transforms.v2.functional._geometry import (_affine_grid, _apply_grid_transform,
-                                                            _get_inverse_affine_matrix)
 
-from shardkit.augment.prims import TORCH, _fill3
+from shardkit.augment.prims import TORCH, fill3
+from shardkit.augment.vendored import affine_grid, grid_transform, inverse_affine_matrix
 
 
 def _per_sample(x: torch.Tensor, values, dtype=torch.float32) -> torch.Tensor:
@@ -46,7 +44,10 @@ def _blend(x: torch.Tensor, other: torch.Tensor, ratios: list[float]) -> torch.T
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    return _rgb_to_grayscale_image(x, num_output_channels=1, preserve_dtype=False).floor_()
+    """float32 ``(N, 1, H, W)``: the floor of torchvision's float grayscale, as
+    ``adjust_contrast`` / ``adjust_saturation`` take it for uint8 images. The public uint8
+    ``rgb_to_grayscale`` truncates the same float values (all in [0, 255]), which is the floor."""
+    return F.rgb_to_grayscale(x, num_output_channels=1).to(torch.float32)
 
 
 def b_brightness(x, args):
@@ -86,26 +87,26 @@ def _grid_transform(x, matrices, fill, interpolation) -> torch.Tensor:
     """torchvision's ``affine_image`` for a batch with one inverse matrix per sample."""
     n, _, h, w = x.shape
     theta = torch.tensor(matrices, dtype=torch.float32, device=x.device).reshape(n, 2, 3)
-    grid = torch.cat([_affine_grid(theta[i:i + 1], w=w, h=h, ow=w, oh=h) for i in range(n)])
-    return _apply_grid_transform(x, grid, interpolation, fill=_fill3(fill))
+    grid = torch.cat([affine_grid(theta[i:i + 1], w=w, h=h) for i in range(n)])
+    return grid_transform(x, grid, interpolation, fill=fill3(fill))
 
 
 def b_affine(x, args):
-    matrices = [_get_inverse_affine_matrix([0.0, 0.0], float(a[0]), [float(t) for t in a[1]],
-                                           float(a[2]), [float(s) for s in a[3]]) for a in args]
+    matrices = [inverse_affine_matrix([0.0, 0.0], float(a[0]), [float(t) for t in a[1]],
+                                      float(a[2]), [float(s) for s in a[3]]) for a in args]
     return _grid_transform(x, matrices, args[0][4], args[0][5])
 
 
 def b_shear_origin(x, args):
     h, w = x.shape[-2:]
     center = [-w * 0.5, -h * 0.5]  # center=[0, 0]: the top-left corner
-    matrices = [_get_inverse_affine_matrix(center, 0.0, [0.0, 0.0], 1.0,
-                                           [float(s) for s in a[0]]) for a in args]
+    matrices = [inverse_affine_matrix(center, 0.0, [0.0, 0.0], 1.0,
+                                      [float(s) for s in a[0]]) for a in args]
     return _grid_transform(x, matrices, args[0][1], args[0][2])
 
 
 def b_rotate(x, args):
-    matrices = [_get_inverse_affine_matrix([0.0, 0.0], -float(a[0]), [0.0, 0.0], 1.0, [0.0, 0.0])
+    matrices = [inverse_affine_matrix([0.0, 0.0], -float(a[0]), [0.0, 0.0], 1.0, [0.0, 0.0])
                 for a in args]
     return _grid_transform(x, matrices, args[0][1], args[0][2])
 

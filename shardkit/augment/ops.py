@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import torchvision.transforms.v2 as T
-
+from shardkit.augment.vendored import (AUGMIX_PARTIAL_SPACE, AUGMIX_SPACE, RAND_AUGMENT_SPACE,
+                                       TRIVIAL_AUGMENT_SPACE)
 from shardkit.errors import ConfigError
 
 Program = list  # [(primitive name, args tuple), ...]
@@ -59,10 +59,6 @@ def _fill_value(value, name: str = "fill", allow_none: bool = True):
     if value is None and allow_none:
         return value
     values = [value] if isinstance(value, (int, float)) else value
-    if (not isinstance(values, (list, tuple)) or len(values) not in (1, 3)
-            or not all(isinstance(v, (int, float)) and 0 <= v <= 255 for v in values)):
-        raise ConfigError(f"{name}={value!r}; expected a uint8 value 0-255 or 3 of them (RGB)")
-    return value
     if (not isinstance(values, (list, tuple)) or len(values) not in (1, 3)
             or not all(isinstance(v, (int, float)) and 0 <= v <= 255 for v in values)):
         raise ConfigError(f"{name}={value!r}; expected a uint8 value 0-255 or 3 of them (RGB)")
@@ -274,7 +270,7 @@ def rand_augment(rng, h, w, num_ops=2, magnitude=9, num_magnitude_bins=31, fill=
         raise ConfigError(f"rand_augment num_ops={num_ops}; expected >= 0")
     out: Program = []
     for _ in range(int(round(num_ops))):
-        out += _policy_op(rng, T.RandAugment._AUGMENTATION_SPACE, bins, h, w, float(magnitude),
+        out += _policy_op(rng, RAND_AUGMENT_SPACE, bins, h, w, float(magnitude),
                           fill, interpolation)
     return out
 
@@ -285,7 +281,7 @@ def trivial_augment(rng, h, w, num_magnitude_bins=31, fill=None,
     if int(num_magnitude_bins) < 2:
         raise ConfigError(f"trivial_augment num_magnitude_bins={num_magnitude_bins}; "
                           "expected >= 2")
-    return _policy_op(rng, T.TrivialAugmentWide._AUGMENTATION_SPACE, int(num_magnitude_bins),
+    return _policy_op(rng, TRIVIAL_AUGMENT_SPACE, int(num_magnitude_bins),
                       h, w, None, fill, interpolation)
 
 
@@ -298,7 +294,7 @@ def aug_mix(rng, h, w, severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, a
         raise ConfigError(f"aug_mix mixture_width={mixture_width}, alpha={alpha}; expected "
                           "mixture_width >= 1 and alpha > 0")
     _fill_value(fill)
-    space = T.AugMix._AUGMENTATION_SPACE if all_ops else T.AugMix._PARTIAL_AUGMENTATION_SPACE
+    space = AUGMIX_SPACE if all_ops else AUGMIX_PARTIAL_SPACE
     m = rng.dirichlet([alpha, alpha])
     weights = rng.dirichlet([alpha] * int(mixture_width)) * m[1]
     chains = []

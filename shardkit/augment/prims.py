@@ -42,7 +42,8 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as F
 from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2.functional._geometry import _get_inverse_affine_matrix
+
+from shardkit.augment.vendored import inverse_affine_matrix
 
 logger = logging.getLogger("shardkit.augment")
 
@@ -56,7 +57,7 @@ except ImportError as _exc:  # not built (no C compiler at install): the torch p
                    "headers: `pip install -e . -v`", _exc)
 
 
-def _fill3(fill) -> list[float] | None:
+def fill3(fill) -> list[float] | None:
     """A fill value (int or 3 ints, 0-255) as the 3-float list torchvision takes; None stays
     None (torchvision: no fill mask, pixels from outside are the zero padding)."""
     if fill is None:
@@ -110,25 +111,25 @@ def t_grayscale(img):
 def t_affine(img, angle, translate, scale, shear, fill, interpolation="nearest"):
     return F.affine(img, angle=float(angle), translate=list(translate), scale=float(scale),
                     shear=list(shear), interpolation=InterpolationMode(interpolation),
-                    fill=_fill3(fill), center=None)
+                    fill=fill3(fill), center=None)
 
 
 def t_shear_origin(img, shear, fill, interpolation="nearest"):
     """RandAugment's ShearX/ShearY: an affine shear about the top-left corner
     (torchvision ``_AutoAugmentBase._apply_image_or_video_transform``)."""
     return F.affine(img, angle=0.0, translate=[0, 0], scale=1.0, shear=list(shear),
-                    interpolation=InterpolationMode(interpolation), fill=_fill3(fill),
+                    interpolation=InterpolationMode(interpolation), fill=fill3(fill),
                     center=[0, 0])
 
 
 def t_rotate(img, angle, fill, interpolation="nearest"):
     return F.rotate(img, float(angle), interpolation=InterpolationMode(interpolation),
-                    fill=_fill3(fill))
+                    fill=fill3(fill))
 
 
 def t_perspective(img, startpoints, endpoints, fill, interpolation="bilinear"):
     return F.perspective(img, startpoints, endpoints,
-                         interpolation=InterpolationMode(interpolation), fill=_fill3(fill))
+                         interpolation=InterpolationMode(interpolation), fill=fill3(fill))
 
 
 def t_gaussian_blur(img, kernel_size, sigma):
@@ -136,7 +137,7 @@ def t_gaussian_blur(img, kernel_size, sigma):
 
 
 def t_erase(img, i, j, h, w, value):
-    v = torch.tensor(_fill3(value), dtype=img.dtype, device=img.device).view(3, 1, 1)
+    v = torch.tensor(fill3(value), dtype=img.dtype, device=img.device).view(3, 1, 1)
     return F.erase(img, i, j, h, w, v)
 
 
@@ -179,7 +180,7 @@ def _theta(matrix) -> tuple[float, ...]:
 
 def _fill_ints(fill) -> tuple[int, int, int]:
     """The fill of the nearest-neighbour kernel: None (the zero padding) is black."""
-    return (0, 0, 0) if fill is None else tuple(int(v) for v in _fill3(fill))
+    return (0, 0, 0) if fill is None else tuple(int(v) for v in fill3(fill))
 
 
 def _affine_theta(name: str, shape, args) -> tuple[float, ...] | None:
@@ -191,15 +192,15 @@ def _affine_theta(name: str, shape, args) -> tuple[float, ...] | None:
     h, w = shape[:2]
     if name == "affine":
         angle, translate, scale, shear = args[:4]
-        m = _get_inverse_affine_matrix([0.0, 0.0], float(angle), [float(t) for t in translate],
-                                       float(scale), [float(s) for s in shear])
+        m = inverse_affine_matrix([0.0, 0.0], float(angle), [float(t) for t in translate],
+                                  float(scale), [float(s) for s in shear])
     elif name == "shear_origin":  # center=[0, 0] in pixels, relative to the image centre
-        m = _get_inverse_affine_matrix([-w * 0.5, -h * 0.5], 0.0, [0.0, 0.0], 1.0,
-                                       [float(s) for s in args[0]])
+        m = inverse_affine_matrix([-w * 0.5, -h * 0.5], 0.0, [0.0, 0.0], 1.0,
+                                  [float(s) for s in args[0]])
     else:
         if float(args[0]) % 90 == 0:
             return None
-        m = _get_inverse_affine_matrix([0.0, 0.0], -float(args[0]), [0.0, 0.0], 1.0, [0.0, 0.0])
+        m = inverse_affine_matrix([0.0, 0.0], -float(args[0]), [0.0, 0.0], 1.0, [0.0, 0.0])
     return _theta(m)
 
 

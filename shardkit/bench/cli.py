@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -92,75 +93,37 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
         ConfigError: bad option values (named in the message).
         ManifestError: a ``data`` folder is not a packed dataset.
     """
-    if baseline not in ("none", "imagefolder"):
-        raise ConfigError(f"baseline={baseline!r}; expected 'none' or 'imagefolder'")
-    if not 0 <= tolerance < 1:
-        raise ConfigError(f"tolerance={tolerance}; expected 0 <= tolerance < 1")
-    if not 0 < threshold <= 1:
-        raise ConfigError(f"data_bound_threshold={threshold}; expected 0 < threshold <= 1")
-    infos = [dataset_info(d) for d in data]
-    if formats:
-        missing = set(formats) - {i["format"] for i in infos}
-        if missing:
-            raise ConfigError(f"--format {sorted(missing)} requested but no --data folder has that "
-                              f"format (given: {[(i['root'], i['format']) for i in infos]})")
-        infos = [i for i in infos if i["format"] in formats]
-    for i in infos:
-        if cfg.split not in i["splits"]:
-            raise ConfigError(f"split {cfg.split!r} not in {i['root']}; available: "
-                              f"{sorted(i['splits'])}")
-    workers = parse_int_list(num_workers, "--num-workers")
-    prefetch = parse_int_list(prefetch_factor, "--prefetch-factor", minimum=1, allow_none=True)
-    pins = parse_mode(pin_memory, "--pin-memory")
-    pers = parse_mode(persistent_workers, "--persistent-workers")
-    backend_list = parse_backends(backends, "--backend")
-    cache_list = parse_caches(caches, "--cache")
-    augment_list = parse_augments(augments, "--augment")
-    if not cfg.train and augment_list != ["none"]:
-        raise ConfigError(f"--augment {augments} with --eval: evaluation never augments; drop "
-                          f"--eval or use --augment none")
+    _check_verdict_options(baseline, tolerance, threshold)
+    infos = _select_datasets(data, formats, cfg.split)
+    grid = GridOptions.parse(num_workers, prefetch_factor, pin_memory, persistent_workers,
+                             backends, caches, augments, train=cfg.train)
     decoders = tuple(dict.fromkeys(decoders))
     unavailable = decoder_availability(list(decoders))
     step = _make_step(step_ms, model, device, len(infos[0]["classes"]))
-    import torch
-
     env = collect_environment(expect_pil=expect_pil, decoders=list(decoders))
-    rows = expand_grid([(i["root"], i["format"]) for i in infos], list(decoders), workers,
-                       prefetch, pins, pers, pin_available=torch.cuda.is_available(),
-                       unavailable_decoders=unavailable, backends=backend_list,
-                       caches=cache_list, augments=augment_list)
-    ran = {d: env["shardkit_decode"].get("decoders", {}).get(d, {}).get("name") for d in decoders}
-    for d, name in ran.items():
-        if d != "auto" and name is not None and name != d:
-            env["mismatches"].append(f"decoder {d!r} was requested but {name!r} ran")
+    rows = grid.rows(infos, decoders, unavailable)
+    ran = _decoders_ran(env, decoders)
     t0 = time.perf_counter()
     progress = (lambda msg: echo(msg, err=True)) if echo else None
-    results = run_rows(rows, cfg, step, progress=progress)
-    add_cache_ratios(results)
-    if baseline == "imagefolder":
-        results += add_baseline_rows(results, infos[0], cfg, step, progress=progress)
-    add_augment_ratios(results)
-    for r in results:
-        if r["kind"] == "shardkit":
-            r["decoder_ran"] = ran.get(r["setting"]["decoder"])
+    results = _measure(rows, infos[0], cfg, step, baseline, ran, progress)
     rec = recommend(results, step.info(), tolerance=tolerance, threshold=threshold)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     plot_files = write_plots(results, out, threshold=threshold) if plots else []
+    config = {"data": [i["root"] for i in infos], "formats": [i["format"] for i in infos],
+              "split": cfg.split, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
+              "warmup": cfg.warmup, "batches": cfg.batches, "repeats": cfg.repeats,
+              "train": cfg.train, "decoders": list(decoders), "backends": grid.backends,
+              "caches": grid.caches, "augments": grid.augments, "num_workers": grid.workers,
+              "prefetch_factor": grid.prefetch, "pin_memory": pin_memory,
+              "persistent_workers": persistent_workers, "baseline": baseline,
+              "expect_pil": expect_pil, "tolerance": tolerance,
+              "data_bound_threshold": threshold}
     payload = {
         "created_by": f"shardkit {env['shardkit']}",
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
-        "config": {"data": [i["root"] for i in infos], "formats": [i["format"] for i in infos],
-                   "split": cfg.split, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
-                   "warmup": cfg.warmup, "batches": cfg.batches, "repeats": cfg.repeats,
-                   "train": cfg.train, "decoders": list(decoders), "backends": backend_list,
-                   "caches": cache_list, "augments": augment_list,
-                   "num_workers": workers,
-                   "prefetch_factor": prefetch, "pin_memory": pin_memory,
-                   "persistent_workers": persistent_workers, "baseline": baseline,
-                   "expect_pil": expect_pil, "tolerance": tolerance,
-                   "data_bound_threshold": threshold},
+        "config": config,
         "step": step.info(),
         "environment": env,
         "rows": results,
@@ -170,18 +133,128 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     }
     write_json(out / "bench.json", payload)
     if echo:
-        echo(format_table(results))
-        for m in env["mismatches"]:
-            echo(f"WARNING (environment mismatch): {m}")
-        pil, tj = env["pil"], env["turbojpeg"]
-        echo(f"PIL {pil['version']} ({'SIMD' if pil['simd'] else 'stock'}, libjpeg-turbo "
-             f"{pil['libjpeg_turbo']}); TurboJPEG {tj.get('libjpeg_turbo')} at "
-             f"{tj.get('library_path')}; {env['cpu']['usable_cores']} cores "
-             f"({env['cpu']['model']})")
-        echo(rec["text"])
-        echo(f"wrote {out / 'bench.json'}"
-             + (f" and {', '.join(plot_files)}" if plot_files else ""))
+        _echo_summary(echo, results, env, rec, out, plot_files)
     return payload
+
+
+def _check_verdict_options(baseline: str, tolerance: float, threshold: float) -> None:
+    """Raises ConfigError for a ``baseline`` other than none / imagefolder, a ``tolerance``
+    outside [0, 1) or a data-bound ``threshold`` outside (0, 1]."""
+    if baseline not in ("none", "imagefolder"):
+        raise ConfigError(f"baseline={baseline!r}; expected 'none' or 'imagefolder'")
+    if not 0 <= tolerance < 1:
+        raise ConfigError(f"tolerance={tolerance}; expected 0 <= tolerance < 1")
+    if not 0 < threshold <= 1:
+        raise ConfigError(f"data_bound_threshold={threshold}; expected 0 < threshold <= 1")
+
+
+def _select_datasets(data: list[str], formats: tuple[str, ...], split: str) -> list[dict]:
+    """:func:`dataset_info` of each ``data`` folder, only those of ``formats`` when given.
+
+    Raises:
+        ManifestError: a folder is not a packed dataset.
+        ConfigError: a format no folder has, or a folder without ``split``.
+    """
+    infos = [dataset_info(d) for d in data]
+    if formats:
+        missing = set(formats) - {i["format"] for i in infos}
+        if missing:
+            raise ConfigError(f"--format {sorted(missing)} requested but no --data folder has that "
+                              f"format (given: {[(i['root'], i['format']) for i in infos]})")
+        infos = [i for i in infos if i["format"] in formats]
+    for i in infos:
+        if split not in i["splits"]:
+            raise ConfigError(f"split {split!r} not in {i['root']}; available: "
+                              f"{sorted(i['splits'])}")
+    return infos
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    """The parsed grid options of a bench run: lists of ``num_workers``, ``prefetch_factor``
+    (None: the default), pin-memory and persistent-workers modes, backends, cache modes and
+    augment specs; every combination is a row (:func:`shardkit.bench.grid.expand_grid`)."""
+
+    workers: list
+    prefetch: list
+    pins: list
+    pers: list
+    backends: list
+    caches: list
+    augments: list
+
+    @classmethod
+    def parse(cls, num_workers: str, prefetch_factor: str, pin_memory: str,
+              persistent_workers: str, backends: str, caches: str, augments: str, *,
+              train: bool) -> GridOptions:
+        """Parses the CLI's option strings. Raises ConfigError naming the option, and for an
+        augment spec with ``train=False`` (evaluation never augments)."""
+        grid = cls(workers=parse_int_list(num_workers, "--num-workers"),
+                   prefetch=parse_int_list(prefetch_factor, "--prefetch-factor", minimum=1,
+                                           allow_none=True),
+                   pins=parse_mode(pin_memory, "--pin-memory"),
+                   pers=parse_mode(persistent_workers, "--persistent-workers"),
+                   backends=parse_backends(backends, "--backend"),
+                   caches=parse_caches(caches, "--cache"),
+                   augments=parse_augments(augments, "--augment"))
+        if not train and grid.augments != ["none"]:
+            raise ConfigError(f"--augment {augments} with --eval: evaluation never augments; "
+                              f"drop --eval or use --augment none")
+        return grid
+
+    def rows(self, infos: list[dict], decoders: tuple[str, ...],
+             unavailable: dict[str, str]) -> list:
+        """The grid's rows for ``infos``' datasets (pinning N/A without CUDA)."""
+        import torch
+
+        return expand_grid([(i["root"], i["format"]) for i in infos], list(decoders),
+                           self.workers, self.prefetch, self.pins, self.pers,
+                           pin_available=torch.cuda.is_available(),
+                           unavailable_decoders=unavailable, backends=self.backends,
+                           caches=self.caches, augments=self.augments)
+
+
+def _decoders_ran(env: dict, decoders: tuple[str, ...]) -> dict:
+    """Requested decoder -> the name of the decoder that ran (None when unknown); each one that
+    is not what was asked (``"auto"`` aside) is added to ``env["mismatches"]``."""
+    ran = {d: env["shardkit_decode"].get("decoders", {}).get(d, {}).get("name") for d in decoders}
+    for d, name in ran.items():
+        if d != "auto" and name is not None and name != d:
+            env["mismatches"].append(f"decoder {d!r} was requested but {name!r} ran")
+    return ran
+
+
+def _measure(rows: list, info: dict, cfg: RunConfig, step: Step, baseline: str, ran: dict,
+             progress) -> list[dict]:
+    """Times every row, then the ImageFolder baseline rows of ``info``'s dataset (``baseline``
+    ``"imagefolder"``), and adds the cache, baseline and augment ratios and each shardkit row's
+    ``decoder_ran``."""
+    results = run_rows(rows, cfg, step, progress=progress)
+    add_cache_ratios(results)
+    if baseline == "imagefolder":
+        results += add_baseline_rows(results, info, cfg, step, progress=progress)
+    add_augment_ratios(results)
+    for r in results:
+        if r["kind"] == "shardkit":
+            r["decoder_ran"] = ran.get(r["setting"]["decoder"])
+    return results
+
+
+def _echo_summary(echo, results: list[dict], env: dict, rec: dict, out: Path,
+                  plot_files: list[str]) -> None:
+    """Prints the table, the environment mismatches, the PIL / TurboJPEG / CPU line, the
+    recommendation and what was written."""
+    echo(format_table(results))
+    for m in env["mismatches"]:
+        echo(f"WARNING (environment mismatch): {m}")
+    pil, tj = env["pil"], env["turbojpeg"]
+    echo(f"PIL {pil['version']} ({'SIMD' if pil['simd'] else 'stock'}, libjpeg-turbo "
+         f"{pil['libjpeg_turbo']}); TurboJPEG {tj.get('libjpeg_turbo')} at "
+         f"{tj.get('library_path')}; {env['cpu']['usable_cores']} cores "
+         f"({env['cpu']['model']})")
+    echo(rec["text"])
+    echo(f"wrote {out / 'bench.json'}"
+         + (f" and {', '.join(plot_files)}" if plot_files else ""))
 
 
 def _data_arg(ctx, param, values):

@@ -271,11 +271,6 @@ class Decoder:
         """
         return self.decode_scaled(data, Fraction(1))
 
-    def decode_with_warnings(self, data: bytes | memoryview) -> tuple[np.ndarray, int]:
-        """:meth:`decode`, also returning the warning count of this call."""
-        arr = self.decode(data)
-        return arr, self.last_warnings
-
     def decode_scaled(self, data: bytes | memoryview, factor: Fraction,
                       probe: ImageProbe | None = None) -> np.ndarray:
         """Whole image decoded at DCT scale ``factor`` (from ``probe.factors``); the result is

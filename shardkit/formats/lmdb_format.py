@@ -60,7 +60,6 @@ class Writer(FormatWriter):
                               sync=False, metasync=False, readahead=False, meminit=False)
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_bytes = 0
-        self.map_growths = 0
 
     def add(self, key: str, data: bytes, ext: str, label: int, meta=None) -> int:
         self._batch.append((key.encode("ascii"), bytes(data)))
@@ -78,7 +77,6 @@ class Writer(FormatWriter):
             except lmdb.MapFullError:
                 self._map_size *= 2
                 self._env.set_mapsize(self._map_size)
-                self.map_growths += 1
                 continue
             except lmdb.Error as e:
                 self._fail(e, self._batch_bytes + (1 << 20))

@@ -65,7 +65,7 @@ class SplitDatasource(ray.data.Datasource):
 
     def __init__(self, root, split: str, **options):
         super().__init__()
-        from shardkit.stream import ShardSource
+        from shardkit.stream.source import ShardSource
 
         self.spec = make_spec(root, split, **options)
         source = ShardSource(self.spec.root, split, self.spec.on_error, self.spec.verify_reads)

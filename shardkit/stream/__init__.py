@@ -1,29 +1,37 @@
 """The read path: packed split -> batches for ``torch.utils.data``.
 
+Stable API, exported here (``__all__``) and kept compatible:
+
+- :func:`make_loader` and :class:`ShardLoader`: batches of a split (threads or worker
+  processes), exactly once per epoch, resumable;
+- :class:`ShardDataset` (iterable, per sample) and :class:`MapShardDataset` (map-style, per
+  sample) for a ``torch.utils.data.DataLoader`` of your own;
+- :class:`DeviceNormalizer`: moves a loader's uint8 batches to a device and normalises them;
+- :class:`SamplingOptions` and :class:`WorkerOptions`: the option groups these take;
+- :class:`BatchReport`: the per-batch accounting a loader's batches carry.
+
+Everything else is internal: importable from its own module (below), where it may change
+between releases without notice.
+
 Seams, one module each:
 
-- :mod:`.source`: :class:`ShardSource`, the split's index and shard readers, shared by threads;
-- :mod:`.state`: :class:`Sampling` (one rank's epoch plans) and :class:`EpochState` (epoch,
-  resume point and streams in shared memory, seen by worker processes);
-- :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and :class:`BatchDataset`;
-- :mod:`.backends`: :class:`ThreadBackend` and :class:`ProcessBackend` (``close()``, ``with``);
+- :mod:`.source`: ``ShardSource``, the split's index and shard readers, shared by threads;
+- :mod:`.state`: ``Sampling`` (one rank's epoch plans) and ``EpochState`` (epoch, resume point
+  and streams in shared memory, seen by worker processes);
+- :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and ``BatchDataset``;
+- :mod:`.backends`: ``ThreadBackend`` and ``ProcessBackend`` (``close()``, ``with``);
 - :mod:`.options`: :class:`SamplingOptions`, :class:`WorkerOptions` and the train/eval rule
-  (:func:`resolve_train`, :data:`EVAL_SPLITS`);
+  (``resolve_train``, ``EVAL_SPLITS``);
 - :mod:`.loader`: :func:`make_loader` and :class:`ShardLoader`;
-- :mod:`.device`: :class:`DeviceNormalizer`.
+- :mod:`.device`: :class:`DeviceNormalizer`;
+- :mod:`.cache` and :mod:`.arena`: the decoded cache (``make_loader(cache=...)``).
 """
-from .backends import ProcessBackend, ThreadBackend
-from .datasets import BatchDataset, BatchReport, MapShardDataset, ShardDataset
+from .datasets import BatchReport, MapShardDataset, ShardDataset
 from .device import DeviceNormalizer
 from .loader import ShardLoader, make_loader
-from .options import (BACKENDS, EVAL_SPLITS, ON_ERROR, ON_WARNING, SamplingOptions, WorkerOptions,
-                      is_eval_split, resolve_train)
-from .source import ShardSource, dist_rank_world, worker_id_count
-from .state import EpochState, Sampling
+from .options import SamplingOptions, WorkerOptions
 
 __all__ = [
-    "make_loader", "ShardLoader", "DeviceNormalizer", "SamplingOptions", "WorkerOptions",
-    "ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport", "ShardSource", "Sampling",
-    "EpochState", "ThreadBackend", "ProcessBackend", "dist_rank_world", "worker_id_count",
-    "BACKENDS", "ON_ERROR", "ON_WARNING", "EVAL_SPLITS", "is_eval_split", "resolve_train",
+    "make_loader", "ShardLoader", "ShardDataset", "MapShardDataset", "DeviceNormalizer",
+    "SamplingOptions", "WorkerOptions", "BatchReport",
 ]

@@ -235,8 +235,6 @@ class Arena:
         self.table: dict[str, np.ndarray] = {}
         self.n = 0
         self.data_start = 0
-        self.created = False  # this process built the file (else attached an existing one)
-        self.reused = False  # a disk arena from an earlier run was attached with no other holder
 
     # --- pickling: another process re-opens the file ------------------------------------------
     def __getstate__(self) -> dict:
@@ -345,7 +343,6 @@ class Arena:
             fcntl.flock(fd, fcntl.LOCK_SH)  # holders only ever hold shared locks
             dirty = int.from_bytes(os.pread(fd, 8, 16), "little") != 0
             self._map(fd, header)
-            self.reused = alone
             if alone:
                 self._mm[_STOP_AT:_STOP_AT + 8] = bytes(8)  # a new run: filling may go on
                 if self.persistent and dirty:
@@ -433,7 +430,6 @@ class Arena:
         mm[16:24] = (1 if self.persistent else 0).to_bytes(8, "little")
         mm[0:8] = MAGIC  # last: the file is complete
         fcntl.flock(fd, fcntl.LOCK_SH)
-        self.created = True
 
     def _map(self, fd: int, header: dict, fresh: bool = False) -> None:
         size = os.fstat(fd).st_size

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ..errors import ConfigError
 
 __all__ = ["DistInfo", "setup_distributed", "teardown_distributed", "resolve_device",
-           "resolve_amp", "all_gather_varlen", "barrier", "broadcast_flag"]
+           "resolve_amp", "all_gather_varlen", "barrier"]
 
 
 @dataclass(frozen=True)
@@ -99,15 +99,6 @@ def teardown_distributed() -> None:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def broadcast_flag(flag: bool, device: torch.device) -> bool:
-    """Rank 0's ``flag`` on every rank (single process: ``flag``)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    tensor = torch.tensor([int(flag)], device=device)
-    dist.broadcast(tensor, src=0)
-    return bool(tensor.item())
 
 
 def all_gather_varlen(tensor: torch.Tensor) -> torch.Tensor:
