@@ -263,7 +263,8 @@ class _Reader:
     slot."""
 
     def __init__(self, spec: ReadSpec):
-        from shardkit.stream import MapShardDataset, ShardSource
+        from shardkit.stream import MapShardDataset
+        from shardkit.stream.source import ShardSource
 
         self.stage = _PlacedTransform() if spec.decode != "bytes" else None
         self.dataset = MapShardDataset(spec.root, spec.split, decode=False, transform=self.stage,
