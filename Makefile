@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml setup.py shardkit/decode/_jpegroi.c shardkit/decode/_re
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e '.[test,ray]'
-	$(PY) -c "import sys; from shardkit.decode._ext import main; sys.exit(main(['--require']))"
+	$(PY) -c "import sys; from shardkit.decode.extensions import main; sys.exit(main(['--require']))"
 	$(PY) -c "import shardkit, PIL, turbojpeg; print('shardkit', shardkit.__version__, '| PIL', PIL.__version__)"
 	touch $(STAMP)
 

@@ -8,7 +8,7 @@ dispatch, see shardkit/decode/_resample.c). ``_kernels`` needs no library; it is
 ``-ffp-contract=off`` and no ``-march`` so that its pixels are the same on every CPU (it refuses
 to import if built with floating-point contraction).
 
-Each extension is REQUIRED wherever it can be built (shardkit/decode/_ext.py,
+Each extension is REQUIRED wherever it can be built (shardkit/decode/extensions.py,
 ``build_prerequisites``): ``_jpegroi`` when a C compiler, ``Python.h`` and libjpeg-turbo's
 ``jpeglib.h`` are found, ``_kernels`` when a compiler and ``Python.h`` are; a compile error then
 fails the install instead of silently dropping the fast path. Where a piece is missing the
@@ -30,7 +30,7 @@ DECODE = "shardkit/decode"
 
 def _prerequisites() -> dict:
     # by path: shardkit itself is not importable while it is being built (stdlib-only module)
-    spec = importlib.util.spec_from_file_location("_shardkit_ext", HERE / DECODE / "_ext.py")
+    spec = importlib.util.spec_from_file_location("_shardkit_ext", HERE / DECODE / "extensions.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.build_prerequisites()

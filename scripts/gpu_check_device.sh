@@ -41,7 +41,7 @@ export CPATH="$jpeg/usr/include:$jpeg/usr/include/x86_64-linux-gnu${CPATH:+:$CPA
 export LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
 "$py" setup.py -q build_ext --inplace -j "$(nproc)" > /tmp/gpu-check-build.log 2>&1 || { tail -20 /tmp/gpu-check-build.log; echo "Error: building the C extensions failed (log above)" >&2; exit 2; }
 export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
-"$py" -c "import sys; from shardkit.decode._ext import main; sys.exit(main(['--require']))"
+"$py" -c "import sys; from shardkit.decode.extensions import main; sys.exit(main(['--require']))"
 "$py" -c "import shardkit.augment._kernels, turbojpeg; turbojpeg.TurboJPEG(); print('3. C extensions built; PyTurboJPEG loads libturbojpeg')"
 echo "   setup took $(( $(date +%s) - t0 )) s"
 args=("$@")

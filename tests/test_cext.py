@@ -6,7 +6,7 @@ install that lost ``_jpegroi`` or ``shardkit.augment._kernels``, and a missing `
 once at import.
 
 Nothing here skips where the extension can be built (a compiler, ``jpeglib.h`` and ``Python.h``:
-``shardkit.decode._ext.build_prerequisites``); the aarch64 compile skips, naming why, when no
+``shardkit.decode.extensions.build_prerequisites``); the aarch64 compile skips, naming why, when no
 cross toolchain is installed (none is downloaded).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 from PIL import Image
 
 import shardkit.decode as decode_pkg
-from shardkit.decode import _ext, resize_into, roi
+from shardkit.decode import extensions as _ext, resize_into, roi
 from shardkit.errors import ConfigError, DecodeError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def _copy_without_extension(dst: Path, keep: tuple[str, ...] = ()) -> Path:
     return dst
 
 
-_REQUIRE = "import sys; from shardkit.decode._ext import main; sys.exit(main(['--require']))"
+_REQUIRE = "import sys; from shardkit.decode.extensions import main; sys.exit(main(['--require']))"
 
 
 def _run_copy(copy: Path, code: str) -> subprocess.CompletedProcess:
@@ -310,7 +310,7 @@ def _fake_headers(folder: Path, jconfig: str) -> Path:
 ])
 def test_build_prerequisites_read_which_libjpeg_the_headers_are(jconfig, expected, tmp_path):
     inc = _fake_headers(tmp_path / "include", jconfig)
-    code = ("import json; from shardkit.decode import _ext; "
+    code = ("import json; from shardkit.decode import extensions as _ext; "
             "print(json.dumps(_ext.build_prerequisites()))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "CPATH": str(inc), "PYTHONPATH": str(ROOT)})

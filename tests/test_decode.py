@@ -6,7 +6,7 @@ mean absolute difference of 1.0 (all backends use libjpeg-turbo's islow IDCT and
 upsampling; measured 0.0 here); grayscale comes out as three equal channels.
 
 The ROI decoder (the headline path) never skips where it can be built: ``_decoder_or_skip``
-fails instead (see ``shardkit.decode._ext.build_prerequisites``).
+fails instead (see ``shardkit.decode.extensions.build_prerequisites``).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from shardkit.decode import (
     apply_warning_policy, available_decoders, choose_scale, decoder_environment, get_decoder,
     pil_flavor, resize_into, scaled_size,
 )
-from shardkit.decode import _ext
+from shardkit.decode import extensions as _ext
 from shardkit.decode import roi as roi_module
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.images.normalize import check_image
@@ -123,9 +123,9 @@ def test_no_import_cycle_inside_decode():
             if isinstance(node, ast.ImportFrom) and node.module:
                 if node.module.startswith("shardkit.decode."):
                     edges.add(node.module.rsplit(".", 1)[1])
-                elif node.module == "shardkit.decode":  # from shardkit.decode import _ext
+                elif node.module == "shardkit.decode":  # from shardkit.decode import extensions as _ext
                     edges.update(a.name for a in node.names if a.name in mods)
-    assert "roi" not in graph["base"] and graph["resize"] <= {"_ext"}
+    assert "roi" not in graph["base"] and graph["resize"] <= {"extensions"}
 
     def reach(start: str, seen: set[str]) -> set[str]:
         for nxt in graph.get(start, ()):

@@ -15,7 +15,7 @@ from PIL import Image
 
 from shardkit.decode import DECODERS, get_decoder
 from shardkit.errors import ConfigError
-from shardkit.decode import _ext
+from shardkit.decode import extensions as _ext
 from shardkit.transforms import (
     CropParams, TransformConfig, TransformInputError, eval_crop_box, make_transform,
     normalize_on_device, sample_crop_params, torchvision_reference,

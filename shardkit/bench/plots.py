@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from shardkit.bench.augment import augment_label
-from shardkit.bench.report import _cache_text, _med
+from shardkit.bench.report import cache_text, median_of
 
 __all__ = ["plot_series", "plot_loader_vs_step", "write_plots"]
 
@@ -114,7 +114,7 @@ def _bar_label(rec: dict, qualify: bool) -> str:
     s = rec["setting"]
     parts = ["baseline"] if rec["kind"] == "baseline" else (
         ([f"{s['format']}/{s['decoder']}"] if qualify else []) + [s.get("backend") or "-"]
-        + ([_cache_text(rec)] if _cache_text(rec) else []))
+        + ([cache_text(rec)] if cache_text(rec) else []))
     if s.get("augment", "none") != "none":
         parts.append(f"aug={augment_label(s['augment'])}")
     parts.append(f"w{s['num_workers']}")
@@ -154,9 +154,9 @@ def plot_loader_vs_step(results: list[dict], threshold: float = 0.10):
     qualify = len({(r["setting"]["format"], r["setting"]["decoder"]) for r in ok
                    if r["kind"] == "shardkit"}) > 1
     labels = [_bar_label(r, qualify) for r in ok]
-    wait = [_med(r, "loader_ms_per_batch") for r in ok]
-    step = [_med(r, "step_ms_per_batch") for r in ok]
-    frac = [_med(r, "data_wait_fraction") for r in ok]
+    wait = [median_of(r, "loader_ms_per_batch") for r in ok]
+    step = [median_of(r, "step_ms_per_batch") for r in ok]
+    frac = [median_of(r, "data_wait_fraction") for r in ok]
     has_step = max(step) >= _NO_STEP_MS
     colors = [_BOUND_COLOR if has_step and f >= threshold else _OK_COLOR for f in frac]
     fig, ax = _figure((9, max(3.0, 0.32 * len(ok) + 1.8)))

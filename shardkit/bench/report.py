@@ -51,7 +51,7 @@ def _cache_mode(rec: dict) -> str:
     return "disk" if req.startswith("disk:") else req
 
 
-def _cache_text(rec: dict) -> str:
+def cache_text(rec: dict) -> str:
     """``"cache=ram"`` (or ``"cache=auto>ram"``), empty without a cache."""
     req = rec["setting"].get("cache", "none")
     ran = _cache_mode(rec)
@@ -60,7 +60,8 @@ def _cache_text(rec: dict) -> str:
     return f"cache={req}" if ran == req or req.startswith("disk:") else f"cache={req}>{ran}"
 
 
-def _med(rec: dict, metric: str) -> float | None:
+def median_of(rec: dict, metric: str) -> float | None:
+    """The median of ``metric`` in a bench record, None when the row did not measure it."""
     m = rec.get("metrics", {}).get(metric)
     return None if m is None else m["median"]
 
@@ -69,13 +70,13 @@ def _cost(rec: dict) -> tuple:
     s = rec["setting"]
     return (s["num_workers"], _BACKEND_COST.get(s.get("backend"), len(_BACKEND_COST)),
             _CACHE_COST.get(_cache_mode(rec), len(_CACHE_COST)), s["prefetch_factor"] or 0,
-            s["pin_memory"], s["persistent_workers"], -_med(rec, "throughput_img_s"))
+            s["pin_memory"], s["persistent_workers"], -median_of(rec, "throughput_img_s"))
 
 
 def _label(rec: dict) -> str:
     s = rec["setting"]
     pf = "-" if s["prefetch_factor"] is None else s["prefetch_factor"]
-    cache = _cache_text(rec)
+    cache = cache_text(rec)
     aug = s.get("augment", "none")
     return (f"{s['format']}/{s['decoder']} backend={s.get('backend', '-')} "
             + (f"{cache} " if cache else "")
@@ -86,9 +87,9 @@ def _label(rec: dict) -> str:
 
 
 def _pick(rows: list[dict], tolerance: float) -> tuple[dict, dict]:
-    best = max(rows, key=lambda r: _med(r, "throughput_img_s"))
-    floor = (1.0 - tolerance) * _med(best, "throughput_img_s")
-    cheapest = min((r for r in rows if _med(r, "throughput_img_s") >= floor), key=_cost)
+    best = max(rows, key=lambda r: median_of(r, "throughput_img_s"))
+    floor = (1.0 - tolerance) * median_of(best, "throughput_img_s")
+    cheapest = min((r for r in rows if median_of(r, "throughput_img_s") >= floor), key=_cost)
     return best, cheapest
 
 
@@ -148,8 +149,8 @@ def recommend(results: list[dict], step: dict, *, tolerance: float = 0.05,
         b, c = _pick(rows, tolerance)
         per_group.append({"data": data, "format": c["setting"]["format"], "decoder": dec,
                           "augment": aug, "recommended_row": c["id"], "best_row": b["id"],
-                          "throughput_img_s": _med(c, "throughput_img_s"),
-                          "data_wait_fraction": _med(c, "data_wait_fraction")})
+                          "throughput_img_s": median_of(c, "throughput_img_s"),
+                          "data_wait_fraction": median_of(c, "data_wait_fraction")})
     return out | {"per_group": per_group, "augment": main, "per_augment": per_augment}
 
 
@@ -158,11 +159,11 @@ def _recommend_rows(ok: list[dict], step: dict, tolerance: float, threshold: flo
     """:func:`recommend` among ``ok`` (measured shardkit rows of one augment spec), without
     ``per_group`` / ``per_augment``."""
     best, rec = _pick(ok, tolerance)
-    frac = _med(rec, "data_wait_fraction")
-    thr = _med(rec, "throughput_img_s")
+    frac = median_of(rec, "data_wait_fraction")
+    thr = median_of(rec, "throughput_img_s")
     text = [f"Recommended: {_label(rec)} (row {rec['id']}): {thr:.0f} img/s, "
-            f"{thr / _med(best, 'throughput_img_s'):.0%} of the best ({_label(best)}, row "
-            f"{best['id']}, {_med(best, 'throughput_img_s'):.0f} img/s)."]
+            f"{thr / median_of(best, 'throughput_img_s'):.0%} of the best ({_label(best)}, row "
+            f"{best['id']}, {median_of(best, 'throughput_img_s'):.0f} img/s)."]
     text += _cache_advice(rec, ok)
     if step.get("kind") == "none":
         bound = None
@@ -170,13 +171,13 @@ def _recommend_rows(ok: list[dict], step: dict, tolerance: float, threshold: flo
                     "throughput, so no data-bound verdict.")
     else:
         bound = frac >= threshold
-        step_ms = _med(rec, "step_ms_per_batch")
+        step_ms = median_of(rec, "step_ms_per_batch")
         demand = (f" (the step alone would consume {rec['batch_size'] / step_ms * 1000:.0f} "
                   f"img/s)" if step_ms >= 0.01 else "")
         text.append(f"At {step_ms:.1f} ms per step the device would wait for data {frac:.0%} of "
                     f"the time{demand}: " + ("DATA-BOUND." if bound else "not data-bound."))
         if bound:
-            best_frac = min(_med(r, "data_wait_fraction") for r in ok)
+            best_frac = min(median_of(r, "data_wait_fraction") for r in ok)
             text.append(f"Even the least-waiting setting waits {best_frac:.0%}: add CPU cores or "
                         f"workers, use a cheaper decoder (DCT-scaled turbojpeg) or smaller "
                         f"images, or pack to a faster format"
@@ -187,7 +188,7 @@ def _recommend_rows(ok: list[dict], step: dict, tolerance: float, threshold: flo
                         f"cost here.")
     text += augment_cost_text(rec, by_id.get(rec.get("none_row")), bound, threshold)
     return {"recommended_row": rec["id"], "best_row": best["id"], "setting": rec["setting"],
-            "throughput_img_s": thr, "best_throughput_img_s": _med(best, "throughput_img_s"),
+            "throughput_img_s": thr, "best_throughput_img_s": median_of(best, "throughput_img_s"),
             "data_wait_fraction": frac, "data_bound": bound, "tolerance": tolerance,
             "threshold": threshold, "text": " ".join(text), "cache": rec.get("cache")}
 
@@ -212,9 +213,9 @@ def _cache_advice(rec: dict, ok: list[dict]) -> list[str]:
         return [out[0] + "."]
     cached = [r for r in ok if _cache_mode(r) != "none"]
     if cached:
-        top = max(cached, key=lambda r: _med(r, "throughput_img_s"))
+        top = max(cached, key=lambda r: median_of(r, "throughput_img_s"))
         return [f"The fastest cached row ({_label(top)}, row {top['id']}, "
-                f"{_med(top, 'throughput_img_s'):.0f} img/s) gains less than the tolerance over "
+                f"{median_of(top, 'throughput_img_s'):.0f} img/s) gains less than the tolerance over "
                 f"this one: not worth its memory here."]
     return []
 

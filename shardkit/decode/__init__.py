@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from shardkit.decode import _ext
+from shardkit.decode import extensions as _ext
 from shardkit.decode.base import (
     DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, WARNING_POLICIES, Decoder, DecodeWarningError, ImageProbe,
     apply_warning_policy, choose_scale, is_jpeg, scaled_size,

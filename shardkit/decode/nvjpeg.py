@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shardkit.decode import _ext
+from shardkit.decode import extensions as _ext
 from shardkit.decode.base import Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe
 from shardkit.errors import ConfigError, DecodeError
 from shardkit.images.sniff import PixelLimitError, check_pixels, open_image, resolve_max_pixels

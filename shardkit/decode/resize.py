@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from shardkit.decode import _ext
+from shardkit.decode import extensions as _ext
 
 __all__ = ["RESIZE_FILTERS", "resize_into", "simd_level"]
 

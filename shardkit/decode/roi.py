@@ -34,7 +34,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from shardkit.decode import _ext
+from shardkit.decode import extensions as _ext
 from shardkit.decode.base import (
     DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, Decoder, ImageProbe, is_jpeg, loaded_library_path,
     pil_probe,

@@ -12,7 +12,7 @@ is being built) to decide which extensions are required, ``make install`` calls 
 with ``--require`` after installing, and the tests use it to skip the headline-path tests only
 where an extension cannot be built at all.
 
-Command line: ``python -c "import sys; from shardkit.decode._ext import main; sys.exit(main())"
+Command line: ``python -c "import sys; from shardkit.decode.extensions import main; sys.exit(main())"
 [--require]`` prints one status line per extension; with ``--require`` it exits 1 (with the
 reason) when an extension that can be built here does not import, i.e. the install silently
 lost a fast path.
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI (see the module docstring). Returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a not in ("--require",) for a in argv):
-        print(f"usage: shardkit.decode._ext.main([--require]); got {argv}", file=sys.stderr)
+        print(f"usage: shardkit.decode.extensions.main([--require]); got {argv}", file=sys.stderr)
         return 2
     errors = []
     if "--require" in argv:
