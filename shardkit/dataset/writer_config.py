@@ -1,4 +1,4 @@
-"""What decided a dataset's stored bytes, as its ``manifest.json`` records it (the ``writer`` section).
+"""What decided a dataset's stored bytes, as ``manifest.json`` records it (its ``writer`` section).
 
 A pack records the options of its writer beside the shards it wrote, and readers rebuild from
 that record instead of guessing from the shards (in the spirit of Mosaic's ``get_config`` /

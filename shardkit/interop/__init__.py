@@ -119,8 +119,9 @@ def write_pack_metadata(root: Path, manifest: dict[str, Any],
     scans the shards under ``root``.
 
     Raises:
-        ShardCorruptError: the shards just written do not match the split index, or
-            ``members`` does not cover the manifest's shards (a bug). OSError: from writing.
+        ShardCorruptError: the shards just written do not match the split index or the
+            members the manifest records, or ``members`` does not cover the manifest's shards
+            (a bug). OSError: from writing.
     """
     if manifest.get("format") != "wds":
         return []
@@ -146,7 +147,8 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
             tool reads (:func:`missing_for`, nothing is written then); a ``README.md`` in
             ``root`` that shardkit did not write (``hf``). ManifestError: no finished dataset
             at ``root``, or a remote URL. ShardCorruptError: shards that do not match the
-            split index. OutputLockedError: a pack is writing to ``root``.
+            split index, or lack (or hold) the members the manifest records
+            (:class:`~shardkit.dataset.writer_config.WriterConfig`). OutputLockedError: a pack is writing to ``root``.
     """
     from shardkit.dataset.swap import BRIEF_WAIT_S, DatasetLock
 

@@ -85,7 +85,7 @@ class PackOptions:
     on_label_conflict: str = "error"            # one of LABEL_CONFLICT_POLICIES
     fail_fast: bool = False                     # raise at the first reject, write nothing
     writer_options: Mapping[str, Any] | None = None  # kwargs of the format's Writer (a key
-    #                                             wins over wds_cls/wds_json; recorded in the manifest)
+    #                                             wins over wds_cls/wds_json); in the manifest
     layout: str = "auto"                        # folder layout, one of shardkit.sources.layouts.LAYOUTS
     split_column: str | None = None             # given split column (CSV source or metadata)
     split_method: str = "hash"                  # one of shardkit.packer.assign.SPLIT_METHODS
