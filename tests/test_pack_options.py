@@ -128,8 +128,13 @@ def test_defaults_that_depend_on_two_options_follow_both():
     assert PackOptions(wds_cls=False, wds_json=True).sink_writer_options == {
         "wds_cls": False, "wds_json": True}
     assert with_cls.replace(format="lmdb").sink_writer_options == {}
-    given = PackOptions(format="wds", wds_cls=True, writer_options={"x": 1})
-    assert given.sink_writer_options == {"x": 1}  # explicit writer options win
+    given = PackOptions(format="wds", wds_cls=True, writer_options={"wds_json": True})
+    assert given.sink_writer_options == {"wds_cls": True, "wds_json": True}  # wds_cls kept
+    assert given.replace(writer_options={"wds_cls": False}).sink_writer_options == {
+        "wds_cls": False, "wds_json": False}  # a key writer_options names wins
+    lmdb = PackOptions(format="lmdb", writer_options={"initial_map_size": np.int64(1 << 20)})
+    assert lmdb.sink_writer_options == {"initial_map_size": 1 << 20}
+    assert type(lmdb.sink_writer_options["initial_map_size"]) is int  # JSON for the manifest
 
 
 def _tree(root: Path) -> dict[str, str]:

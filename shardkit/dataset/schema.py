@@ -14,7 +14,10 @@ The full schema is in ``docs/DESIGN.md``; the rules here:
   the user moved to another disk, is followed as the user made it) and joins onto a URL
   unchanged; no two shards share a path;
 * counts are ints (never bool) in range, hashes lowercase hex of the right length, class names
-  a list of distinct non-empty strings.
+  a list of distinct non-empty strings;
+* the ``writer`` section, when present (:mod:`shardkit.dataset.writer_config`; absent in
+  datasets packed before it existed), holds every field pack writes, of the right type: the
+  members of a ``wds`` sample (``options.wds_cls``, ``options.wds_json``) are read from it.
 
 Every violation raises :class:`~shardkit.errors.ManifestError` naming the file, the field (as
 ``splits['train'].shards[3].path``), its value as JSON and its type, and what was expected,
@@ -28,10 +31,11 @@ import math
 import re
 from collections.abc import Iterable
 
+from shardkit.dataset.writer_config import WDS_MEMBER_OPTIONS
 from shardkit.errors import ManifestError
 
 __all__ = ["FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "MAX_INT64",
-           "RECORD_INDEX_FIELDS",
+           "RECORD_INDEX_FIELDS", "WRITER_REQUIRED_OPTIONS",
            "check_manifest", "check_split_name", "check_relative_path", "check_record"]
 
 #: Shard formats a manifest may name (``shardkit.formats.FORMATS``; not imported here, which
@@ -187,6 +191,8 @@ def check_manifest(manifest: dict, where: str) -> None:
         check_split_name(split, f"{where}: splits")
         _check_split_entry(where, f"splits[{split!r}]", entry, len(classes), paths)
     _check_normalization(where, manifest.get("normalization"))
+    if "writer" in manifest:  # absent in datasets packed before it existed
+        _check_writer(where, manifest["writer"], fmt, manifest.get("normalization"))
     _check_stats(where, manifest.get("stats"))
     near = _dict(where, "split", manifest.get("split")).get("near_duplicates")
     mode = _dict(where, "split.near_duplicates", near).get("mode")
@@ -244,6 +250,43 @@ def _check_normalization(where, value) -> None:
     _str_map(where, "normalization.rules", norm.get("rules"))
     for rule, n in _dict(where, "normalization.transcoded", norm.get("transcoded")).items():
         _int(where, f"normalization.transcoded[{rule!r}]", n, 0)
+
+
+#: Writer options a manifest's ``writer.options`` must hold, per format (bools): what a reader
+#: needs to know a shard's layout without opening it (the tar members of a ``wds`` sample).
+WRITER_REQUIRED_OPTIONS = {"wds": tuple(WDS_MEMBER_OPTIONS)}
+
+
+def _check_writer(where, value, fmt: str, normalization) -> None:
+    """The ``writer`` section (:mod:`shardkit.dataset.writer_config`): ``options`` an object of
+    JSON scalars holding :data:`WRITER_REQUIRED_OPTIONS` as bools; ``max_side`` null or an int
+    >= 1 (equal to ``normalization.max_side`` when that is recorded), ``jpeg_quality`` an int
+    in [1, 100], ``shard_samples`` and ``shard_bytes`` null or ints >= 1."""
+    section = _dict(where, "writer", value, nullable=False)
+    for name in ("options", "max_side", "jpeg_quality", "shard_samples", "shard_bytes"):
+        if name not in section:
+            _missing(where, f"writer.{name}", "the writer's options as pack records them "
+                     "(docs/DESIGN.md)")
+    options = _dict(where, "writer.options", section["options"], nullable=False)
+    for name, option in options.items():
+        if not (option is None or isinstance(option, (str, bool, int))
+                or (isinstance(option, float) and math.isfinite(option))):
+            _fail(where, f"writer.options[{name!r}]", option, "a JSON scalar (a keyword "
+                  "argument of the format's Writer)")
+    for name in WRITER_REQUIRED_OPTIONS.get(fmt, ()):
+        if name not in options:
+            _missing(where, f"writer.options[{name!r}]", f"true or false (the {fmt} writer's "
+                     "option)")
+        if not isinstance(options[name], bool):
+            _fail(where, f"writer.options[{name!r}]", options[name], "true or false")
+    _opt_int(where, "writer.max_side", section["max_side"], 1, MAX_DIMENSION)
+    _int(where, "writer.jpeg_quality", section["jpeg_quality"], 1, 100)
+    _opt_int(where, "writer.shard_samples", section["shard_samples"], 1, MAX_SAMPLES)
+    _opt_int(where, "writer.shard_bytes", section["shard_bytes"], 1, MAX_INT64)
+    norm = normalization if isinstance(normalization, dict) else {}
+    if "max_side" in norm and norm["max_side"] != section["max_side"]:
+        _fail(where, "writer.max_side", section["max_side"], f"the max_side of normalization "
+              f"({_show(norm['max_side'])}): one pack, one --max-side")
 
 
 def _check_stats(where, value) -> None:

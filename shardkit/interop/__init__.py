@@ -23,6 +23,11 @@ field of ``.json`` members (``--wds-json``). A dataset packed with ``--no-wds-cl
 ``.cls`` became the default) lacks what DALI and HF need, and timm's too unless it has ``.json``
 members: :func:`write_pack_metadata` then leaves that tool's file out (one INFO line), and
 :func:`export` refuses with a :class:`~shardkit.errors.ConfigError` naming what is missing.
+Which members every sample has is read from the manifest's ``writer`` record
+(:class:`~shardkit.dataset.writer_config.WriterConfig`), so a tool the shards cannot serve is
+answered without opening a shard, and the shards scanned for the files written must hold the
+recorded members; a manifest without the record (packed before it existed) is answered from
+the tar headers.
 
 Split names (:data:`TOOL_SPLIT_NAMES`): shardkit's ``val`` is ``validation`` for Hugging Face
 (its only name there) and for timm (both names listed in ``_info.json``, as timm's ``train.py``
@@ -39,6 +44,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from shardkit.dataset import manifest as manifest_mod
+from shardkit.dataset.writer_config import WDS_MEMBER_OPTIONS, WriterConfig
 from shardkit.errors import ConfigError, ShardCorruptError
 from shardkit.storage.atomic import atomic_write_bytes
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
@@ -67,25 +73,30 @@ def tool_split_names(splits: Iterable[str]) -> dict[str, str]:
             else s for s in splits}
 
 
-def missing_for(tool: str, members: ShardMembers) -> str | None:
-    """The label members ``tool`` needs and the shards (``members``) lack, e.g.
-    ``".cls members"``; None when the shards serve it."""
+def missing_for(tool: str, members: ShardMembers | WriterConfig) -> str | None:
+    """The label members ``tool`` needs and the shards lack, e.g. ``".cls members"``; None when
+    the shards serve it. ``members``: what the shards hold, scanned (:class:`ShardMembers`) or
+    as the manifest records it (a :class:`~shardkit.dataset.writer_config.WriterConfig` with
+    its :meth:`~shardkit.dataset.writer_config.WriterConfig.tar_members` recorded)."""
     if members.every_sample_has("cls") or (tool == "timm" and members.every_sample_has("json")):
         return None
     return ".cls members (or .json members, from --wds-json)" if tool == "timm" else \
         ".cls members"
 
 
-def _lacking_message(lacking: dict[str, str], members: ShardMembers) -> str:
+def _lacking_message(lacking: dict[str, str], members: ShardMembers | WriterConfig) -> str:
     """One sentence: which tools read labels from which members, and what the shards hold."""
     by_need: dict[str, list[str]] = {}
     for tool, need in lacking.items():
         by_need.setdefault(need, []).append(_NICE[tool])
+    reads = "; ".join(f"{' and '.join(tools)} read{'s' if len(tools) == 1 else ''} labels "
+                      f"from {need}" for need, tools in by_need.items())
+    if isinstance(members, WriterConfig):
+        return (f"{reads}, and the shards have no .cls members (the manifest records a pack "
+                "with --no-wds-cls): repack with --wds-cls")
     have = members.other_exts.get("cls", 0)
     held = ("the shards have no .cls members" if not have else
             f"only {have} of the {members.num_samples} samples have a .cls member")
-    reads = "; ".join(f"{' and '.join(tools)} read{'s' if len(tools) == 1 else ''} labels "
-                      f"from {need}" for need, tools in by_need.items())
     return (f"{reads}, and {held} (packed with --no-wds-cls, or before .cls members were the "
             "pack default): repack with --wds-cls")
 
@@ -108,8 +119,9 @@ def write_pack_metadata(root: Path, manifest: dict[str, Any],
     scans the shards under ``root``.
 
     Raises:
-        ShardCorruptError: the shards just written do not match the split index, or
-            ``members`` does not cover the manifest's shards (a bug). OSError: from writing.
+        ShardCorruptError: the shards just written do not match the split index or the
+            members the manifest records, or ``members`` does not cover the manifest's shards
+            (a bug). OSError: from writing.
     """
     if manifest.get("format") != "wds":
         return []
@@ -135,7 +147,8 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
             tool reads (:func:`missing_for`, nothing is written then); a ``README.md`` in
             ``root`` that shardkit did not write (``hf``). ManifestError: no finished dataset
             at ``root``, or a remote URL. ShardCorruptError: shards that do not match the
-            split index. OutputLockedError: a pack is writing to ``root``.
+            split index, or lack (or hold) the members the manifest records
+            (:class:`~shardkit.dataset.writer_config.WriterConfig`). OutputLockedError: a pack is writing to ``root``.
     """
     from shardkit.dataset.swap import BRIEF_WAIT_S, DatasetLock
 
@@ -161,14 +174,22 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
 
 def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool,
            members: ShardMembers | None = None) -> list[Path]:
+    """Writes the files of ``tools``. Which tools the shards serve comes from the manifest's
+    writer record when it has one (no shard is opened when none is served), else from the
+    scan; the shards are scanned for what is written (DALI offsets, HF image types) and must
+    hold the recorded members."""
+    config = WriterConfig.from_manifest(manifest)
+    recorded = config.tar_members() is not None
+    if recorded:
+        lacking = _lacking(root, tools, config, strict)
+        if len(lacking) == len(tools):
+            return []
     if members is None:
         members = scan(root, manifest, dali_index="dali" in tools)
-    lacking = {t: why for t in tools if (why := missing_for(t, members))}
-    if strict and lacking:
-        raise ConfigError(f"{root}: {_lacking_message(lacking, members)}")
-    if lacking:
-        logger.info("no reader files written for %s: %s", ", ".join(
-            _NICE[t] for t in lacking), _lacking_message(lacking, members))
+    if recorded:
+        _check_recorded_members(root, config, members)
+    else:  # packed before the manifest recorded its writer: the tar headers tell
+        lacking = _lacking(root, tools, members, strict)
     name = _dataset_name(root, manifest)
     names = tool_split_names(manifest["splits"])
     written: list[Path] = []
@@ -188,6 +209,33 @@ def _write(root: Path, manifest: dict, tools: tuple[str, ...], strict: bool,
         logger.info("wrote the files of %s for %s (%d file(s))",
                     ", ".join(_NICE[t] for t in tools if t not in lacking), root, len(written))
     return written
+
+
+def _lacking(root: Path, tools: tuple[str, ...], members: ShardMembers | WriterConfig,
+             strict: bool) -> dict[str, str]:
+    """``{tool: the label members it needs and the shards lack}`` (:func:`missing_for`), said
+    in one INFO line; with ``strict`` a non-empty answer raises ConfigError instead."""
+    lacking = {t: why for t in tools if (why := missing_for(t, members))}
+    if strict and lacking:
+        raise ConfigError(f"{root}: {_lacking_message(lacking, members)}")
+    if lacking:
+        logger.info("no reader files written for %s: %s", ", ".join(
+            _NICE[t] for t in lacking), _lacking_message(lacking, members))
+    return lacking
+
+
+def _check_recorded_members(root: Path, config: WriterConfig, members: ShardMembers) -> None:
+    """Raises ShardCorruptError when the scanned shards do not hold the tar members the
+    manifest records for every sample (``.cls`` with ``wds_cls``, ``.json`` with
+    ``wds_json``, and none of them otherwise): files written from the record would lie."""
+    for option, ext in WDS_MEMBER_OPTIONS.items():
+        want = config.every_sample_has(ext)
+        have = members.other_exts.get(ext, 0)
+        if have != (members.num_samples if want else 0):
+            raise ShardCorruptError(
+                f"{root}: the manifest records {option}={str(want).lower()}, and {have} of the "
+                f"{members.num_samples} samples have a .{ext} member: the shards are not the "
+                "ones this manifest describes (re-copy the dataset or re-pack it)")
 
 
 def _put(path: Path, text: str | bytes) -> Path:

@@ -13,7 +13,8 @@ with the one shardkit would write now:
   the manifest does not list (DALI and glob one-liners would take it), are problems too (not
   over ``http(s)://``, where folders cannot be listed: each shard's ``.idx`` is fetched instead);
 - timm ``shards/_info.json``: the number of classes and each split's sample count, shard files
-  and shard lengths (and the ``alt_label`` field, when every shard could be scanned);
+  and shard lengths (and the ``alt_label`` field, when every shard could be scanned or the
+  manifest records the writer's options: :class:`~shardkit.dataset.writer_config.WriterConfig`);
 - the Hugging Face card ``README.md``, when shardkit wrote it: its YAML block's ``configs``
   (the split's shard files) and, when every shard could be scanned, its ``features``.
 
@@ -30,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from shardkit.dataset import manifest as manifest_mod
+from shardkit.dataset.writer_config import WriterConfig
 from shardkit.errors import ShardkitError
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
 from shardkit.interop.shards import (DALI_INDEX_NAME, DALI_INDEX_VERSION, ShardMembers,
@@ -209,6 +211,7 @@ def _check_timm(store: _Store, manifest: dict, members: ShardMembers | None,
     from shardkit.interop import tool_split_names
 
     names = tool_split_names(manifest["splits"])
+    members = _members_known(manifest, members)
     label = (None if members.every_sample_has("cls") else "label") if members is not None \
         else None
     want = info_dict(manifest, "", {s: n for s, n in names.items() if s != n}, label)
@@ -230,6 +233,16 @@ def _check_timm(store: _Store, manifest: dict, members: ShardMembers | None,
         if wrong:
             problems.append(f"{rel}: split {split!r} has other {', '.join(wrong)} than the "
                             "manifest (a copy from another pack?); " + store.hint("timm"))
+
+
+def _members_known(manifest: dict, members: ShardMembers | None
+                   ) -> ShardMembers | WriterConfig | None:
+    """What tells which members every sample has: the scanned ``members`` when every shard was
+    scanned, else the manifest's writer record (object storage, a damaged shard), else None."""
+    if members is not None:
+        return members
+    config = WriterConfig.from_manifest(manifest)
+    return config if config.tar_members() is not None else None
 
 
 def _front_matter(text: str) -> dict | None:

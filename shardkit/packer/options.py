@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -83,7 +84,8 @@ class PackOptions:
     wds_json: bool = False                      # also write "<key>.json" (key, label, class, path)
     on_label_conflict: str = "error"            # one of LABEL_CONFLICT_POLICIES
     fail_fast: bool = False                     # raise at the first reject, write nothing
-    writer_options: Mapping[str, Any] | None = None  # extra kwargs of the format's Writer
+    writer_options: Mapping[str, Any] | None = None  # kwargs of the format's Writer (a key
+    #                                             wins over wds_cls/wds_json); in the manifest
     layout: str = "auto"                        # folder layout, one of shardkit.sources.layouts.LAYOUTS
     split_column: str | None = None             # given split column (CSV source or metadata)
     split_method: str = "hash"                  # one of shardkit.packer.assign.SPLIT_METHODS
@@ -164,10 +166,7 @@ class PackOptions:
         for name in ("strict", "overwrite", "progress", "wds_cls", "wds_json", "fail_fast"):
             self._set(name, bool(getattr(self, name)))
         if self.writer_options is not None:
-            if not isinstance(self.writer_options, Mapping):
-                raise ConfigError(f"writer_options={self.writer_options!r}; expected a mapping "
-                                  "of keyword arguments or None")
-            self._set("writer_options", dict(self.writer_options))
+            self._set("writer_options", _writer_options(self.format, self.writer_options))
         self._check_group_rule()
 
     def _set(self, name: str, value: Any) -> None:
@@ -192,11 +191,13 @@ class PackOptions:
 
     @property
     def sink_writer_options(self) -> dict:
-        """The format Writer's keyword arguments: ``writer_options`` if given, else
-        ``{"wds_cls": ..., "wds_json": ...}`` for ``wds``, else ``{}``."""
-        if self.writer_options is not None:
-            return self.writer_options
-        return {"wds_cls": self.wds_cls, "wds_json": self.wds_json} if self.format == "wds" else {}
+        """The format Writer's keyword arguments, as the manifest's ``writer.options`` records
+        them: for ``wds`` ``{"wds_cls": ..., "wds_json": ...}`` from those options, then the
+        ``writer_options`` given (a key there wins: ``writer_options={"wds_cls": False}``
+        writes no ``.cls`` members); for the other formats ``writer_options`` or ``{}``."""
+        named = {"wds_cls": self.wds_cls, "wds_json": self.wds_json} if self.format == "wds" \
+            else {}
+        return {**named, **(self.writer_options or {})}
 
     def replace(self, **changes: Any) -> PackOptions:
         """A copy with ``changes`` applied (validated again); an unset ``split`` stays unset."""
@@ -246,6 +247,45 @@ def _integer(name: str, value: Any, minimum: int, what: str = "an integer") -> i
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ConfigError(f"{name}={value!r}; expected {what} >= {minimum}")
     return int(value)
+
+
+def _writer_options(fmt: str, given: Any) -> dict:
+    """``given`` as the keyword arguments of format ``fmt``'s Writer, checked before anything is
+    written (the manifest records them, so they must be JSON): each key a parameter of the
+    Writer's ``__init__`` after ``path``, each value of its default's type (a bool for a bool,
+    an int for an int) or, for a parameter without a scalar default, a JSON scalar.
+
+    Raises:
+        ConfigError: not a mapping; an unknown key (the message lists the Writer's options); a
+            value of another type.
+    """
+    import inspect
+
+    from shardkit import formats
+
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"writer_options={given!r}; expected a mapping of keyword arguments "
+                          "or None")
+    params = dict(list(inspect.signature(formats.get_format(fmt).Writer.__init__)
+                       .parameters.items())[2:])  # after self, path
+    out = {}
+    for key, value in given.items():
+        if key not in params:
+            raise ConfigError(f"writer_options key {key!r} is not an option of the {fmt!r} "
+                              "writer; " + (f"expected one of {sorted(params)}" if params else
+                                            "it takes none"))
+        default = params[key].default
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"writer_options[{key!r}]={value!r}; expected True or False")
+        elif isinstance(default, int):
+            value = _integer(f"writer_options[{key!r}]", value, 1)
+        elif not (value is None or isinstance(value, (str, bool, int))
+                  or (isinstance(value, float) and math.isfinite(value))):
+            raise ConfigError(f"writer_options[{key!r}]={value!r}; expected a JSON scalar "
+                              "(str, finite number, bool or None: the manifest records it)")
+        out[key] = value
+    return out
 
 
 def parse_size(text: str | int | None) -> int | None:

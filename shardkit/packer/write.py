@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from shardkit import __version__, formats
 from shardkit.dataset import manifest as manifest_mod
+from shardkit.dataset.writer_config import WRITER_FIELD, WriterConfig
 from shardkit.errors import ShardkitError, SourceError
 from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.sources.labels import LabelMap
@@ -285,7 +286,8 @@ def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOut
                    packed_warnings: list[str], options: PackOptions,
                    transcoded: dict[str, int] | None = None) -> dict:
     """Step 7: the ``manifest.json`` content (schema: ``docs/DESIGN.md``), with the resolved
-    ``options`` where the schema has them (format, split seed/ratios, normalization).
+    ``options`` where the schema has them (format, split seed/ratios, normalization, and the
+    ``writer`` section: :class:`~shardkit.dataset.writer_config.WriterConfig`).
     ``normalization.transcoded`` is ``transcoded`` (:func:`transcoded_counts`; ``{}`` if None).
 
     Raises:
@@ -326,5 +328,8 @@ def build_manifest(source: ScannedSource, label_map: LabelMap, outcome: SplitOut
                           "strict": options.strict, "transcoded": dict(transcoded or {}),
                           "max_side": options.max_side,
                           "jpeg_quality": options.jpeg_quality if options.max_side else None},
+        WRITER_FIELD: WriterConfig(  # what decided the stored bytes, for readers to rebuild from
+            options.format, options.sink_writer_options, options.max_side, options.jpeg_quality,
+            options.shard_samples, options.shard_bytes).to_json(),
         "splits": split_manifest,
     }
