@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = [
     "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
     "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "DecodeError",
-    "LoaderError", "CheckpointError", "ResourceLimitError",
+    "LoaderError", "SharedMemoryError", "CheckpointError", "ResourceLimitError",
 ]
 
 
@@ -102,6 +102,13 @@ class DecodeError(ShardkitError):
 
 class LoaderError(ShardkitError):
     """A loader option combination is invalid (for example resampling on a val/test split)."""
+
+
+class SharedMemoryError(LoaderError):
+    """A DataLoader worker process could not get the shared memory (``/dev/shm``) that passes
+    a batch to the consuming process. Raised in the worker around the call that allocates it
+    (its message: torch's error), and again in the consumer, where the message names the
+    loader, the free room of ``/dev/shm`` and what to change."""
 
 
 class CheckpointError(ConfigError):

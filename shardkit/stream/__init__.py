@@ -5,6 +5,8 @@ Seams, one module each:
 - :mod:`.source`: :class:`ShardSource`, the split's index and shard readers, shared by threads;
 - :mod:`.state`: :class:`Sampling` (one rank's epoch plans) and :class:`EpochState` (epoch,
   resume point and streams in shared memory, seen by worker processes);
+- :mod:`.stages`: the per-sample stages every dataset runs (read, verify, cache, decode or
+  transform, augment) and the ``on_error`` / ``on_warning`` handlers;
 - :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and :class:`BatchDataset`;
 - :mod:`.backends`: :class:`ThreadBackend` and :class:`ProcessBackend` (``close()``, ``with``);
 - :mod:`.options`: :class:`SamplingOptions`, :class:`WorkerOptions` and the train/eval rule
