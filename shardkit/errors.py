@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = [
     "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
     "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "DecodeError",
-    "LoaderError", "CheckpointError", "ResourceLimitError",
+    "LoaderError", "SharedMemoryError", "CheckpointError", "ResourceLimitError",
 ]
 
 
@@ -53,7 +53,19 @@ class ManifestError(ShardkitError):
 
 
 class ShardCorruptError(ShardkitError):
-    """A shard's bytes do not match the manifest (hash, size, count) or a sample cannot be read."""
+    """A shard's bytes do not match the manifest (hash, size, count) or a sample cannot be read.
+
+    Attributes:
+        shard: the shard it is about (its path in the dataset, as the manifest lists it), or
+            None. key: the sample it is about, or None (the whole shard, or not known). Set
+            where the error is raised; the message names them too. The read path decides from
+            them whether an error already names its sample (:mod:`shardkit.stream.stages`).
+    """
+
+    def __init__(self, *args, shard: str | None = None, key: str | None = None):
+        super().__init__(*args)
+        self.shard = shard
+        self.key = key
 
 
 class ResourceLimitError(ShardkitError):
@@ -75,11 +87,28 @@ class ResourceLimitError(ShardkitError):
 
 
 class DecodeError(ShardkitError):
-    """An image could not be decoded; names the shard and key when known."""
+    """An image could not be decoded; names the shard and key when known.
+
+    Attributes:
+        shard, key: the shard and the sample it is about when known, else None (as
+            :class:`ShardCorruptError`).
+    """
+
+    def __init__(self, *args, shard: str | None = None, key: str | None = None):
+        super().__init__(*args)
+        self.shard = shard
+        self.key = key
 
 
 class LoaderError(ShardkitError):
     """A loader option combination is invalid (for example resampling on a val/test split)."""
+
+
+class SharedMemoryError(LoaderError):
+    """A DataLoader worker process could not get the shared memory (``/dev/shm``) that passes
+    a batch to the consuming process. Raised in the worker around the call that allocates it
+    (its message: torch's error), and again in the consumer, where the message names the
+    loader, the free room of ``/dev/shm`` and what to change."""
 
 
 class CheckpointError(ConfigError):

@@ -257,7 +257,6 @@ def test_fail_fast_stops_at_the_first_rejected_file(sample_dir, tmp_path, monkey
     not checked), exit 2 with one line naming it and its reason, nothing written; the same
     file is named with --workers 2; a dangling link stops it before any file is read."""
     import shardkit.packer.check as pack_check
-    import shardkit.packer.shards as pack_shards
 
     photos = sample_files(sample_dir, 6)  # 6 per class; daisy sorts first
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p for p in photos})
@@ -443,7 +442,6 @@ def test_max_pixels_limit_quarantines_large_images(awkward_dir, sample_dir, tmp_
 
 def test_a_crashing_check_worker_raises_instead_of_hanging(sample_dir, tmp_path, monkeypatch):
     import shardkit.packer.check as pack_check
-    import shardkit.packer.shards as pack_shards
 
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p
                                          for p in sample_files(sample_dir, 2)})
@@ -517,7 +515,6 @@ def test_default_shard_plan_by_bytes(sample_dir, tmp_path, monkeypatch):
     ~1.2 MB with a 300 kB target average are 5 shards by bytes -> 8 (a power of two), so
     ceil(20 / 8) = 3 samples per shard, the last holding the rest: 7 shards (fewer than 8 only
     because a shard holds fewer samples than there are shards)."""
-    import shardkit.packer.check as pack_check
     import shardkit.packer.shards as pack_shards
 
     src = link_folder(tmp_path / "src", {f"{p.parent.name}/{p.name}": p

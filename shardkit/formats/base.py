@@ -36,7 +36,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import ResourceLimitError
+from ..errors import ResourceLimitError, ShardCorruptError
 
 __all__ = ["FormatWriter", "FormatReader", "sha256_file", "remove_partial", "shard_name",
            "TMP_SUFFIX", "max_open_shards", "open_shard_count", "close_all_shards",
@@ -341,11 +341,21 @@ class FormatReader(ABC):
             self._release(entry)
             raise
 
+    def _open_named(self):
+        """:meth:`_open`; a :class:`ShardCorruptError` it raises is about this whole shard, so
+        it carries ``shard=self.name`` (the read path tells it from a sample's error by that)."""
+        try:
+            return self._open()
+        except ShardCorruptError as e:
+            if e.shard is None:
+                e.shard = self.name
+            raise
+
     def _open_or_free(self, table: _OpenShards, entry: _Open):
         """:meth:`_open`; when the OS is out of a resource, closes this process's unused shard
         handles and tries once more, then raises :class:`ResourceLimitError`."""
         try:
-            return self._open()
+            return self._open_named()
         except Exception as exc:  # noqa: BLE001 - only resource errors are retried
             if resource_errno(exc) is None:
                 raise
@@ -353,7 +363,7 @@ class FormatReader(ABC):
             victims = table.victims(0, spare=entry)
         _close(victims)
         try:
-            return self._open()
+            return self._open_named()
         except Exception as exc:  # noqa: BLE001 - classified below, else re-raised as is
             err = resource_error(exc, f"opening shard {self.name}", self.location)
             if err is None:

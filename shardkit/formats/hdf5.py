@@ -241,11 +241,12 @@ class Reader(FormatReader):
                 found = repr(bytes(keys[offset])) if 0 <= offset < len(keys) else "nothing"
                 raise ShardCorruptError(f"shard {self.name}: row {offset} holds {found}, "
                                         f"expected sample {key!r}: the shard does not match "
-                                        "the index")
+                                        "the index", shard=self.name, key=key)
             start, stop = int(offsets[offset]), int(offsets[offset + 1])
             if stop - start != size:
                 raise ShardCorruptError(f"shard {self.name}: sample {key!r} has "
-                                        f"{stop - start} bytes, the index says {size}")
+                                        f"{stop - start} bytes, the index says {size}",
+                                        shard=self.name, key=key)
             if base is not None and buf is not None and len(buf) >= size:
                 data = memoryview(buf)[:size]
                 data = data[:os.preadv(fd, [data], base + start)]
@@ -257,7 +258,8 @@ class Reader(FormatReader):
             self._release(lease)
         if len(data) != size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes {start}..{stop} "
-                                    "lies outside the file: truncated shard?")
+                                    "lies outside the file: truncated shard?",
+                                    shard=self.name, key=key)
         return data
 
     def _read_chunked(self, key: str, start: int, stop: int) -> bytes:
@@ -268,4 +270,5 @@ class Reader(FormatReader):
         except OSError as e:
             err = resource_error(e, f"shard {self.name}: reading sample {key!r}", self.location)
             raise (err or ShardCorruptError(f"shard {self.name}: reading sample {key!r} failed: "
-                                            f"{' '.join(str(e).split())}")) from e
+                                            f"{' '.join(str(e).split())}",
+                                            shard=self.name, key=key)) from e

@@ -367,13 +367,14 @@ class Reader(FormatReader):
         except lmdb.Error as e:
             err = resource_error(e, f"shard {self.name}: reading sample {key!r}", self.location)
             raise (err or ShardCorruptError(f"shard {self.name}: reading sample {key!r} failed: "
-                                            f"{e}")) from e
+                                            f"{e}", shard=self.name, key=key)) from e
         finally:
             gate.leave()
             self._release(lease)
         if data is None:
-            raise ShardCorruptError(f"shard {self.name}: sample {key!r} not found")
+            raise ShardCorruptError(f"shard {self.name}: sample {key!r} not found",
+                                    shard=self.name, key=key)
         if len(data) != size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} has {len(data)} bytes, "
-                                    f"the index says {size}")
+                                    f"the index says {size}", shard=self.name, key=key)
         return data

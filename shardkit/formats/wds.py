@@ -115,7 +115,8 @@ class Reader(FormatReader):
         header = offset - BLOCK
         if header < 0:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} has offset {offset}, "
-                                    f"before the first tar header: the index is corrupt")
+                                    f"before the first tar header: the index is corrupt",
+                                    shard=self.name, key=key)
         handle, lease = self._acquire()
         try:
             if not isinstance(handle, int):
@@ -130,7 +131,7 @@ class Reader(FormatReader):
         if len(chunk) != BLOCK + size:
             raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes "
                                     f"{offset}..{offset + size} lies outside the shard: "
-                                    "truncated shard?")
+                                    "truncated shard?", shard=self.name, key=key)
         head = bytes(chunk[:136])
         name = head[:100].split(b"\0", 1)[0]
         try:
@@ -140,7 +141,8 @@ class Reader(FormatReader):
         if not name.startswith(key.encode("ascii") + b".") or stored_size != size:
             raise ShardCorruptError(f"shard {self.name}: no tar member for sample {key!r} at "
                                     f"offset {offset} (found header name {name[:40]!r}, size "
-                                    f"{stored_size}): the shard does not match the index")
+                                    f"{stored_size}): the shard does not match the index",
+                                    shard=self.name, key=key)
         return chunk[BLOCK:]
 
 

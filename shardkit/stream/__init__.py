@@ -18,6 +18,8 @@ Seams, one module each:
 - :mod:`.source`: ``ShardSource``, the split's index and shard readers, shared by threads;
 - :mod:`.state`: ``Sampling`` (one rank's epoch plans) and ``EpochState`` (epoch, resume point
   and streams in shared memory, seen by worker processes);
+- :mod:`.stages`: the per-sample stages every dataset runs (read, verify, cache, decode or
+  transform, augment) and the ``on_error`` / ``on_warning`` handlers;
 - :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and ``BatchDataset``;
 - :mod:`.backends`: ``ThreadBackend`` and ``ProcessBackend`` (``close()``, ``with``);
 - :mod:`.options`: :class:`SamplingOptions`, :class:`WorkerOptions` and the train/eval rule

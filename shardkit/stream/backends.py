@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..errors import LoaderError
+from ..errors import LoaderError, SharedMemoryError
 from .datasets import BatchDataset, BufferPool
 from .options import WorkerOptions
 from .source import worker_id_count
@@ -131,14 +131,18 @@ class ThreadBackend(_Backend):
 def _to_shared(obj):
     """``obj`` (a batch: tensors, dicts, lists, tuples of them) with every CPU tensor moved into
     shared memory now, in this worker: ``torch``'s ``RuntimeError: unable to allocate shared
-    memory`` is raised here, where the DataLoader reports it, and not in the queue's feeder
-    thread, which would print it and drop the batch."""
+    memory`` is raised here, as a :class:`~shardkit.errors.SharedMemoryError`, where the
+    DataLoader reports it, and not in the queue's feeder thread, which would print it and drop
+    the batch."""
     stack = [obj]
     while stack:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
             if item.device.type == "cpu" and not item.is_shared():
-                item.share_memory_()
+                try:
+                    item.share_memory_()
+                except RuntimeError as e:
+                    raise SharedMemoryError(str(e)) from e
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
@@ -230,16 +234,17 @@ class ProcessBackend(_Backend):
                 b, batch = next(it)
             except StopIteration:
                 break
+            except SharedMemoryError as e:  # raised in the worker (type kept, not attributes)
+                raise SharedMemoryError(
+                    f"{describe()}: a worker could not allocate shared memory to pass a "
+                    f"batch to this process ({_free_shm()}). Give /dev/shm more room (e.g. "
+                    "docker run --shm-size=2g), lower num_workers, prefetch_factor or "
+                    "batch_size, or use WorkerOptions(backend='thread') (batches in private "
+                    f"memory). {str(e).strip().splitlines()[-1]}") from e
             except RuntimeError as e:
-                text = str(e)
-                if "shared memory" in text or ("No space left" in text and "/torch_" in text):
-                    raise LoaderError(
-                        f"{describe()}: a worker could not allocate shared memory to pass a "
-                        f"batch to this process ({_free_shm()}). Give /dev/shm more room (e.g. "
-                        "docker run --shm-size=2g), lower num_workers, prefetch_factor or "
-                        "batch_size, or use WorkerOptions(backend='thread') (batches in private "
-                        f"memory). {text.strip().splitlines()[-1]}") from e
-                if "timed out" not in text:
+                # torch's own timeout carries nothing but its message ("DataLoader timed out
+                # after N seconds"); every other RuntimeError is raised as it is
+                if "timed out" not in str(e):
                     raise
                 raise LoaderError(f"{describe()}: no batch within timeout="
                                   f"{self.dataloader.timeout} s ({e}); a worker hung or died "

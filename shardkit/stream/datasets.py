@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -24,12 +23,12 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from ..augment.mix import NO_MIX, BatchMix, MixDraw, apply_mix, mix_rng
-from ..augment.prims import apply_hwc
-from ..decode.base import DecodeWarningError
-from ..errors import ConfigError, ShardkitError
+from ..errors import SharedMemoryError, ShardkitError
 from ..sharding import EpochPlan, num_batches, sample_rng
-from .options import ON_WARNING, SamplingOptions, resolve_train
+from .options import SamplingOptions, resolve_train
 from .source import ShardSource, worker_id_count
+from .stages import (LEFT_OUT, PROPAGATE, BatchTally, SampleStages, error_handler,
+                     warning_handler)
 from .state import Sampling
 
 __all__ = ["ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport", "EncodedBatch",
@@ -37,24 +36,30 @@ __all__ = ["ShardDataset", "MapShardDataset", "BatchDataset", "BatchReport", "En
 
 log = logging.getLogger("shardkit.stream")
 
-#: Errors a bad sample may raise while it is read or decoded (handled by ``on_error``).
-SAMPLE_ERRORS = (ShardkitError, OSError, ValueError, RuntimeError)
+
+class _InStages:
+    """A dataset setting kept in the dataset's :class:`~shardkit.stream.stages.SampleStages`
+    (under the same name), so that setting it on the dataset reaches every later sample."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj.stages, self.name)
+
+    def __set__(self, obj, value) -> None:
+        setattr(obj.stages, self.name, value)
 
 
-def _check_on_warning(on_warning: str) -> str:
-    if on_warning not in ON_WARNING:
-        raise ConfigError(f"on_warning={on_warning!r} is not one of {list(ON_WARNING)}")
-    return on_warning
+class _OnWarning:
+    """``on_warning`` of a dataset: the policy's name; setting it sets the stages' handler
+    (:func:`~shardkit.stream.stages.warning_handler`: a ConfigError for an unknown name)."""
 
+    def __get__(self, obj, owner=None):
+        return self if obj is None else obj.stages.on_warning.name
 
-def _warning_check(source: ShardSource, pos: int, n: int, message, policy: str) -> bool:
-    """Applies the decoder-warning policy to one sample; True to keep it."""
-    if n == 0 or policy == "keep":
-        return True
-    from ..decode import apply_warning_policy
-
-    return apply_warning_policy(n, policy, f"shard {source.shard_name(pos)}: sample "
-                                f"{source.key(pos)!r}", message)
+    def __set__(self, obj, value: str) -> None:
+        obj.stages.on_warning = warning_handler(value)
 
 
 class _Iterable(IterableDataset):
@@ -135,49 +140,32 @@ class ShardDataset(_Iterable):
         self.source = ShardSource(root, split, on_error, verify_reads)
         self.sampling = Sampling(self.source, sampling or SamplingOptions(), seed=seed,
                                  batch_size=batch_size, train=self.train, streams=streams)
-        self.decode = bool(decode)
-        self.decoder = decoder
-        self.transform = transform
-        self.on_warning = _check_on_warning(on_warning)
+        #: the per-sample stages (:class:`~shardkit.stream.stages.SampleStages`)
+        self.stages = SampleStages(self.source, on_error=error_handler(on_error),
+                                   on_warning=warning_handler(on_warning), transform=transform,
+                                   decode=decode, decoder=decoder)
         self.skipped: list[str] = []
+
+    transform = _InStages()
+    decode = _InStages()
+    decoder = _InStages()
+    on_warning = _OnWarning()
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch (all workers together)."""
         return self.sampling.rank_samples()
 
-    def _sample(self, plan: EpochPlan, j: int) -> dict | None:
-        src = self.source
-        pos = int(plan.positions[j])
-        data = src.read(pos)
-        if self.transform is not None:
-            image = self.transform(data, sample_rng(self.sampling.seed, plan.epoch, plan.rank,
-                                                      plan.place(j)))
-        elif self.decode:
-            image = src.decode(data, pos, self.decoder)
-            dec = src.decoder(self.decoder)
-            if not _warning_check(src, pos, dec.last_warnings, dec.last_warning,
-                                  self.on_warning):
-                self.skipped.append(src.key(pos))
-                return None
-        else:
-            image = bytes(data)
-        return {"key": src.key(pos), "label": int(src.index.label[pos]), "image": image,
-                "index": pos, "valid": bool(plan.valid[j])}
-
     def __iter__(self) -> Iterator[dict]:
         plan, batches = self._worker_batches()
+        src, item, seed = self.source, self.stages.item, self.sampling.seed
         for b in batches:
             sl = plan.batch_slice(int(b))
             for j in range(sl.start, sl.stop):
-                try:
-                    sample = self._sample(plan, j)
-                except DecodeWarningError:
-                    raise  # on_warning="raise" is the user's choice: on_error does not apply
-                except SAMPLE_ERRORS as e:
-                    self.skipped.append(self.source.handle_error(e, int(plan.positions[j])))
-                    continue
-                if sample is not None:
-                    yield sample
+                pos = int(plan.positions[j])
+                image = item(pos, (seed, plan.epoch, plan.rank, plan.place(j)), self.skipped)
+                if image is not LEFT_OUT:
+                    yield {"key": src.key(pos), "label": int(src.index.label[pos]),
+                           "image": image, "index": pos, "valid": bool(plan.valid[j])}
 
 
 class MapShardDataset(Dataset):
@@ -195,11 +183,16 @@ class MapShardDataset(Dataset):
     def __init__(self, root, split: str, *, decode: bool = True, transform: Callable | None = None,
                  seed: int = 0, decoder: str = "auto", verify_reads: bool = True):
         self.source = ShardSource(root, split, verify_reads=verify_reads)
-        self.decode = bool(decode)
-        self.decoder = decoder
-        self.transform = transform
+        #: the per-sample stages; errors propagate unchanged, decoder warnings are kept
+        self.stages = SampleStages(self.source, on_error=PROPAGATE,
+                                   on_warning=warning_handler("keep"),
+                                   transform=transform, decode=decode, decoder=decoder)
         self.seed = int(seed)
         self.epoch = 0
+
+    transform = _InStages()
+    decode = _InStages()
+    decoder = _InStages()
 
     @property
     def classes(self) -> list[str]:
@@ -221,13 +214,7 @@ class MapShardDataset(Dataset):
                              f"{n} samples")
         pos = i % n
         src = self.source
-        data = src.read(pos)
-        if self.transform is not None:
-            image = self.transform(data, sample_rng(self.seed, self.epoch, 0, pos))
-        elif self.decode:
-            image = src.decode(data, pos, self.decoder)
-        else:
-            image = bytes(data)
+        image = self.stages.item(pos, (self.seed, self.epoch, 0, pos), [])
         return {"key": src.key(pos), "label": int(src.index.label[pos]), "image": image,
                 "index": pos, "valid": True}
 
@@ -293,19 +280,27 @@ class BatchDataset(_Iterable):
     def __init__(self, source: ShardSource, sampling: Sampling, transform: Callable,
                  image_size: int, on_warning: str = "keep", device_decode: bool = False,
                  cache=None, augment=None, augment_on_device: bool = False):
-        self.augment = None if augment is None or augment.is_identity else augment
         #: the spec when it has batch ops (mixup / cutmix), else None
         self.mix_spec = augment if augment is not None and augment.batch_ops else None
         self._mixers: dict[int, BatchMix | None] = {}
-        self.augment_on_device = bool(augment_on_device)
         self.device_decode = bool(device_decode)
-        #: a :class:`~shardkit.stream.cache.DecodedCache` or None
-        self.cache = cache
         self.source = source
         self.sampling = sampling
         self.transform = transform
         self.image_size = int(image_size)
-        self.on_warning = _check_on_warning(on_warning)
+        #: the per-sample stages (:class:`~shardkit.stream.stages.SampleStages`) of every row;
+        #: ``cache`` (a :class:`~shardkit.stream.cache.DecodedCache` or None), ``augment``
+        #: (None when the identity), ``augment_on_device`` and ``on_warning`` live there
+        self.stages = SampleStages(
+            source, on_error=error_handler(source.on_error),
+            on_warning=warning_handler(on_warning), cache=cache,
+            augment=None if augment is None or augment.is_identity else augment,
+            augment_on_device=augment_on_device, size=self.image_size)
+
+    cache = _InStages()
+    augment = _InStages()
+    augment_on_device = _InStages()
+    on_warning = _OnWarning()
 
     @property
     def batch_size(self) -> int:
@@ -373,104 +368,58 @@ class BatchDataset(_Iterable):
         tf = transform or self.transform
         if self.device_decode:
             return self._build_encoded(plan, b, tf)
-        src, size = self.source, self.image_size
+        size, stages = self.image_size, self.stages
         sl = plan.batch_slice(b)
         n = sl.stop - sl.start
         images = buffers.get(n, size, pin) if buffers is not None else _batch_buffer(n, size, pin)
         rows = images.permute(0, 2, 3, 1).numpy()  # (n, S, S, 3) C-contiguous view, same memory
         positions = plan.positions[sl]
-        keep = np.ones(n, dtype=bool)
-        skipped, warned = [], []
-        # the thread's reused buffer only for transforms that say they take any buffer and keep
-        # nothing (the factory's); a custom transform gets ``bytes`` it may keep
-        read = src.read_scratch if scratch and getattr(tf, "accepts_buffers", False) else src.read
-        seed, epoch, rank, policy = self.sampling.seed, plan.epoch, plan.rank, self.on_warning
-        cache, augment = self.cache, self.augment
-        programs: list = []
-        hits = misses = 0
-        fill_s = 0.0
+        read = stages.reader(tf, scratch)
+        seed, epoch, rank = self.sampling.seed, plan.epoch, plan.rank
+        tally = BatchTally(n, epoch)
         for i in range(n):
-            pos = int(positions[i])
-            try:
-                row = rows[i]
-                rng = sample_rng(seed, epoch, rank, plan.place(sl.start + i))
-                if cache is None:
-                    out = tf(read(pos), rng, out=row)
-                    if out is not None and out is not row:  # the factory's transforms fill `row`
-                        row[...] = out
-                elif cache.lookup(pos, tf, rng, row):
-                    hits += 1
-                else:
-                    misses += 1
-                    t0 = time.perf_counter()
-                    cache.fill(pos, read(pos), tf, rng, row)
-                    fill_s += time.perf_counter() - t0
-                if augment is not None:  # after the crop's draws: same program on any path
-                    program = augment.draw(rng, size, size, epoch)
-                    if self.augment_on_device:
-                        programs.append(program)
-                    else:
-                        apply_hwc(row, program)
-                nw = getattr(tf, "last_warnings", 0)
-                if nw:
-                    if _warning_check(src, pos, nw, getattr(tf, "last_warning", None), policy):
-                        warned.append(src.key(pos))
-                    else:
-                        skipped.append(src.key(pos))
-                        keep[i] = False
-            except DecodeWarningError:
-                raise  # on_warning="raise" is the user's choice: on_error does not apply
-            except SAMPLE_ERRORS as e:
-                skipped.append(src.handle_error(e, pos))
-                keep[i] = False
-            if self.augment_on_device and augment is not None and len(programs) <= i:
-                programs.append([])  # keeps programs aligned with rows (skipped rows drop)
-        if skipped:
+            stages.row(tally, i, int(positions[i]),
+                       sample_rng(seed, epoch, rank, plan.place(sl.start + i)), rows[i], tf, read)
+        keep, programs = tally.keep, tally.programs
+        if tally.skipped:
             positions = positions[keep]
             programs = [p for p, k in zip(programs, keep) if k]
             images = images[torch.from_numpy(np.flatnonzero(keep))].contiguous(
                 memory_format=torch.channels_last)
-        labels = torch.from_numpy(src.index.label[positions])
-        meta = {"index": torch.from_numpy(positions.copy()),
-                "valid": torch.from_numpy(plan.valid[sl][keep])}
-        if self.augment_on_device and augment is not None:
+        labels = torch.from_numpy(self.source.index.label[positions])
+        meta = _meta(plan, sl, positions, keep)
+        on_device = stages.augment_on_device and stages.augment is not None
+        if on_device:
             meta["augment"] = programs
-        images, labels = self._mix(plan, b, images, labels, meta,
-                                   ready=not (self.augment_on_device and augment is not None))
-        return images, labels, meta, BatchReport(tuple(skipped), tuple(warned), hits, misses,
-                                                 fill_s)
+        images, labels = self._mix(plan, b, images, labels, meta, ready=not on_device)
+        return images, labels, meta, BatchReport(tuple(tally.skipped), tuple(tally.warned),
+                                                 tally.hits, tally.misses, tally.fill_s)
 
     def _build_encoded(self, plan: EpochPlan, b: int, tf):
         """Batch ``b`` as an :class:`EncodedBatch`: bytes and crops only (the transform's
         :meth:`~shardkit.transforms.SampleTransform.crop_box` reads just the header)."""
-        src, sl = self.source, plan.batch_slice(b)
+        stages, sl = self.stages, plan.batch_slice(b)
         positions = plan.positions[sl]
-        keep = np.ones(len(positions), dtype=bool)
-        datas, boxes, flips, skipped, programs = [], [], [], [], []
+        tally = BatchTally(len(positions), plan.epoch)
+        seed = self.sampling.seed
         for i, pos in enumerate(positions.tolist()):
-            try:
-                data = bytes(src.read(pos))
-                rng = sample_rng(self.sampling.seed, plan.epoch, plan.rank,
-                                 plan.place(sl.start + i))
-                box, flip, _ = tf.crop_box(data, rng)
-            except SAMPLE_ERRORS as e:
-                skipped.append(src.handle_error(e, pos))
-                keep[i] = False
-                continue
-            datas.append(data)
-            boxes.append(box)
-            flips.append(flip)
-            if self.augment is not None:
-                programs.append(self.augment.draw(rng, self.image_size, self.image_size,
-                                                  plan.epoch))
-        positions = positions[keep]
-        meta = {"index": torch.from_numpy(positions.copy()),
-                "valid": torch.from_numpy(plan.valid[sl][keep])}
-        if self.augment is not None:
-            meta["augment"] = programs
-        labels = torch.from_numpy(src.index.label[positions])
+            stages.encoded(tally, i, pos, sample_rng(seed, plan.epoch, plan.rank,
+                                                     plan.place(sl.start + i)), tf)
+        positions = positions[tally.keep]
+        meta = _meta(plan, sl, positions, tally.keep)
+        if stages.augment is not None:
+            meta["augment"] = tally.programs
+        labels = torch.from_numpy(self.source.index.label[positions])
         self._mix(plan, b, None, labels, meta, ready=False)  # mixed after the device decode
-        return EncodedBatch(datas, boxes, flips), labels, meta, BatchReport(tuple(skipped))
+        return (EncodedBatch(tally.datas, tally.boxes, tally.flips), labels, meta,
+                BatchReport(tuple(tally.skipped)))
+
+
+def _meta(plan: EpochPlan, sl: slice, positions: np.ndarray, keep: np.ndarray) -> dict:
+    """A batch's ``meta``: int64 ``index`` (the kept rows' split positions) and bool ``valid``
+    (False for ``even="pad"`` repeats) of the rows of ``sl`` that ``keep`` keeps."""
+    return {"index": torch.from_numpy(positions.copy()),
+            "valid": torch.from_numpy(plan.valid[sl][keep])}
 
 
 class BufferPool:
@@ -520,10 +469,15 @@ def _batch_buffer(n: int, size: int, pin: bool) -> torch.Tensor:
     """uint8 ``(n, 3, size, size)`` channels_last, uninitialised. Inside a DataLoader worker it is
     allocated in shared memory from the start: a worker's batch must cross into the main process,
     and a private buffer would be copied into a fresh shared segment when it is sent (measured
-    ~0.19 ms per 224 px image here, against ~0.12 ms for writing into shared memory directly)."""
+    ~0.19 ms per 224 px image here, against ~0.12 ms for writing into shared memory directly).
+    A shared-memory allocation torch refuses is a :class:`~shardkit.errors.SharedMemoryError`."""
     shape = (n, 3, size, size)
     new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
     if pin or new_shared is None or torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last,
                            pin_memory=pin)
-    return _view(new_shared(n * 3 * size * size), n, size)  # channels_last strides
+    try:
+        storage = new_shared(n * 3 * size * size)
+    except RuntimeError as e:
+        raise SharedMemoryError(str(e)) from e
+    return _view(storage, n, size)  # channels_last strides

@@ -308,7 +308,8 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     """A :class:`ShardLoader` over ``split`` of the packed dataset at ``root``.
 
     The simple call is ``make_loader(root, "train", 64)`` (or ``"val"``); everything else has a
-    default.
+    default. (Long only by this reference of its options: the body is a few lines, one call
+    per step, each step a function of this module.)
 
     Yields ``(images, labels)`` (``(images, labels, meta)`` with ``return_meta``):
 
@@ -410,16 +411,72 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             manifest (checked up front, whatever ``on_error``: a damaged dataset, not a bad
             sample).
     """
+    prefetch_factor = _check_sizes(batch_size, num_workers, prefetch_factor)
+    sampling, workers = _check_options(sampling, workers)
+    train, why = _resolve_mode(train, split, sampling)
+    tf, size = _resolve_transform(transform, train, image_size)
+    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split,
+                                        why)
+    sampling = _rank_sampling(sampling, train, split)
+    source = ShardSource(root, split, on_error, verify_reads, max_pixels)
+    plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
+    _check_device_decode(tf, device_decode, cache)
+    if hasattr(tf, "max_pixels"):
+        tf.max_pixels = source.max_pixels  # the limit pack applied, again at read time
+    dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
+                    train=train, verify=verify_reads, transport_bytes=shm_reserve(
+                        workers.backend, num_workers, prefetch_factor, batch_size, size))
+    _warn_torch_threads(spec, aug_device, workers.backend, num_workers)
+    dataset = BatchDataset(source, plan, tf, size, on_warning,
+                           device_decode=device_decode is not None, cache=dc, augment=spec,
+                           augment_on_device=aug_device is not None)
+    backend = _make_backend(dataset, workers, num_workers, prefetch_factor, pin_memory)
+    if spec.batch_ops:
+        log.info("split %r: batch ops %s mix each batch in the loader; labels are float32 "
+                 "(B, %d) soft targets", split, [name for name, _ in spec.batch_ops],
+                 len(source.classes))
+    return ShardLoader(dataset, backend, return_meta=return_meta,
+                       transform_config=getattr(tf, "cfg", None), device_decode=device_decode,
+                       augment=spec, augment_device=aug_device, train=train)
+
+
+# --- the steps of make_loader, in its order ---------------------------------------------------
+
+def _check_sizes(batch_size, num_workers, prefetch_factor) -> int:
+    """Checks the three counts; returns ``prefetch_factor`` (None: 2, as ``DataLoader``, where
+    it means "not given"; it does not apply to 0 workers).
+
+    Raises:
+        ConfigError: a count that is not an int (bools refused) of at least 1 (0 workers).
+    """
     _check_int("batch_size", batch_size, 1)
     _check_int("num_workers", num_workers, 0)
-    if prefetch_factor is None:  # as DataLoader: "not given" (it does not apply to 0 workers)
+    if prefetch_factor is None:
         prefetch_factor = 2
-    _check_int("prefetch_factor", prefetch_factor, 1)
+    return _check_int("prefetch_factor", prefetch_factor, 1)
+
+
+def _check_options(sampling, workers) -> tuple[SamplingOptions, WorkerOptions]:
+    """``(sampling, workers)`` with None as the defaults.
+
+    Raises:
+        ConfigError: either is not of its option class.
+    """
     sampling = sampling or SamplingOptions()
     workers = workers or WorkerOptions()
     if not isinstance(sampling, SamplingOptions) or not isinstance(workers, WorkerOptions):
         raise ConfigError("sampling= takes a SamplingOptions and workers= a WorkerOptions "
                           f"(got {type(sampling).__name__}, {type(workers).__name__})")
+    return sampling, workers
+
+
+def _resolve_mode(train, split: str, sampling: SamplingOptions) -> tuple[bool, str]:
+    """``(train, why)``: the mode (:func:`~shardkit.stream.options.resolve_train`) and, for the
+    errors of an eval loader, how it came to be one.
+
+    Raises:
+        LoaderError: ``even`` or a resampling ``mode`` in evaluation (exactly once, always).
+    """
     train_given = train is not None
     train = resolve_train(train, split, "make_loader")
     why = "train=False" if train_given else f"train unset: {split!r} is an eval split by its name"
@@ -429,47 +486,45 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     if not train and sampling.mode != "exact":
         raise LoaderError(f"mode={sampling.mode!r} resamples; evaluation (split {split!r}, "
                           f"{why}) needs mode='exact'")
-    tf, size = _resolve_transform(transform, train, image_size)
-    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split,
-                                        why)
+    return train, why
+
+
+def _rank_sampling(sampling: SamplingOptions, train: bool, split: str) -> SamplingOptions:
+    """``sampling`` with this process's ``rank`` and ``world_size``
+    (:func:`~shardkit.stream.source.dist_rank_world`) and ``even="pad"`` by default when a
+    training split is read by several ranks."""
     rank, world_size = dist_rank_world(sampling.rank, sampling.world_size)
     if sampling.even is None and train and world_size > 1 and not is_eval_split(split):
         sampling = replace(sampling, even="pad")
-    sampling = replace(sampling, rank=rank, world_size=world_size)
-    source = ShardSource(root, split, on_error, verify_reads, max_pixels)
-    plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
-    if device_decode is not None and not hasattr(tf, "crop_box"):
+    return replace(sampling, rank=rank, world_size=world_size)
+
+
+def _check_device_decode(tf, device_decode, cache) -> None:
+    """Raises ConfigError when ``device_decode`` is given with a transform that cannot be split
+    into crop drawing and batched decoding (a custom callable), or with a decoded cache."""
+    if device_decode is None:
+        return
+    if not hasattr(tf, "crop_box"):
         raise ConfigError("device_decode needs a TransformConfig transform (a custom callable "
                           "cannot be split into crop drawing and batched decoding)")
-    if hasattr(tf, "max_pixels"):
-        tf.max_pixels = source.max_pixels  # the limit pack applied, again at read time
-    if device_decode is not None and parse_cache(cache)[0] != "none":
+    if parse_cache(cache)[0] != "none":
         raise ConfigError(f"cache={cache!r} and device_decode={device_decode!r}: the cache "
                           "holds CPU pixels; use one or the other")
-    dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
-                    train=train, verify=verify_reads, transport_bytes=shm_reserve(
-                        workers.backend, num_workers, prefetch_factor, batch_size, size))
-    _warn_torch_threads(spec, aug_device, workers.backend, num_workers)
-    dataset = BatchDataset(source, plan, tf, size, on_warning,
-                           device_decode=device_decode is not None, cache=dc, augment=spec,
-                           augment_on_device=aug_device is not None)
+
+
+def _make_backend(dataset: BatchDataset, workers: WorkerOptions, num_workers: int,
+                  prefetch_factor: int, pin_memory: bool) -> ThreadBackend | ProcessBackend:
+    """The backend that runs ``dataset``'s plan. A block-ordered exact plan is cut into one
+    stream per worker; decoding threads keep one remote shard ahead each."""
+    plan, source = dataset.sampling, dataset.source
     if plan.block and plan.mode == "exact" and num_workers > 1:
         plan.set_streams(num_workers)
-    if source.max_open is not None and workers.backend == "thread":
-        source.max_open = max(source.max_open, 2 * num_workers)  # one shard ahead per thread
     if workers.backend == "thread":
-        backend = ThreadBackend(dataset, num_workers, prefetch_factor, pin_memory,
-                                workers.timeout)
-    else:
-        backend = ProcessBackend(dataset, num_workers, prefetch_factor, pin_memory, workers,
-                                 plan.world_size)
-    if spec.batch_ops:
-        log.info("split %r: batch ops %s mix each batch in the loader; labels are float32 "
-                 "(B, %d) soft targets", split, [name for name, _ in spec.batch_ops],
-                 len(source.classes))
-    return ShardLoader(dataset, backend, return_meta=return_meta,
-                       transform_config=getattr(tf, "cfg", None), device_decode=device_decode,
-                       augment=spec, augment_device=aug_device, train=train)
+        if source.max_open is not None:
+            source.max_open = max(source.max_open, 2 * num_workers)  # one shard ahead per thread
+        return ThreadBackend(dataset, num_workers, prefetch_factor, pin_memory, workers.timeout)
+    return ProcessBackend(dataset, num_workers, prefetch_factor, pin_memory, workers,
+                          plan.world_size)
 
 
 def _resolve_augment(augment, augment_device, device_decode, train: bool, split: str,

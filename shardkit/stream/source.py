@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
-from ..formats import open_reader, resource_error
+from ..errors import ConfigError, DecodeError, ShardCorruptError
+from ..formats import open_reader
 from shardkit.images.sniff import PixelLimitError, resolve_max_pixels
 from shardkit.dataset.manifest import is_url, join, load_index, load_manifest, sample_checksum
 from .options import ON_ERROR
@@ -253,11 +253,12 @@ class ShardSource:
         """``data`` when its checksum is the index's; else raises ShardCorruptError."""
         found, expected = sample_checksum(data), int(self.index.xxh3[pos])
         if found != expected:
+            shard, key = self.shard_name(pos), self.index.key_at(pos)
             raise ShardCorruptError(
-                f"shard {self.shard_name(pos)}: sample {self.index.key_at(pos)!r} is corrupt: "
-                f"xxh3 of its {len(data)} stored bytes is {found:016x}, the index says "
-                f"{expected:016x} (the shard changed after pack: re-copy it or re-pack; "
-                "`shardkit verify` lists every damaged sample)")
+                f"shard {shard}: sample {key!r} is corrupt: xxh3 of its {len(data)} stored bytes "
+                f"is {found:016x}, the index says {expected:016x} (the shard changed after pack: "
+                "re-copy it or re-pack; `shardkit verify` lists every damaged sample)",
+                shard=shard, key=key)
         return data
 
     def decoder(self, name: str = "auto"):
@@ -278,13 +279,14 @@ class ShardSource:
         """Decodes to uint8 ``(H, W, 3)`` RGB, C-contiguous, values 0..255.
 
         Raises:
-            DecodeError: naming the shard and key.
+            DecodeError: naming the shard and key (also as its ``shard`` and ``key``).
         """
         try:
             return self.decoder(decoder).decode(data)
         except Exception as e:  # noqa: BLE001 - re-raised with shard and key
-            raise DecodeError(f"shard {self.shard_name(pos)}: cannot decode sample "
-                              f"{self.index.key_at(pos)!r}: {e}{self.limit_hint(e)}") from e
+            shard, key = self.shard_name(pos), self.index.key_at(pos)
+            raise DecodeError(f"shard {shard}: cannot decode sample {key!r}: {e}"
+                              f"{self.limit_hint(e)}", shard=shard, key=key) from e
 
     def limit_hint(self, err: Exception) -> str:
         """For a :class:`~shardkit.images.sniff.PixelLimitError` under a limit below the one the
@@ -295,29 +297,6 @@ class ShardSource:
             return (f"; the dataset was packed with --max-pixels {packed}: pass "
                     f"max_pixels={packed} to read it, if you trust it")
         return ""
-
-    def handle_error(self, err: Exception, pos: int) -> str:
-        """Policy for a failed sample: re-raise (naming shard and key) or return the skipped key
-        (``on_error="skip"``; logged as a warning). The OS running out of a resource (open
-        files, memory: :func:`shardkit.formats.base.resource_error`) is never the sample's
-        fault: it raises :class:`~shardkit.errors.ResourceLimitError` under either policy."""
-        key = self.index.key_at(pos)
-        resource = resource_error(err, f"shard {self.shard_name(pos)}: sample {key!r}")
-        if resource is not None:
-            if resource is err:
-                raise err
-            raise resource from err
-        if self.on_error == "raise":
-            message = str(err)
-            if isinstance(err, ShardkitError) and (
-                    repr(key) in message or (isinstance(err, ShardCorruptError)
-                                             and f"shard {self.shard_name(pos)}" in message)):
-                raise err  # names the key, or the whole shard is damaged (named)
-            raise DecodeError(f"shard {self.shard_name(pos)}: sample {key!r} failed: "
-                              f"{type(err).__name__}: {err}{self.limit_hint(err)}") from err
-        log.warning("on_error='skip': skipped sample %r of shard %s: %s%s", key,
-                    self.shard_name(pos), err, self.limit_hint(err))
-        return key
 
     def close(self) -> None:
         """Closes every open shard reader of this process (they reopen lazily if read again)."""
