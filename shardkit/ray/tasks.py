@@ -258,18 +258,20 @@ class _PlacedTransform:
 class _Reader:
     """What one thread of a Ray worker keeps per ``(root, split, verify_reads, on_error,
     decoded)``, across tasks and epochs: the MapShardDataset (its ``seed`` unused: the slot
-    draws from the place), the split's ShardSource for the ``on_error`` policy
-    (:meth:`~shardkit.stream.ShardSource.handle_error`, as make_loader), and the transform
+    draws from the place), the split's ShardSource and the ``on_error`` handler
+    (:func:`shardkit.stream.stages.error_handler`, the one make_loader uses), and the transform
     slot."""
 
     def __init__(self, spec: ReadSpec):
         from shardkit.stream import MapShardDataset
         from shardkit.stream.source import ShardSource
+        from shardkit.stream.stages import error_handler
 
         self.stage = _PlacedTransform() if spec.decode != "bytes" else None
         self.dataset = MapShardDataset(spec.root, spec.split, decode=False, transform=self.stage,
                                        seed=spec.seed, verify_reads=spec.verify_reads)
-        self.policy = ShardSource(spec.root, spec.split, spec.on_error, spec.verify_reads)
+        self.source = ShardSource(spec.root, spec.split, spec.on_error, spec.verify_reads)
+        self.on_error = error_handler(spec.on_error)
 
 
 _LOCAL = threading.local()
@@ -298,14 +300,14 @@ def read_rows(spec: ReadSpec, rows: TaskRows,
 
     Raises:
         ShardCorruptError, DecodeError, ...: a sample failed and ``on_error="raise"`` (naming
-            shard and key; :meth:`shardkit.stream.ShardSource.handle_error`);
+            shard and key; :func:`shardkit.stream.stages.error_handler`);
             DecodeWarningError: libjpeg warnings and ``on_warning="raise"``;
             ResourceLimitError: the OS ran out of open files or memory (either policy).
     """
     from shardkit.decode import DecodeWarningError, apply_warning_policy
 
     reader = _reader(spec)
-    ds, stage, policy = reader.dataset, reader.stage, reader.policy
+    ds, stage = reader.dataset, reader.stage
     if stage is not None:
         stage.start(spec)
     warned: list[str] = []
@@ -329,7 +331,7 @@ def read_rows(spec: ReadSpec, rows: TaskRows,
             except DecodeWarningError:
                 raise  # on_warning="raise" is the user's choice: on_error does not apply
             except SAMPLE_ERRORS as e:
-                skipped.append(policy.handle_error(e, pos))
+                skipped.append(reader.on_error(e, reader.source, pos))
                 continue
             keys.append(item["key"])
             labels.append(item["label"])
