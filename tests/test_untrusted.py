@@ -573,7 +573,7 @@ def test_a_dataset_packed_before_split_hashes_is_read_and_said_once(ds, caplog):
     with caplog.at_level(logging.WARNING, logger="shardkit.manifest"):
         load_index(ds, SPLIT)
         ShardSource(ds, SPLIT)
-    notes = [r.getMessage() for r in caplog.records if r.name == "shardkit.dataset.manifest"]
+    notes = [r.getMessage() for r in caplog.records if r.name == "shardkit.manifest"]
     assert len(notes) == 1 and "records no hash of the split files of 'val'" in notes[0]
     res = CliRunner().invoke(main, ["verify", str(ds), "--no-decode"])
     assert res.exit_code == 0, res.output
