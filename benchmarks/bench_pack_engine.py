@@ -87,7 +87,7 @@ def per_file_costs(src: Path, ray) -> dict:
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del items
-    tracemalloc.start()  # the same records as the check's dicts (before issue 12's columns)
+    tracemalloc.start()  # the same records as the check's dicts (as held before CheckRecords)
     as_dicts = [pack_check._check_one(j) for j in jobs]
     held_dicts, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()

@@ -1,4 +1,4 @@
-"""--metadata path spellings (issue 9 section 6): rows written with a leading ``./`` or as absolute
+"""--metadata path spellings: rows written with a leading ``./`` or as absolute
 paths under SRC (``find "$PWD/SRC"``, also through a symlinked ``$PWD``) match the file's relpath,
 for the group column and the split column alike; rows that still match no file are shown next
 to a SRC relpath in the error. Real photos from examples/flowers-sample."""

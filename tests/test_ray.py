@@ -1,6 +1,6 @@
-"""The Ray engine (issue 12): ``pack --engine ray`` gives the local engine's bytes, its tasks
-are retried, a dead driver leaves no manifest, and ``shardkit.ray.read_split`` feeds the same
-images as ``make_loader``, exactly once across ``streaming_split`` consumers.
+"""The Ray engine (README.md, "Scaling out on Ray"): ``pack --engine ray`` gives the local engine's
+bytes, its tasks are retried, a dead driver leaves no manifest, and ``shardkit.ray.read_split``
+feeds the same images as ``make_loader``, exactly once across ``streaming_split`` consumers.
 
 One local Ray runtime (2 CPUs, no dashboard) serves the module; real data: the embedded
 flowers sample (200 photos) plus awkward files made from one of them.

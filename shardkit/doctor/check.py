@@ -300,7 +300,7 @@ def _check_remote_shards(root: str, manifest: dict[str, Any]) -> None:
 def augment_hue_report(root: str | Path, manifest: dict[str, Any], spec: Any, *,
                        split: str | None = None, max_samples: int | None = HUE_SAMPLES,
                        decoder: str = "auto", progress: bool = False) -> dict[str, Any]:
-    """Whether ``spec``'s hue jitter meets classes that differ in hue (issue 10's guard rail).
+    """Whether ``spec``'s hue jitter meets classes that differ in hue (``check --augment``).
 
     Hue jitter is on when ``spec.uses_hue(e)`` at epoch 0 or at ``spec.last_scheduled_epoch()``
     (a schedule moves monotonically between the two). Only then is the per-class hue read: the
