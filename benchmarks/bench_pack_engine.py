@@ -82,7 +82,9 @@ def per_file_costs(src: Path, ray) -> dict:
     del results
     dicts = [pack_check._check_one(j) for j in jobs]
     tracemalloc.start()  # what the driver holds per file: the scanned item and its record
-    results = CheckRecords.from_list(dicts)
+    results = CheckRecords(len(dicts))
+    for i, rec in enumerate(dicts):
+        results[i] = rec
     items = pack_scan.scan_source(src, opts).items
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
