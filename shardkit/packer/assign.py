@@ -162,13 +162,6 @@ class SplitPlan:
     kept_groups: int = 0
     moved_groups: list[dict] = field(default_factory=list)
 
-    def groups_per_split(self) -> dict[str, int]:
-        """Number of distinct input groups in each split."""
-        out = {name: 0 for name in self.names}
-        for split in self.group_to_split.values():
-            out[split] += 1
-        return out
-
     def indices(self, split: str) -> list[int]:
         """Input positions of the samples assigned to ``split``, ascending."""
         if split not in self.counts:
