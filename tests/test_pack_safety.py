@@ -352,7 +352,7 @@ def _running(pid: int) -> bool:
 
 _NO_PRCTL = """
 import ctypes, sys
-import shardkit.packer.plan as plan
+import shardkit.storage.procs as plan
 def refuse(*a, **k):
     raise OSError("no prctl here")
 plan.ctypes = type("C", (), {"CDLL": staticmethod(refuse)})

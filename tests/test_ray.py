@@ -320,9 +320,9 @@ def test_read_split_errors(packed, tmp_path):
 def test_read_split_of_a_remote_pack_is_make_loaders_for_any_num_workers(packed):
     """Over HTTP the order is shard-block order, cut per loader worker; read_split and
     make_loader with 0 or 2 workers still give every sample the same pixels."""
-    from test_remote import _serve
+    from helpers import serve_http
 
-    with _serve(packed) as (url, _):
+    with serve_http(packed) as (url, _):
         rows = read_split(url, "train", decode="train", seed=3, epoch=1,
                           image_size=32).take_all()
         want = {int(r["index"]): r["image"] for r in rows}
