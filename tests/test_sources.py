@@ -1,4 +1,5 @@
-"""shardkit.sources.folder: ImageFolder and CSV discovery, system entries, Unicode, symlinks, group rules."""
+"""shardkit.sources (folder, csvlist, groups, layouts): ImageFolder and CSV discovery, system
+entries, Unicode, symlinks, group rules."""
 from __future__ import annotations
 
 import collections
