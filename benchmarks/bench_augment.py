@@ -1,4 +1,4 @@
-"""Augmentation cost in the loader (issue 10): shardkit presets against torchvision ImageFolder + PIL
+"""Augmentation cost in the loader: shardkit presets against torchvision ImageFolder + PIL
 with the same augmentation, same files, same run.
 
 Rows (each repeat runs every row in turn, so drift of the machine hits all alike; medians over

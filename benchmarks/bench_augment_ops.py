@@ -1,4 +1,4 @@
-"""Per-op cost of the augmentation (issue 10): shardkit's CPU path vs torchvision v2.
+"""Per-op cost of the augmentation: shardkit's CPU path vs torchvision v2.
 
 For every op of :data:`shardkit.augment.ops.OPS` (each made to fire: ``p=1``), on 224x224
 centre crops of real photos (no resampling), single thread (``torch.set_num_threads(1)``),

@@ -1,4 +1,4 @@
-"""Decoded cache (issue 11): a cached epoch against an uncached epoch of the same loader, same run.
+"""Decoded cache: a cached epoch against an uncached epoch of the same loader, same run.
 
 Rows, each repeat in turn (drift of the machine hits every row alike), medians over ``--repeats``;
 ``make_loader(root, split, --batch-size, num_workers=--workers)``, RandomResizedCrop 224 + flip,
@@ -181,7 +181,7 @@ def _memory(root, split, batch, workers, epochs):
 @click.option("--memory", is_flag=True, help="PSS per process instead of speed (module doc).")
 @click.option("--fill-breakdown", is_flag=True, help="Per-image cost of the fill's parts.")
 @click.option("--augment", default="none", show_default=True,
-              help="Augmentation preset of every loader (issue 10), e.g. standard: the ops run "
+              help="Augmentation preset of every loader, e.g. standard: the ops run "
                    "after the cache on the cached pixels' crops, every epoch.")
 def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_breakdown,
          augment):

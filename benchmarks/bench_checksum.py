@@ -1,4 +1,4 @@
-"""Cost of the per-sample read checksum (``verify_reads=True``, issue 9 section 4).
+"""Cost of the per-sample read checksum (``verify_reads=True``).
 
 Measured side by side, each repeat in turn (order reversed every other repeat), medians over
 ``--repeats``, single thread:

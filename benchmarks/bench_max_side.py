@@ -1,4 +1,4 @@
-"""Stored resolution (issue 11): ``shardkit pack --max-side 512`` on camera-size photos.
+"""Stored resolution: ``shardkit pack --max-side 512`` on camera-size photos.
 
 There are no real camera-size photos in the test data, so the script makes them: ``--n`` real
 flower photos (every k-th file of ``--src``, sorted, all classes) upscaled bicubically to a longer

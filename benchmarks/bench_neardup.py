@@ -1,4 +1,4 @@
-"""Near-duplicate search at a million hashes, and the pHash's cost per image (issue 9 section 2).
+"""Near-duplicate search at a million hashes, and the pHash's cost per image.
 
 1. **Search.** ``--n`` (default 1,000,000) synthetic 64-bit hashes: uniform random ones plus
    ``--clusters`` planted clusters of 4 (a centre and copies at 1, 2 and 4 flipped bits, the

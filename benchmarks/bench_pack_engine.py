@@ -82,12 +82,14 @@ def per_file_costs(src: Path, ray) -> dict:
     del results
     dicts = [pack_check._check_one(j) for j in jobs]
     tracemalloc.start()  # what the driver holds per file: the scanned item and its record
-    results = CheckRecords.from_list(dicts)
+    results = CheckRecords(len(dicts))
+    for i, rec in enumerate(dicts):
+        results[i] = rec
     items = pack_scan.scan_source(src, opts).items
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     del items
-    tracemalloc.start()  # the same records as the check's dicts (before issue 12's columns)
+    tracemalloc.start()  # the same records as the check's dicts (as held before CheckRecords)
     as_dicts = [pack_check._check_one(j) for j in jobs]
     held_dicts, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()

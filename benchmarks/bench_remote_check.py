@@ -5,7 +5,7 @@ The files are served over HTTP by a separate process on localhost that answers e
 ``--latency-ms`` (an object store's time to first byte; S3 in-region is ~20-50 ms, none can be
 reached here). The check (:func:`shardkit.packer.check._check_all`: read, sha256, full decode,
 pHash) runs on a CSV list of their URLs with ``read_concurrency`` 1 (each file read when its
-turn comes, as before issue 12's last step) and the concurrent settings, in 1 and in all cores'
+turn comes, as before reads were kept in flight) and the concurrent settings, in 1 and in all cores'
 processes; rows interleaved ``--repeat`` times, medians reported, plus the same files read from
 the local disk as the bound that no latency hiding can beat.
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python examples/ray_train.py [--steps 6] [--image-size 32] [--batch-size 16]
 
-What it shows (issue 12), on the embedded flowers sample (200 real photos), in ~45 s on 2 cores:
+What it shows (README.md, "Scaling out on Ray"), on the embedded flowers sample (200 real
+photos), in ~45 s on 2 cores:
 
 1. a local multi-node cluster: ``ray.cluster_utils.Cluster`` with 2 nodes of 1 CPU each (on a
    real cluster, ``ray.init(address=...)`` / ``shardkit pack --ray-address ADDR`` instead);

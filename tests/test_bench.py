@@ -655,7 +655,7 @@ def test_cli_backend_thread_and_process_gives_rows_for_both(packed_sample, tmp_p
     assert doc["recommendation"]["setting"]["backend"] in {"thread", "process"}
 
 
-# --- issue 9 §6: plots a reader can use without the table ------------------------------------
+# --- plots a reader can use without the table -----------------------------------------------
 
 @pytest.fixture(scope="module")
 def small_bench(packed_sample, tmp_path_factory):
@@ -771,7 +771,7 @@ def test_loader_vs_step_without_a_step_draws_no_line_and_no_verdict():
     assert plot_loader_vs_step([dict(rows[0], status="error")]) is None
 
 
-# --- issue 11: the decoded cache as a grid dimension ------------------------------------------
+# --- the decoded cache as a grid dimension --------------------------------------------------
 
 def test_parse_caches_puts_none_first_and_names_bad_item():
     assert parse_caches("ram,none,ram") == ["none", "ram"]
@@ -865,7 +865,7 @@ def test_bench_disk_cache_is_reused_by_the_next_row(packed_sample, tmp_path):
     assert "ratio_to_uncached" not in second  # no uncached twin in this grid
 
 
-# --- issue 10: augmentation as a grid dimension ----------------------------------------------
+# --- augmentation as a grid dimension -------------------------------------------------------
 
 _JITTER_OPS = '[{op: color_jitter, brightness: 0.4}, {op: mixup, alpha: 0.8}]'
 

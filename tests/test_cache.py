@@ -1,8 +1,8 @@
-"""Decoded image cache (issue 11) on the embedded flowers sample: a cached epoch yields exactly
-the uncached batches on both backends, the arena is one file shared with another process and
-removed by the last one, a SIGKILLed holder leaves nothing the next run misreads, running out
-of space while filling falls back to uncached reads, disk caches are validated against the
-dataset, ``auto`` decides by the budget, ``cache_eval="final"``."""
+"""Decoded image cache (docs/RELIABILITY.md, "The decoded cache") on the embedded flowers sample: a
+cached epoch yields exactly the uncached batches on both backends, the arena is one file shared
+with another process and removed by the last one, a SIGKILLed holder leaves nothing the next run
+misreads, running out of space while filling falls back to uncached reads, disk caches are
+validated against the dataset, ``auto`` decides by the budget, ``cache_eval="final"``."""
 from __future__ import annotations
 
 import hashlib

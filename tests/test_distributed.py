@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_dataset import build_split
+from helpers import build_split
 
 HERE = Path(__file__).resolve().parent
 

@@ -454,7 +454,7 @@ def test_check_lists_degenerate_images_and_leaves_them_out_of_near_duplicates(sa
     splits, a placeholder and a 20x400 strip: listed as degenerate, never as near-duplicates."""
     from shardkit.packer.run import pack
 
-    from tests.test_neardup import placeholder
+    from helpers import placeholder
 
     src = tmp_path / "src"
     for cls in ("daisy", "roses"):

@@ -83,3 +83,17 @@ def test_every_section_names_a_test_or_says_none():
         assert "**Tests:**" in section, title
         tests_part = section.split("**Tests:**", 1)[1]
         assert LISTED_TEST.search(tests_part) or "No test yet" in tests_part, title
+
+
+# "issue 12", "issues 9 and 10", "Issue #3": numbers of a tracker the repository does not hold
+ISSUE_CITATION = re.compile(r"(?i)\bissues?\s+#?\d+")
+
+
+def test_no_issue_numbers_are_cited():
+    assert ISSUE_CITATION.findall("as in issue 12; Issue #3; issues 9") == [
+        "issue 12", "Issue #3", "issues 9"]
+    cited = [f"{path.relative_to(ROOT)}:{lineno}" for path in _sources() + [DOC]
+             for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace")
+                                           .splitlines(), 1)
+             if ISSUE_CITATION.search(line) and path != Path(__file__).resolve()]
+    assert not cited, f"cite the behaviour or a docs/ section, not a tracker's issue: {cited}"

@@ -1,6 +1,6 @@
-"""Issue 10's guard rails on the real flowers sample: ``shardkit inspect --augment SPEC`` (a grid of
-augmented samples, pixel-equal to the train loader's rows) and ``shardkit check --augment SPEC``'s
-hue warning (per-class chroma-weighted mean hue from ``shardkit stats``).
+"""Seeing the augmentation (README.md) on the real flowers sample: ``shardkit inspect --augment
+SPEC`` (a grid of augmented samples, pixel-equal to the train loader's rows) and ``shardkit check
+--augment SPEC``'s hue warning (per-class chroma-weighted mean hue from ``shardkit stats``).
 
 Measured on the sample's train split (140 photos, decoder "auto"): class mean hues roses 28.5,
 tulips 33.3, sunflowers 49.6, dandelion 58.8, daisy 58.8 degrees; eta2 0.110 (permutation p

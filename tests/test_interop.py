@@ -1,4 +1,4 @@
-"""Other tools read shardkit's wds shards as they are (issue 14): timm's WebDataset reader through
+"""Other tools read shardkit's wds shards as they are: timm's WebDataset reader through
 ``shards/_info.json``, DALI through ``shards/*.idx`` (format checked against the tars' real
 member offsets here; DALI itself in the ``slow`` test), Hugging Face ``datasets`` through the
 ``README.md`` card, and ``webdataset``; ``shardkit export`` for existing datasets.

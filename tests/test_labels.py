@@ -6,6 +6,8 @@ import unicodedata
 import pytest
 
 from shardkit.errors import LabelError, UnknownLabelError
+from shardkit.packer.scan import resolve_labels
+from shardkit.sources.items import SourceItem
 from shardkit.sources.labels import LabelMap, normalize_label
 
 FLOWERS = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
@@ -19,10 +21,15 @@ def test_normalize_label():
         normalize_label(3)
 
 
-def test_from_names_sorted_unique():
-    m = LabelMap.from_names(["tulips", "daisy ", "roses", "daisy", "Café", CAFE_NFD])
+def test_source_names_sorted_unique():
+    """Without a YAML map, the classes are the scanned items' labels (NFC, stripped by the scan),
+    sorted and unique."""
+    names = ["tulips", "daisy", "roses", "daisy", "Café", normalize_label(CAFE_NFD)]
+    items = [SourceItem(f"/data/{n}/{i}.jpg", f"{n}/{i}.jpg", n) for i, n in enumerate(names)]
+    m, label_idx = resolve_labels(items, None)
     assert m.classes == ["Café", "daisy", "roses", "tulips"]
     assert m.num_classes == len(m) == 4
+    assert label_idx == [3, 1, 2, 1, 0, 0]
     assert m.resolve_all(["daisy", " tulips", CAFE_NFD]) == {"daisy": 1, " tulips": 3,
                                                              CAFE_NFD: 0}
 

@@ -1,10 +1,9 @@
-"""Source layouts on real photos (issue 9 section 1): split-first trees keep their given splits,
+"""Source layouts on real photos: split-first trees keep their given splits,
 two-level trees are an error, numeric and NFC/NFD twin class folders, given split columns."""
 from __future__ import annotations
 
 import csv
 import hashlib
-import inspect
 import shutil
 import unicodedata
 from pathlib import Path
@@ -14,7 +13,6 @@ from click.testing import CliRunner
 
 import shardkit
 from conftest import SAMPLE
-from shardkit.packer import write as pack_write
 from shardkit.doctor import check_dataset
 from shardkit.errors import ConfigError, SourceError
 from shardkit.dataset.manifest import load_manifest, read_split_records
@@ -27,13 +25,6 @@ CAFE_NFC = unicodedata.normalize("NFC", "Café")
 CAFE_NFD = unicodedata.normalize("NFD", "Café")
 GIVEN_NOTE = ("left where they are (the splits are given; `shardkit check` fails on "
               "them)")
-
-# build_manifest (pack_write.py) writes SplitOutcome.split_fields (mode, ratios, given) once the
-# hand-off of issue 9 section 1 is merged; until then these tests are expected to fail.
-MANIFEST_HAS_SPLIT_FIELDS = "split_fields" in inspect.getsource(pack_write.build_manifest)
-needs_split_fields = pytest.mark.xfail(
-    not MANIFEST_HAS_SPLIT_FIELDS, strict=True,
-    reason="pack_write.build_manifest does not merge SplitOutcome.split_fields yet")
 
 
 def photos(cls: str, start: int, n: int) -> list[Path]:
@@ -216,7 +207,6 @@ def test_pack_keeps_given_splits_and_reports_cross_split_copies(split_first, tmp
     assert sorted(batches[0][1].tolist()) == [0, 0, 0, 1, 1]
 
 
-@needs_split_fields
 def test_manifest_records_given_splits(split_first, tmp_path):
     out = tmp_path / "out"
     pack(split_first, out, split="given", progress=False)
@@ -248,7 +238,6 @@ def test_ratios_pool_and_resplit_by_group_saying_so(split_first, tmp_path):
     assert report["sha_overlap"] == [] and report["group_overlap"] == []
 
 
-@needs_split_fields
 def test_manifest_of_a_pooled_split_first_tree(split_first, tmp_path):
     pack(split_first, tmp_path / "out", split="train=0.5,val=0.5", progress=False)
     split = load_manifest(tmp_path / "out")["split"]

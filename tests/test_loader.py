@@ -21,7 +21,7 @@ from shardkit.stream import (DeviceNormalizer, MapShardDataset, SamplingOptions,
                              make_loader)
 from shardkit.stream.backends import ProcessBackend, ThreadBackend
 from shardkit.transforms import IMAGENET_MEAN, IMAGENET_STD, TransformConfig
-from test_dataset import build_split
+from helpers import build_split
 
 S = 16  # tiny output side keeps decode cheap on 2 shared cores (the ROI decoder DCT-scales)
 NO_SHUFFLE = SamplingOptions(shuffle=False)

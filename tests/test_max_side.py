@@ -1,4 +1,4 @@
-"""Stored resolution: ``shardkit pack --max-side N [--jpeg-quality Q]`` (issue 11).
+"""Stored resolution: ``shardkit pack --max-side N [--jpeg-quality Q]``.
 
 Real photos from the embedded sample (longer sides 240-500 px, so ``--max-side 320`` downscales
 some and keeps others), and camera-size JPEGs made by upscaling one of them to 4000 px (there are

@@ -1,4 +1,4 @@
-"""--metadata path spellings (issue 9 section 6): rows written with a leading ``./`` or as absolute
+"""--metadata path spellings: rows written with a leading ``./`` or as absolute
 paths under SRC (``find "$PWD/SRC"``, also through a symlinked ``$PWD``) match the file's relpath,
 for the group column and the split column alike; rows that still match no file are shown next
 to a SRC relpath in the error. Real photos from examples/flowers-sample."""
@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardkit.sources.csvlist import (
-    apply_group_metadata, lacking_metadata_error, match_group_metadata, match_split_metadata)
+    lacking_metadata_error, match_group_metadata, match_split_metadata)
 from shardkit.errors import SourceError
 from shardkit.sources.folder import scan_folder
 
@@ -61,8 +61,7 @@ def test_dot_slash_and_absolute_rows_match_groups_and_splits(src, sample_dir, tm
     with_split, lacking, mapping = match_split_metadata(items, meta, "split")
     assert lacking == [] and mapping == {"train": "train", "val": "val"}
     assert [it.split for it in with_split] == splits
-    assert [it.group for it in apply_group_metadata(items, meta, "user")] == [truth[r]
-                                                                              for r in rels]
+    assert [it.group for it in grouped] == [truth[r] for r in rels]
 
 
 def test_absolute_rows_through_a_symlinked_folder_match_either_way(src, sample_dir, tmp_path):
@@ -110,9 +109,9 @@ def test_unmatched_rows_are_shown_next_to_a_src_relpath(src, tmp_path, written):
     meta = _write(tmp_path / "meta.csv", ["path", "user"], rows)
     _, lacking = match_group_metadata(items, meta, "user")
     assert [it.relpath for it in lacking] == rels
-    with pytest.raises(SourceError) as err:
-        apply_group_metadata(items, meta, "user")
-    msg = str(err.value)
+    # the error the packer raises for them (shardkit.packer.scan)
+    msg = str(lacking_metadata_error(meta, "user", [it.relpath for it in lacking], root=src,
+                                     known=rels))
     assert msg.startswith(f"metadata CSV {str(meta)!r} has no row or an empty 'user' for 10 "
                           f"file(s). The CSV's path {rows[0][0]!r} matches no file; compare the "
                           f"file {rels[0]!r} under {src}: paths must be relative to SRC like "
@@ -136,10 +135,11 @@ def test_example_pairs_a_row_with_the_same_file_name_and_skips_matched_rows(src,
         f"Files without a row: 1: {rels[9]!r}")
     # every row matches a file and one file has no row: no row to compare, nothing added
     meta = _write(tmp_path / "meta.csv", ["path", "user"], [[r, "g"] for r in rels[:9]])
-    with pytest.raises(SourceError) as err:
-        apply_group_metadata(items, meta, "user")
-    assert str(err.value) == (f"metadata CSV {str(meta)!r} has no row or an empty 'user' for 1 "
-                              f"file(s). Files without a row: 1: {rels[9]!r}")
+    _, lacking = match_group_metadata(items, meta, "user")
+    err = lacking_metadata_error(meta, "user", [it.relpath for it in lacking], root=src,
+                                 known=rels)
+    assert str(err) == (f"metadata CSV {str(meta)!r} has no row or an empty 'user' for 1 "
+                        f"file(s). Files without a row: 1: {rels[9]!r}")
 
 
 def test_pack_cli_joins_dot_slash_and_absolute_rows_for_group_and_split_column(

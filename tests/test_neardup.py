@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import PIL
 import pytest
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
 from shardkit.images import neardup, phash
 from shardkit.doctor.reading import decode_rgb
 from shardkit.errors import ConfigError
+from helpers import placeholder
 
 
 def _decoded(path: Path) -> np.ndarray:
@@ -35,17 +36,6 @@ def _jpeg(im: Image.Image, quality: int = 85) -> bytes:
     buf = io.BytesIO()
     im.save(buf, format="JPEG", quality=quality)
     return buf.getvalue()
-
-
-def placeholder(w: int = 400, h: int = 300, size: int = 24) -> bytes:
-    """An "image not found" placeholder: an icon outline and a line of text on flat gray, JPEG."""
-    im = Image.new("RGB", (w, h), (230, 230, 230))
-    draw = ImageDraw.Draw(im)
-    draw.rectangle((w // 2 - 30, h // 2 - 60, w // 2 + 30, h // 2 - 10), outline=(150,) * 3,
-                   width=3)
-    draw.text((w // 2, h // 2 + 20), "image not found", fill=(90,) * 3,
-              font=ImageFont.load_default(size=size), anchor="mm")
-    return _jpeg(im, 80)
 
 
 # ------------------------------------------------------------------------------------- pHash

@@ -1,4 +1,5 @@
-"""shardkit.packer.options.PackOptions (validated once, resolved values) and the step seams of pack_plan."""
+"""shardkit.packer.options.PackOptions (validated once, resolved values) and the seams between
+the packer's steps (shardkit.packer: scan, check, split, write)."""
 from __future__ import annotations
 
 import dataclasses

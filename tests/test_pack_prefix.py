@@ -1,4 +1,4 @@
-"""A bare object-store prefix (or a remote .csv list) as the pack source (issue 12): the
+"""A bare object-store prefix (or a remote .csv list) as the pack source: the
 embedded sample in a local S3 API (moto, the ``s3_server`` fixture) packs to the same splits,
 shards and quarantine as the folder it came from, with the folder rules (junk, markers,
 split-first, group rules) applied to the listing."""

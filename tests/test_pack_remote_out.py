@@ -1,9 +1,9 @@
-"""OUT as an fsspec URL (issue 12): ``shardkit pack SRC s3://bucket/ds`` writes through a local
-staging folder and uploads each shard as its sink closes it, ``manifest.json`` last. Tested on a
-local S3 server (moto, the ``s3_server`` fixture) with the embedded flowers sample: the objects
-are the bytes of a pack into a local folder, ``make_loader`` reads the same samples from both,
-OUT's rules (finished dataset, overwrite, leftovers, a user's objects, failures) hold, and Ray
-tasks upload their own shards."""
+"""OUT as an fsspec URL (README.md, "Packing into object storage"): ``shardkit pack SRC
+s3://bucket/ds`` writes through a local staging folder and uploads each shard as its sink closes
+it, ``manifest.json`` last. Tested on a local S3 server (moto, the ``s3_server`` fixture) with the
+embedded flowers sample: the objects are the bytes of a pack into a local folder, ``make_loader``
+reads the same samples from both, OUT's rules (finished dataset, overwrite, leftovers, a user's
+objects, failures) hold, and Ray tasks upload their own shards."""
 from __future__ import annotations
 
 import errno

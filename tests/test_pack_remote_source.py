@@ -1,4 +1,4 @@
-"""A CSV list whose rows are fsspec URLs (issue 12: SRC in object storage): files are read
+"""A CSV list whose rows are fsspec URLs (SRC in object storage): files are read
 over HTTP from a server on localhost, for the local engine and for Ray, with the same result as
 the files on disk; a missing object is quarantined with its read error. Reads are kept in
 flight (shardkit.storage.fetch.iter_read): a server that counts the GETs it serves at once shows it."""

@@ -1,4 +1,5 @@
-"""A pack never destroys what it did not write, and fails in one line (issue 9, sections 3, 5, 6).
+"""A pack never destroys what it did not write, and fails in one line (docs/RELIABILITY.md,
+"Writing a dataset").
 
 Real photos from examples/flowers-sample. Disk-full cases run on a real small tmpfs when this
 process may mount one (root with CAP_SYS_ADMIN), and are skipped with that reason otherwise; the

@@ -1,4 +1,4 @@
-"""Pack-level stable splits and near-duplicates (issue 9 §2 and §2b), on the embedded real photos:
+"""Pack-level stable splits and near-duplicates (docs/FIELD-CASES.md case 24), on the real photos:
 a source that grows twice keeps every old group where it was (hash rule, and --split-from), a
 re-encoded copy of a photo joins its original's split, degenerate images are listed or
 quarantined."""

@@ -1,6 +1,6 @@
-"""The Ray engine (issue 12): ``pack --engine ray`` gives the local engine's bytes, its tasks
-are retried, a dead driver leaves no manifest, a local runtime ends with its driver
-(``shardkit.ray.read_split`` is tested in tests/test_ray_data.py).
+"""The Ray engine (README.md, "Scaling out on Ray"): ``pack --engine ray`` gives the local engine's
+bytes, its tasks are retried, a dead driver leaves no manifest, a local runtime ends with its
+driver (``shardkit.ray.read_split`` is tested in tests/test_ray_data.py).
 
 One local Ray runtime (2 CPUs, no dashboard) serves the module; real data: the embedded
 flowers sample (200 photos) plus awkward files made from one of them.
@@ -26,10 +26,10 @@ from click.testing import CliRunner  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from conftest import SAMPLE, make_awkward  # noqa: E402
+from shardkit import pack  # noqa: E402
 from shardkit import formats  # noqa: E402
 import shardkit.packer.check as pack_check  # noqa: E402
 import shardkit.packer.split as pack_split  # noqa: E402
-from shardkit import pack  # noqa: E402
 from shardkit.errors import ManifestError, SourceError  # noqa: E402
 from shardkit.packer import write as pack_write  # noqa: E402
 from shardkit.packer.cli import pack_command  # noqa: E402

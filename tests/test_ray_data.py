@@ -21,11 +21,11 @@ ray = pytest.importorskip("ray")  # only for users without the extra: CI install
 import ray.data  # noqa: E402
 
 from conftest import SAMPLE  # noqa: E402
+from shardkit import pack  # noqa: E402
 from shardkit.augment import AugmentSpec  # noqa: E402
 from shardkit.decode import DecodeWarningError, auto_choice  # noqa: E402
 from shardkit.errors import ConfigError, ManifestError, ShardCorruptError  # noqa: E402
 from shardkit.dataset.manifest import load_index, load_manifest  # noqa: E402
-from shardkit import pack  # noqa: E402
 from shardkit.ray import read_split  # noqa: E402
 from shardkit.ray.datasource import SplitDatasource  # noqa: E402
 from shardkit.sharding import epoch_order  # noqa: E402
@@ -220,9 +220,9 @@ def test_read_split_exactly_once_across_streaming_split(packed):
 def test_read_split_of_a_remote_pack_is_make_loaders_for_any_num_workers(packed):
     """Over HTTP the order is shard-block order, cut per loader worker; read_split and
     make_loader with 0 or 2 workers still give every sample the same pixels."""
-    from test_remote import _serve
+    from helpers import serve_http
 
-    with _serve(packed) as (url, _):
+    with serve_http(packed) as (url, _):
         rows = read_split(url, "train", decode="train", seed=3, epoch=1,
                           image_size=32).take_all()
         want = {int(r["index"]): r["image"] for r in rows}

@@ -1,6 +1,6 @@
 """examples/ray_train.py runs: a 2-node ``ray.cluster_utils.Cluster`` (1 CPU each) packs the
 embedded flowers sample with ``engine="ray"`` and trains ``shardkit train``'s model for a few
-steps from ``shardkit.ray.read_split`` (issue 12)."""
+steps from ``shardkit.ray.read_split``."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""Per-sample checksums (issue 9, section 4): a flipped byte inside a sample's JPEG entropy data
+"""Per-sample checksums: a flipped byte inside a sample's JPEG entropy data
 decodes into damaged pixels without any decoder error; the xxh3 stored at pack time catches it on
 every read, through ``on_error`` like any other bad sample, and ``shardkit verify`` names it."""
 from __future__ import annotations

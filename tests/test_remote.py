@@ -8,7 +8,6 @@ import functools
 import hashlib
 import threading
 from collections import Counter
-from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -18,34 +17,7 @@ from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError
 from shardkit.stream import SamplingOptions, ShardDataset, WorkerOptions, make_loader
-from test_dataset import build_split
-
-
-
-class _Handler(SimpleHTTPRequestHandler):
-    requests: Counter  # set per server
-
-    def do_GET(self):  # noqa: N802 - http.server API
-        self.requests[self.path] += 1
-        super().do_GET()
-
-    def log_message(self, *args):  # keep test output clean
-        pass
-
-
-@contextmanager
-def _serve(root):
-    """``(url, counter)``: ``root`` served on 127.0.0.1; ``counter[path]`` counts GETs."""
-    counter: Counter = Counter()
-    handler = type("H", (_Handler,), {"requests": counter})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", counter
-    finally:
-        server.shutdown()
-        server.server_close()
+from helpers import build_split, serve_http
 
 
 def _shard_gets(counter: Counter) -> Counter:
@@ -57,7 +29,7 @@ def served(sample_dir, tmp_path):
     """4 tar shards (12, 9, 15, 4 = 40 real photos) over HTTP: ``(url, records, counter)``."""
     root = tmp_path / "data"
     records = build_split(sample_dir, root, "wds", [12, 9, 15, 4], stride=3)
-    with _serve(root) as (url, counter):
+    with serve_http(root) as (url, counter):
         yield url, records, counter
 
 
@@ -105,7 +77,7 @@ def test_remote_shards_fetched_about_once_per_worker_per_epoch(sample_dir, tmp_p
     root = tmp_path / "data"
     build_split(sample_dir, root, "wds", sizes, stride=3)
     shards = {f"/shards/train-{i:06d}.tar" for i in range(len(sizes))}
-    with _serve(root) as (url, counter):
+    with serve_http(root) as (url, counter):
         loader = make_loader(url, "train", 4, num_workers=2, image_size=8, return_meta=True,
                              workers=WorkerOptions(backend=backend))
         s = loader.dataset.sampling

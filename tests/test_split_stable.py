@@ -1,5 +1,6 @@
-"""Splits that stay put when the dataset grows (issue 9 §2b): the hash rule, kept placements
-(``fixed``, i.e. ``--split-from``), and links (near-duplicates) in :func:`assign_splits`."""
+"""Splits that stay put when the dataset grows (docs/DESIGN.md, "Split assignment"): the hash rule,
+kept placements (``fixed``, i.e. ``--split-from``), and links (near-duplicates) in
+:func:`assign_splits`."""
 from __future__ import annotations
 
 import csv

@@ -5,7 +5,7 @@ import torch
 
 from shardkit.stream import make_loader
 from shardkit.stream.datasets import BufferPool
-from test_dataset import build_split
+from helpers import build_split
 
 
 def test_kept_batches_are_never_overwritten_and_dropped_ones_are_reused(sample_dir, tmp_path):

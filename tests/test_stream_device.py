@@ -8,7 +8,7 @@ import torch
 
 from shardkit.errors import ConfigError
 from shardkit.stream import make_loader
-from test_dataset import build_split
+from helpers import build_split
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from shardkit.errors import ShardCorruptError
 from shardkit.stream import MapShardDataset, ShardDataset, make_loader
-from test_dataset import build_split
+from helpers import build_split
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb", "hdf5"])

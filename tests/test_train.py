@@ -719,7 +719,7 @@ def _no_nan(text: str):
 
 
 def test_cli_with_an_empty_val_split_says_so_once_and_writes_no_nan(sample_dir, tmp_path):
-    """Issue 9, 5b: val rounds to 0 samples (ratio 0.005 of 120 photographer groups); the run
+    """An empty val split: val rounds to 0 samples (ratio 0.005 of 120 photographer groups); the run
     trains without validation, notes it once at the start, and metrics hold no NaN."""
     from shardkit.packer.run import pack
 

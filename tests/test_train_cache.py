@@ -1,4 +1,4 @@
-"""``shardkit train --cache ram`` end to end on the embedded sample (issue 11): metrics.json
+"""``shardkit train --cache ram`` end to end on the embedded sample: metrics.json
 carries each loader's decoded-cache stats, and the run equals an uncached run with the same seed
 step for step (same batches, so the same per-step losses and the same final weights on CPU).
 

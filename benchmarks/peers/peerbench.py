@@ -22,7 +22,7 @@ error):
 - ``shardkit``: ``shardkit pack SRC WORK/shardkit-<fmt> --split train=1.0`` for each format
   (wds, lmdb, hdf5), then ``shardkit.make_loader(..., train=True, image_size=224)`` with its
   defaults (thread backend, prefetch 2): uint8 channels-last batches.
-- ``shardkit_cached``: the wds pack only, ``make_loader(..., cache="ram")`` (issue 11): the
+- ``shardkit_cached``: the wds pack only, ``make_loader(..., cache="ram")``: the
   untimed warm-up epoch decodes every image once into the shared-memory arena (its time is
   reported as ``fill_s``), the timed epochs crop from the cached pixels (original JPEG bytes
   stay on disk). The side-by-side peer is FFCV's ``MODE=raw`` (``peer_ffcv.py``).

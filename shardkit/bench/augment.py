@@ -1,4 +1,4 @@
-"""The augmentation dimension of ``shardkit bench`` (``--augment``, issue 10).
+"""The augmentation dimension of ``shardkit bench`` (``--augment``; README.md, "Benchmark").
 
 Every grid setting is run once per augment spec (``make_loader(augment=SPEC)``,
 :mod:`shardkit.augment.spec`); a row's ``setting.augment`` is the spec's canonical text: the

@@ -5,7 +5,7 @@ and producing the same uint8 batches as shardkit: ``ImageFolder`` (PIL decode, `
 -> ``transforms.v2.RandomResizedCrop(S)`` (PIL backend, antialiased) -> ``RandomHorizontalFlip``
 -> ``PILToTensor`` -> default collate: images uint8 ``(N, 3, S, S)``, labels int64 ``(N,)``.
 
-With an augment preset (``shardkit bench --augment``, issue 10) the torchvision transform a user
+With an augment preset (``shardkit bench --augment``) the torchvision transform a user
 writes for the same augmentation goes between the flip and ``PILToTensor``, on the PIL image
 (:data:`BASELINE_AUGMENT`), so the ratio to shardkit is like-for-like. An op list has no
 baseline.

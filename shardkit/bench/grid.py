@@ -13,11 +13,11 @@ The ``backend`` dimension (``make_loader(backend="thread" | "process")``) adds t
 - With ``num_workers=0`` both backends build every batch in the calling process, the same work:
   the process row points at the thread row (when the thread backend is in the grid).
 
-The ``cache`` dimension (``make_loader(cache="none" | "ram" | "disk:DIR" | "auto")``, issue 11)
+The ``cache`` dimension (``make_loader(cache="none" | "ram" | "disk:DIR" | "auto")``)
 applies to every other setting; the runner fills a cached row's arena in one untimed epoch before
 timing it (see :mod:`shardkit.bench.runner`).
 
-The ``augment`` dimension (``make_loader(augment=SPEC)``, issue 10; parsed by
+The ``augment`` dimension (``make_loader(augment=SPEC)``, parsed by
 :func:`shardkit.bench.augment.parse_augments`) applies to every other setting too, ``"none"``
 first so the unaugmented twin of each augmented row is measured before it.
 """

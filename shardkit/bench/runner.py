@@ -4,7 +4,7 @@ A row never crashes the sweep: an option combination the loader rejects at const
 recorded as ``"n/a"`` with the loader's message (case 20); a failure while iterating is recorded
 as ``"error"`` with the exception, and the CLI exits non-zero when any row errored.
 
-A row with a decoded cache (``setting.cache`` not ``"none"``, issue 11) first runs one whole
+A row with a decoded cache (``setting.cache`` not ``"none"``) first runs one whole
 untimed epoch that fills the arena (its wall time is the row's ``cache.fill_s``; a disk arena
 already filled by an earlier row or run is reused and costs only the reads), then is timed as
 any row: the timed repeats read from the cache, as every epoch after the first of a real run.
@@ -12,9 +12,9 @@ The row's ``cache`` dict (:func:`cache_record`) holds its size, hit rate and fil
 runner adds ``ratio_to_uncached`` / ``fill_ratio_to_uncached`` against the row with the same
 setting and ``cache="none"`` when the grid has it.
 
-A row's ``setting.augment`` (issue 10) is passed to ``make_loader(augment=...)``; the ImageFolder
-baseline gets the matching torchvision pipeline per augment spec
-(:func:`shardkit.bench.baseline.baseline_transform`), and none for an op list.
+A row's ``setting.augment`` (:mod:`shardkit.bench.augment`) is passed to
+``make_loader(augment=...)``; the ImageFolder baseline gets the matching torchvision pipeline per
+augment spec (:func:`shardkit.bench.baseline.baseline_transform`), and none for an op list.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ Python API (each reads a packed dataset ``OUT`` through the contracts of docs/DE
   the per-class mean hue, saved under ``manifest["stats"][split]``.
 
 One module per concern: :mod:`~shardkit.doctor.reading` (manifest, split rows, sample bytes),
-:mod:`~shardkit.doctor.leaks` and :mod:`~shardkit.doctor.check` (``check``),
-:mod:`~shardkit.doctor.drift` (transform drift), :mod:`~shardkit.doctor.inspection`
+:mod:`~shardkit.doctor.leaks`, :mod:`~shardkit.doctor.shards` and :mod:`~shardkit.doctor.check`
+(``check``), :mod:`~shardkit.doctor.drift` (transform drift), :mod:`~shardkit.doctor.inspection`
 (``inspect``), :mod:`~shardkit.doctor.stats` (``stats``) and :mod:`~shardkit.doctor.cli` (the
 click commands and their exit codes). Notes go to the ``shardkit.doctor`` logger; nothing is
 printed by the library functions.

@@ -31,11 +31,10 @@ from typing import Any
 from shardkit.doctor import leaks
 from shardkit.doctor.reading import (format_stored_resolution, load_manifest_dict, read_rows,
                                      stored_resolution)
-from shardkit.errors import ConfigError, ManifestError, ShardCorruptError
-from shardkit.dataset.manifest import is_url
-from shardkit.stream.source import check_shard_files
+from shardkit.doctor.shards import check_shards
+from shardkit.errors import ConfigError, ManifestError
 
-__all__ = ["check_dataset", "check_shards", "format_check_report", "check_headline",
+__all__ = ["check_dataset", "format_check_report", "check_headline",
            "write_json_report", "augment_hue_report", "HUE_SAMPLES"]
 
 HUE_SAMPLES = 2000
@@ -99,6 +98,59 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
             count differs from the manifest's ``num_samples``.
         ShardCorruptError, DecodeError: from reading the samples.
     """
+    phash_threshold, imbalance_threshold, spec = _options(phash_threshold, imbalance_threshold,
+                                                          augment)
+    manifest, rows = _load_checked(root)
+    found = _Findings(strict)
+    report: dict[str, Any] = {
+        "root": str(root), "strict": bool(strict),
+        "thresholds": {"phash_hamming": int(phash_threshold),
+                       "imbalance_ratio": imbalance_threshold},
+        "stored_resolution": stored_resolution(manifest, rows),
+    }
+    report.update(_split_leaks(rows, found))
+    report.update(_near_duplicates(near_duplicates, root, manifest, rows, found, phash_threshold,
+                                   recompute_hashes, decoder=decoder, progress=progress))
+    report.update(_class_balance(rows, manifest["classes"], found, imbalance_threshold))
+    report["transform"] = _transform_drift(transforms, root, manifest, found, transform_config,
+                                           transform_samples, seed=seed, progress=progress)
+    report["augment"] = None
+    if spec is not None:
+        report["augment"] = aug = augment_hue_report(root, manifest, spec, decoder=decoder,
+                                                     progress=progress)
+        if aug["warning"]:
+            found.warn("augment_hue", aug["warning"])
+    report["errors"], report["warnings"] = found.errors, found.warnings
+    report["ok"] = not found.errors
+    return report
+
+
+class _Findings:
+    """The errors and warnings of one check run, in the order found; with ``strict`` every
+    warning but a "not run" note is an error."""
+
+    def __init__(self, strict: bool):
+        self.errors: list[dict[str, str]] = []
+        self.warnings: list[dict[str, str]] = []
+        self._warned = self.errors if strict else self.warnings
+
+    def error(self, check: str, message: str) -> None:
+        self.errors.append({"check": check, "message": message})
+
+    def warn(self, check: str, message: str) -> None:
+        self._warned.append({"check": check, "message": message})
+
+    def not_run(self, check: str, what: str) -> None:
+        """A check the caller switched off: logged, and a warning even with ``strict``."""
+        log.info("%s not run (disabled by the caller)", what)
+        self.warnings.append({"check": check, "message": f"{what} not run (disabled by the "
+                              "caller)"})
+
+
+def _options(phash_threshold: int | None, imbalance_threshold: float | None, augment: Any
+             ) -> tuple[int, float, Any]:
+    """The thresholds with their defaults, and the parsed augment spec (None without one): a
+    bad value fails before anything is read. ConfigError otherwise."""
     phash_threshold = leaks.PHASH_THRESHOLD if phash_threshold is None else phash_threshold
     imbalance_threshold = (leaks.IMBALANCE_THRESHOLD if imbalance_threshold is None
                            else float(imbalance_threshold))
@@ -110,8 +162,13 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
         from shardkit.augment import AugmentSpec
 
         spec = AugmentSpec.parse(augment)  # a bad spec fails before any reading
+    return phash_threshold, imbalance_threshold, spec
+
+
+def _load_checked(root: str | Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """``(manifest, {split: rows})``, each split file's row count checked against the manifest
+    (ManifestError) and every shard against its record (:func:`check_shards`)."""
     manifest = load_manifest_dict(root)
-    classes = list(manifest["classes"])
     rows = {split: read_rows(root, split) for split in manifest["splits"]}
     for split, split_rows in rows.items():
         expected = manifest["splits"][split]["num_samples"]
@@ -120,187 +177,94 @@ def check_dataset(root: str | Path, *, strict: bool = False, near_duplicates: bo
                                 f"manifest says {expected} (truncated or edited?); run "
                                 "`shardkit verify` on the dataset to list every damaged file")
     check_shards(root, manifest)  # before any verdict: a leak check of data it cannot see
-    errors: list[dict[str, str]] = []
-    warnings: list[dict[str, str]] = []
-    report: dict[str, Any] = {
-        "root": str(root), "strict": bool(strict),
-        "thresholds": {"phash_hamming": int(phash_threshold),
-                       "imbalance_ratio": imbalance_threshold},
-        "stored_resolution": stored_resolution(manifest, rows),
-    }
+    return manifest, rows
 
+
+def _split_leaks(rows: dict[str, list[dict[str, Any]]], found: _Findings) -> dict[str, Any]:
+    """``group_overlap`` and ``sha_overlap`` of the report; each one an error."""
     groups = leaks.group_overlap(rows)
-    report["group_overlap"] = groups
     for g in groups:
-        errors.append({"check": "group_overlap", "message": f"group {g['group']!r} has samples in "
-                       + ", ".join(f"{s} ({n})" for s, n in g["splits"].items())})
-
+        found.error("group_overlap", f"group {g['group']!r} has samples in "
+                    + ", ".join(f"{s} ({n})" for s, n in g["splits"].items()))
     shas = leaks.sha_overlap(rows)
-    report["sha_overlap"] = shas
     for h in shas:
-        errors.append({"check": "sha_overlap", "message": "identical bytes (sha256 "
-                       f"{h['sha256'][:12]}...) in " + ", ".join(
-                           f"{r['split']}:{r['key']} ({r['path']})" for r in h["samples"])})
+        found.error("sha_overlap", f"identical bytes (sha256 {h['sha256'][:12]}...) in "
+                    + ", ".join(f"{r['split']}:{r['key']} ({r['path']})" for r in h["samples"]))
+    return {"group_overlap": groups, "sha_overlap": shas}
 
-    near_level = errors if strict else warnings
-    if near_duplicates:
-        hashes, skip, degenerate, source = {}, {}, [], {}
-        for s in rows:
-            found = None if recompute_hashes else leaks.stored_image_checks(manifest, rows[s])
-            if found is None:  # decoding reads every shard: a missing one fails there
-                found = leaks.split_image_checks(root, manifest, s, decoder=decoder,
-                                                 progress=progress)
-                source[s] = "decoded"
-            else:
-                source[s] = "stored"
-            hashes[s], skip[s] = found
-            degenerate += [{"split": s, "key": rows[s][pos]["key"],
-                            "path": rows[s][pos].get("path"), "reason": reason}
-                           for pos, reason in skip[s].items()]
-        report["degenerate"] = degenerate
-        report["hashes"] = source
-        if degenerate:
-            near_level.append({"check": "degenerate", "message": _degenerate_message(degenerate)})
-        pairs = leaks.near_duplicate_pairs(hashes, rows, phash_threshold, skip=skip)
-        report["near_duplicates"] = pairs
-        for p in pairs:
-            a, b = p["a"], p["b"]
-            near_level.append({"check": "near_duplicates", "message": (
-                f"near-duplicate (pHash distance {p['distance']} <= {phash_threshold}): "
-                f"{a['split']}:{a['key']} ({a['path']}) ~ {b['split']}:{b['key']} ({b['path']})")})
-    else:
-        log.info("near-duplicate search not run (disabled by the caller)")
-        report["near_duplicates"] = report["degenerate"] = None
-        warnings.append({"check": "near_duplicates", "message": "near-duplicate search not run "
-                         "(disabled by the caller)"})
 
+def _near_duplicates(run: bool, root: str | Path, manifest: dict[str, Any],
+                     rows: dict[str, list[dict[str, Any]]], found: _Findings, threshold: int,
+                     recompute: bool, *, decoder: str, progress: bool) -> dict[str, Any]:
+    """``degenerate``, ``hashes`` and ``near_duplicates`` of the report (warnings): the pHashes
+    the pack stored, or (``recompute``, or a split without them) decoded from the shards.
+    Without ``run``: both None and a "not run" warning."""
+    if not run:
+        found.not_run("near_duplicates", "near-duplicate search")
+        return {"near_duplicates": None, "degenerate": None}
+    hashes, skip, degenerate, source = {}, {}, [], {}
+    for s in rows:
+        checks = None if recompute else leaks.stored_image_checks(manifest, rows[s])
+        if checks is None:  # decoding reads every shard: a missing one fails there
+            checks = leaks.split_image_checks(root, manifest, s, decoder=decoder,
+                                              progress=progress)
+            source[s] = "decoded"
+        else:
+            source[s] = "stored"
+        hashes[s], skip[s] = checks
+        degenerate += [{"split": s, "key": rows[s][pos]["key"],
+                        "path": rows[s][pos].get("path"), "reason": reason}
+                       for pos, reason in skip[s].items()]
+    if degenerate:
+        found.warn("degenerate", _degenerate_message(degenerate))
+    pairs = leaks.near_duplicate_pairs(hashes, rows, threshold, skip=skip)
+    for p in pairs:
+        a, b = p["a"], p["b"]
+        found.warn("near_duplicates", f"near-duplicate (pHash distance {p['distance']} <= "
+                   f"{threshold}): {a['split']}:{a['key']} ({a['path']}) ~ "
+                   f"{b['split']}:{b['key']} ({b['path']})")
+    return {"degenerate": degenerate, "hashes": source, "near_duplicates": pairs}
+
+
+def _transform_drift(run: bool, root: str | Path, manifest: dict[str, Any], found: _Findings,
+                     config: Any, num_samples: int, *, seed: int, progress: bool
+                     ) -> dict[str, Any] | None:
+    """The report's ``transform`` (:func:`shardkit.doctor.drift.check_transform_drift`; each
+    problem an error), or None and a "not run" warning without ``run``."""
+    if not run:
+        found.not_run("transform_drift", "transform drift check")
+        return None
+    from shardkit.doctor.drift import check_transform_drift
+
+    drift = check_transform_drift(root, manifest, config, num_samples=num_samples, seed=seed,
+                                  progress=progress)
+    for problem in drift["problems"]:
+        found.error("transform_drift", problem)
+    return drift
+
+
+def _class_balance(rows: dict[str, list[dict[str, Any]]], classes: list[str], found: _Findings,
+                   imbalance_threshold: float) -> dict[str, Any]:
+    """``missing_classes`` and ``imbalance`` of the report (warnings)."""
+    classes = list(classes)
     counts = {s: leaks.class_counts(r, len(classes)) for s, r in rows.items()}
     missing = leaks.missing_classes(counts, classes)
-    report["missing_classes"] = missing
     for split, names in missing.items():
-        near_level.append({"check": "missing_classes",
-                           "message": f"split {split!r} has no sample of class(es) {names}"})
-
-    report["imbalance"] = {s: leaks.imbalance(c, classes) for s, c in counts.items()}
-    for split, imb in report["imbalance"].items():
+        found.warn("missing_classes", f"split {split!r} has no sample of class(es) {names}")
+    imbalance = {s: leaks.imbalance(c, classes) for s, c in counts.items()}
+    for split, imb in imbalance.items():
         ratio = imb["ratio"]
         if ratio is not None and ratio != float("inf") and ratio > imbalance_threshold:
-            near_level.append({"check": "imbalance", "message": (
-                f"split {split!r} is imbalanced: {imb['max_class']} has {imb['max_count']} samples,"
-                f" {imb['min_class']} {imb['min_count']} (ratio {ratio:.1f} > "
-                f"{imbalance_threshold:g})")})
-
-    if transforms:
-        from shardkit.doctor.drift import check_transform_drift
-
-        drift = check_transform_drift(root, manifest, transform_config,
-                                      num_samples=transform_samples, seed=seed, progress=progress)
-        report["transform"] = drift
-        for problem in drift["problems"]:
-            errors.append({"check": "transform_drift", "message": problem})
-    else:
-        log.info("transform drift check not run (disabled by the caller)")
-        report["transform"] = None
-        warnings.append({"check": "transform_drift", "message": "transform drift check not run "
-                         "(disabled by the caller)"})
-
-    report["augment"] = None
-    if spec is not None:
-        report["augment"] = aug = augment_hue_report(root, manifest, spec, decoder=decoder,
-                                                     progress=progress)
-        if aug["warning"]:
-            near_level.append({"check": "augment_hue", "message": aug["warning"]})
-
-    report["errors"], report["warnings"] = errors, warnings
-    report["ok"] = not errors
-    return report
-
-
-def check_shards(root: str | Path, manifest: dict[str, Any]) -> None:
-    """Every shard the manifest lists is there, has its recorded size in bytes and can be
-    opened for reading; in object storage: one listing per shard folder, every object there
-    with its size. Contents are not hashed (``shardkit verify`` does).
-
-    Raises:
-        ShardCorruptError: naming every missing, wrong-sized or unopenable (no permission, a
-            folder) shard of the first split that has one. OSError or the store's own error:
-            the shards cannot be listed or opened for another reason (no file handle left).
-    """
-    if is_url(root):
-        _check_remote_shards(str(root), manifest)
-        return
-    for split, info in manifest["splits"].items():
-        shards = info.get("shards", [])
-        check_shard_files(root, split, shards)  # missing, truncated, grown
-        unreadable = []
-        for rec in shards:
-            try:
-                with open(Path(root) / rec["path"], "rb"):
-                    pass
-            except (PermissionError, IsADirectoryError) as e:  # others (EMFILE): the OS's
-                unreadable.append(f"{rec['path']}: cannot be opened ({type(e).__name__}: "
-                                  f"{e.strerror or e})")
-        if unreadable:
-            raise ShardCorruptError(f"{root}: {len(unreadable)} of {len(shards)} shard(s) of "
-                                    f"split {split!r} cannot be read: "
-                                    + "; ".join(unreadable[:10])
-                                    + (f"; ... {len(unreadable) - 10} more"
-                                       if len(unreadable) > 10 else ""))
-
-
-def _check_remote_shards(root: str, manifest: dict[str, Any]) -> None:
-    """:func:`check_shards` in object storage: one listing per shard folder (``https://``:
-    one HEAD per shard, as a web server need not list folders)."""
-    import posixpath
-
-    import fsspec
-
-    from shardkit.dataset.manifest import join
-
-    fs, base = fsspec.core.url_to_fs(root)
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    http = bool({"http", "https"} & set(protocols))
-    listed: dict[str, dict[str, int | None]] = {}  # folder -> {object path: size}
-
-    def size_of(path: str) -> int | None | bool:
-        """The object's size (None: unknown), False when there is no object."""
-        if http:
-            try:
-                return fs.info(path).get("size")
-            except FileNotFoundError:
-                return False
-        folder = path.rpartition("/")[0]
-        if folder not in listed:
-            fs.invalidate_cache(folder)  # the store now, not a listing an earlier call cached
-            try:
-                found = fs.ls(folder, detail=True)
-            except FileNotFoundError:
-                found = []
-            listed[folder] = {o["name"].rstrip("/"): o.get("size") for o in found}
-        return listed[folder].get(path, False)
-
-    for split, info in manifest["splits"].items():
-        problems = []
-        shards = info.get("shards", [])
-        for rec in shards:
-            size = size_of(posixpath.join(base, rec["path"]))
-            if size is False:
-                problems.append(f"{rec['path']}: missing (no object at {join(root, rec['path'])})")
-            elif None not in (size, rec.get("bytes")) and int(size) != rec["bytes"]:
-                problems.append(f"{rec['path']}: {size} bytes, the manifest says {rec['bytes']}")
-        if problems:
-            raise ShardCorruptError(f"{root}: {len(problems)} of {len(shards)} shard(s) of split "
-                                    f"{split!r} do not match the manifest: "
-                                    + "; ".join(problems[:10])
-                                    + (f"; ... {len(problems) - 10} more"
-                                       if len(problems) > 10 else "")
-                                    + " (shardkit verify checks every shard)")
+            found.warn("imbalance", f"split {split!r} is imbalanced: {imb['max_class']} has "
+                       f"{imb['max_count']} samples, {imb['min_class']} {imb['min_count']} "
+                       f"(ratio {ratio:.1f} > {imbalance_threshold:g})")
+    return {"missing_classes": missing, "imbalance": imbalance}
 
 
 def augment_hue_report(root: str | Path, manifest: dict[str, Any], spec: Any, *,
                        split: str | None = None, max_samples: int | None = HUE_SAMPLES,
                        decoder: str = "auto", progress: bool = False) -> dict[str, Any]:
-    """Whether ``spec``'s hue jitter meets classes that differ in hue (issue 10's guard rail).
+    """Whether ``spec``'s hue jitter meets classes that differ in hue (``check --augment``).
 
     Hue jitter is on when ``spec.uses_hue(e)`` at epoch 0 or at ``spec.last_scheduled_epoch()``
     (a schedule moves monotonically between the two). Only then is the per-class hue read: the

@@ -11,10 +11,10 @@ modules <- :mod:`.registry` (``FORMATS``, ``get_format``, ``open_reader``) <- :m
 from __future__ import annotations
 
 from .base import (FormatReader, FormatWriter, close_all_shards, max_open_shards,
-                   open_shard_count, remove_partial, resource_error, sha256_file)
+                   open_shard_count, resource_error, sha256_file)
 from .registry import FORMATS, get_format, open_reader
 from .sink import ShardSink
 
 __all__ = ["FORMATS", "ShardSink", "FormatReader", "FormatWriter", "open_reader", "sha256_file",
-           "remove_partial", "get_format", "max_open_shards", "open_shard_count",
+           "get_format", "max_open_shards", "open_shard_count",
            "close_all_shards", "resource_error"]

@@ -8,7 +8,7 @@ to one open shard file and returns the offset to record in the split index; its
 
 - a shard is written as ``shards/.<split>-NNNNNN<suffix>.tmp``, flushed, fsynced, then renamed to
   ``shards/<split>-NNNNNN<suffix>``; a killed run leaves only ``*.tmp`` files, which
-  :func:`remove_partial` deletes;
+  the next pack into that folder deletes (:func:`shardkit.packer.output.owned_entries`);
 - a shard is opened only when its first sample arrives, so there are never empty shards;
 - rollover happens before a sample that would exceed ``max_samples`` or ``max_bytes`` (a single
   sample larger than ``max_bytes`` gets a shard of its own);
@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 from ..errors import ResourceLimitError, ShardCorruptError
 
-__all__ = ["FormatWriter", "FormatReader", "sha256_file", "remove_partial", "shard_name",
+__all__ = ["FormatWriter", "FormatReader", "sha256_file", "shard_name",
            "TMP_SUFFIX", "max_open_shards", "open_shard_count", "close_all_shards",
            "resource_errno", "resource_error", "RESOURCE_ERRNOS"]
 
@@ -437,15 +437,3 @@ class FormatReader(ABC):
         state = self.__dict__.copy()
         state["_key"] = None
         return state
-
-
-def remove_partial(out_dir: str | os.PathLike) -> list[str]:
-    """Deletes the temporary files a killed pack run left under ``OUT/shards``; returns their names."""
-    shards = Path(out_dir) / "shards"
-    removed = []
-    if shards.is_dir():
-        for p in sorted(shards.iterdir()):
-            if p.name.startswith(".") and (TMP_SUFFIX in p.name):
-                p.unlink()
-                removed.append(p.name)
-    return removed

@@ -1,4 +1,5 @@
-"""Metadata that other tools' readers look for beside a ``wds`` shardkit dataset (issue 14).
+"""Metadata that other tools' readers look for beside a ``wds`` shardkit dataset (README.md,
+"Reading shardkit shards with other tools").
 
 A ``wds`` dataset is plain tar shards with ``<key>.<jpg|png>`` and (by default) ``<key>.cls``
 members, which ``webdataset.WebDataset`` reads as they are. Three other readers need a file

@@ -162,13 +162,6 @@ class SplitPlan:
     kept_groups: int = 0
     moved_groups: list[dict] = field(default_factory=list)
 
-    def groups_per_split(self) -> dict[str, int]:
-        """Number of distinct input groups in each split."""
-        out = {name: 0 for name in self.names}
-        for split in self.group_to_split.values():
-            out[split] += 1
-        return out
-
     def indices(self, split: str) -> list[int]:
         """Input positions of the samples assigned to ``split``, ascending."""
         if split not in self.counts:
@@ -327,6 +320,48 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
             samples, a ``fixed`` split not in ``ratios``, or a sample that is not
             (group, label, sha256).
     """
+    ratios, fixed = _checked(ratios, tolerance, method, seed, fixed)
+    items = [_as_sample(s, i) for i, s in enumerate(samples)]
+    names = tuple(ratios)
+    n = len(items)
+
+    group_ids, uf, by_sha, conflicts = _dedup(items, links)
+    place = _Placement(items, group_ids, uf, names, ratios)
+    kept, moved = _keep_fixed(place, fixed)  # 3. kept placements
+    rest = [r for r in place.roots if r not in place.split_of]  # 4. the other components
+    if method == "hash" and not fixed:
+        _place_by_hash(place, rest, int(seed))
+    else:
+        _place_balanced(place, rest, int(seed))
+    n_s, n_sc, class_total = place.counts.n_s, place.counts.n_sc, place.counts.class_total
+
+    assignment = [place.split_of[uf.find(group_ids[s.group])] for s in items]
+    group_to_split = {g: place.split_of[uf.find(gid)] for g, gid in group_ids.items()}
+    class_keys = sorted(class_total, key=_sort_key)
+    class_counts = {name: {c: n_sc[name][c] for c in class_keys} for name in names}
+    achieved = {name: (n_s[name] / n if n else 0.0) for name in names}
+    class_achieved = {name: {c: n_sc[name][c] / class_total[c] for c in class_keys}
+                      for name in names}
+    warnings = _ratio_warnings(place, achieved, tolerance, method, bool(fixed))
+    if moved:
+        warnings.append(f"{len(moved)} group(s) kept from the previous pack moved to another "
+                        "split, because identical bytes or near-duplicates now join them to "
+                        "groups kept elsewhere: " + "; ".join(
+                            f"{m['group']!r} {m['from']} -> {m['to']}" for m in moved[:5])
+                        + (f"; ... and {len(moved) - 5} more" if len(moved) > 5 else ""))
+    return SplitPlan(names=names, ratios=ratios, seed=int(seed), tolerance=float(tolerance),
+                     assignment=assignment, group_to_split=group_to_split, counts=dict(n_s),
+                     class_counts=class_counts, achieved=achieved, class_achieved=class_achieved,
+                     merged_groups=place.merged, label_conflicts=conflicts,
+                     num_duplicates=n - len(by_sha), warnings=warnings,
+                     method="balanced" if fixed else method, kept_groups=kept,
+                     moved_groups=moved)
+
+
+def _checked(ratios: Mapping[str, float], tolerance: float, method: str, seed: int,
+             fixed: Mapping[str, str] | None) -> tuple[dict[str, float], dict[str, str]]:
+    """The checked ``ratios`` and ``fixed`` (a dict) of :func:`assign_splits`; SplitError for a
+    bad ratio, tolerance, method, seed or a ``fixed`` split not in ``ratios``."""
     ratios = validate_ratios(ratios)
     if not (0 <= float(tolerance) < 1):
         raise SplitError(f"split tolerance {tolerance!r} is out of range; expected 0 <= t < 1")
@@ -339,102 +374,99 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
     if unknown:
         raise SplitError(f"kept placements name split(s) {unknown} that are not among the "
                          f"requested splits {list(ratios)}")
-    items = [_as_sample(s, i) for i, s in enumerate(samples)]
-    names = tuple(ratios)
-    n = len(items)
+    return ratios, fixed
 
-    group_ids, uf, by_sha, conflicts = _dedup(items, links)
-    num_duplicates = n - len(by_sha)
 
-    # components: root -> sample indices, groups
-    comp_samples: dict[int, list[int]] = defaultdict(list)
-    for i, s in enumerate(items):
-        comp_samples[uf.find(group_ids[s.group])].append(i)
-    comp_groups: dict[int, list[str]] = defaultdict(list)
-    for g, gid in group_ids.items():
-        comp_groups[uf.find(gid)].append(g)
-    merged = sorted(sorted(gs) for gs in comp_groups.values() if len(gs) > 1)
-    roots = sorted(comp_samples)
-    class_total = Counter(s.label for s in items)
-    state = _Counts(names, ratios, n, class_total)
+class _Placement:
+    """The atomic sets of :func:`assign_splits` (union-find roots of the merged groups, with
+    their sample positions and group names) and where each has gone so far (``split_of``,
+    counted in ``counts``, a :class:`_Counts`)."""
 
-    # 3. kept placements
-    comp_split: dict[int, str] = {}
-    moved: list[dict] = []
-    kept = 0
-    for root in roots:
-        placed = {fixed[g] for g in comp_groups[root] if g in fixed}
+    def __init__(self, items: list[SplitSample], group_ids: dict[str, int], uf: _UnionFind,
+                 names: tuple[str, ...], ratios: dict[str, float]):
+        self.items, self.names, self.ratios = items, names, ratios
+        self.samples: dict[int, list[int]] = defaultdict(list)  # root -> sample positions
+        for i, s in enumerate(items):
+            self.samples[uf.find(group_ids[s.group])].append(i)
+        self.groups: dict[int, list[str]] = defaultdict(list)  # root -> group names
+        for g, gid in group_ids.items():
+            self.groups[uf.find(gid)].append(g)
+        self.merged = sorted(sorted(gs) for gs in self.groups.values() if len(gs) > 1)
+        self.roots = sorted(self.samples)
+        self.counts = _Counts(names, ratios, len(items), Counter(s.label for s in items))
+        self.split_of: dict[int, str] = {}
+
+    def labels(self, root: int) -> list:
+        return [self.items[i].label for i in self.samples[root]]
+
+    def put(self, root: int, split: str, labels: list | None = None) -> None:
+        self.split_of[root] = split
+        self.counts.add(split, self.labels(root) if labels is None else labels)
+
+
+def _keep_fixed(place: _Placement, fixed: dict[str, str]) -> tuple[int, list[dict]]:
+    """Step 3: each set holding a group of ``fixed`` goes where that group was (the most
+    held-out of their splits when they differ). Returns ``(kept groups, moved groups)``."""
+    kept, moved = 0, []
+    for root in place.roots:
+        placed = {fixed[g] for g in place.groups[root] if g in fixed}
         if not placed:
             continue
-        split = _most_held_out(placed, names, ratios)
-        comp_split[root] = split
-        for g in sorted(comp_groups[root]):
+        split = _most_held_out(placed, place.names, place.ratios)
+        for g in sorted(place.groups[root]):
             if g in fixed:
                 kept += fixed[g] == split
                 if fixed[g] != split:
                     moved.append({"group": g, "from": fixed[g], "to": split})
-        state.add(split, [items[i].label for i in comp_samples[root]])
+        place.put(root, split)
+    return kept, moved
 
-    # 4. the other components
-    rest = [r for r in roots if r not in comp_split]
-    if method == "hash" and not fixed:
-        edges = np.cumsum([ratios[x] for x in names])
-        for root in rest:
-            own = {next((x for x, edge in zip(names, edges) if _unit_hash(int(seed), g) < edge),
-                        names[-1]) for g in comp_groups[root]}
-            split = _most_held_out(own, names, ratios)
-            comp_split[root] = split
-            state.add(split, [items[i].label for i in comp_samples[root]])
-    else:  # balanced, largest component first, seeded tie-break
-        tiebreak = np.random.default_rng(int(seed)).permutation(len(rest))
-        order = sorted(range(len(rest)), key=lambda k: (-len(comp_samples[rest[k]]), tiebreak[k]))
-        for k in order:
-            root = rest[k]
-            labels = [items[i].label for i in comp_samples[root]]
-            split = state.best(labels)
-            comp_split[root] = split
-            state.add(split, labels)
-    n_s, n_sc = state.n_s, state.n_sc
 
-    assignment = [comp_split[uf.find(group_ids[s.group])] for s in items]
-    group_to_split = {g: comp_split[uf.find(gid)] for g, gid in group_ids.items()}
-    class_keys = sorted(class_total, key=_sort_key)
-    class_counts = {name: {c: n_sc[name][c] for c in class_keys} for name in names}
-    achieved = {name: (n_s[name] / n if n else 0.0) for name in names}
-    class_achieved = {name: {c: n_sc[name][c] / class_total[c] for c in class_keys}
-                      for name in names}
+def _place_by_hash(place: _Placement, roots: list[int], seed: int) -> None:
+    """Step 4, ``"hash"``: each group's split from its keyed hash; a set of several groups goes
+    to the most held-out of their splits."""
+    names = place.names
+    edges = np.cumsum([place.ratios[x] for x in names])
+    for root in roots:
+        own = {next((x for x, edge in zip(names, edges) if _unit_hash(seed, g) < edge),
+                    names[-1]) for g in place.groups[root]}
+        place.put(root, _most_held_out(own, names, place.ratios))
 
+
+def _place_balanced(place: _Placement, roots: list[int], seed: int) -> None:
+    """Step 4, ``"balanced"`` (and after kept placements): largest set first, seeded tie-break,
+    each to the split of :meth:`_Counts.best`."""
+    tiebreak = np.random.default_rng(seed).permutation(len(roots))
+    order = sorted(range(len(roots)), key=lambda k: (-len(place.samples[roots[k]]), tiebreak[k]))
+    for k in order:
+        labels = place.labels(roots[k])
+        place.put(roots[k], place.counts.best(labels), labels)
+
+
+def _ratio_warnings(place: _Placement, achieved: dict[str, float], tolerance: float,
+                    method: str, fixed: bool) -> list[str]:
+    """A warning per split that is empty or misses its ratio by more than ``tolerance``, saying
+    why (the kept placements, the hash rule's chance, or the group sizes)."""
+    n, n_s, ratios, num_sets = place.counts.n, place.counts.n_s, place.ratios, len(place.roots)
     why = ("the kept placements (--split-from) and the group sizes" if fixed else
            "each group's split is drawn from a keyed hash (stable when the dataset grows), so "
            "with few groups the fractions vary by chance; --split-method balanced meets the "
            "ratios more closely but may move groups when the dataset grows" if method == "hash"
            else "the group sizes make this ratio infeasible")
     warnings = []
-    for name in names:
+    for name in place.names:
         miss = achieved[name] - ratios[name]
         if n and n_s[name] == 0:
             warnings.append(f"split {name!r} is empty: no atomic group set fell to its ratio "
-                            f"{ratios[name]:.3f} ({len(roots)} sets for {len(names)} splits); "
-                            f"{why}")
+                            f"{ratios[name]:.3f} ({num_sets} sets for {len(place.names)} "
+                            f"splits); {why}")
         elif n and abs(miss) > tolerance:
             warnings.append(
                 f"split {name!r} got {n_s[name]} of {n} samples ({achieved[name]:.3f}) but "
                 f"{ratios[name]:.3f} was requested: off by {miss:+.3f}, more than the tolerance "
-                f"{tolerance:g}; {why} ({len(roots)} atomic group sets, the largest has "
-                f"{max((len(v) for v in comp_samples.values()), default=0)} samples)")
-    if moved:
-        warnings.append(f"{len(moved)} group(s) kept from the previous pack moved to another "
-                        "split, because identical bytes or near-duplicates now join them to "
-                        "groups kept elsewhere: " + "; ".join(
-                            f"{m['group']!r} {m['from']} -> {m['to']}" for m in moved[:5])
-                        + (f"; ... and {len(moved) - 5} more" if len(moved) > 5 else ""))
-    return SplitPlan(names=names, ratios=ratios, seed=int(seed), tolerance=float(tolerance),
-                     assignment=assignment, group_to_split=group_to_split, counts=dict(n_s),
-                     class_counts=class_counts, achieved=achieved, class_achieved=class_achieved,
-                     merged_groups=merged, label_conflicts=conflicts,
-                     num_duplicates=num_duplicates, warnings=warnings,
-                     method="balanced" if fixed else method, kept_groups=kept,
-                     moved_groups=moved)
+                f"{tolerance:g}; {why} ({num_sets} atomic group sets, the largest has "
+                f"{max((len(v) for v in place.samples.values()), default=0)} samples)")
+    return warnings
 
 
 def _most_held_out(candidates: set[str], names: tuple[str, ...], ratios: dict[str, float]

@@ -164,22 +164,8 @@ class CheckRecords(Sequence):
                           f"{offset} ({len(data)} of {length} bytes): was $TMPDIR cleaned?")
         return data
 
-    @property
-    def spilled_bytes(self) -> int:
-        """Bytes of normalised images held in the temporary file."""
-        return self._spill_end
-
     def close(self) -> None:
         """Removes the temporary file (its bytes cannot be read afterwards)."""
         if self._spill is not None:
             self._spill.close()
             self._spill = None
-
-    @classmethod
-    def from_list(cls, records: Sequence[dict | None]) -> CheckRecords:
-        """A table holding ``records`` (None entries stay unset)."""
-        out = cls(len(records))
-        for i, rec in enumerate(records):
-            if rec is not None:
-                out[i] = rec
-        return out

@@ -29,7 +29,7 @@ from shardkit.sources.items import (
     ScanResult, SourceItem, check_unique, path_kind, listing, nfc, unreachable_reason)
 
 __all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
-           "apply_group_metadata", "csv_location"]
+           "csv_location"]
 
 
 def csv_location(csv_path: str | os.PathLike) -> str:
@@ -182,8 +182,17 @@ def scan_rows(csv_s: str, header: list[str], rows: list[dict[str, str]], base: s
 def match_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
                          path_column: str = "path", *, root: str | os.PathLike | None = None
                          ) -> tuple[list[SourceItem], list[SourceItem]]:
-    """Like :func:`apply_group_metadata`, but returns ``(grouped, lacking)`` instead of raising
-    for items without a row or with an empty group value.
+    """Sets each item's group from ``column`` of a metadata CSV, joined on the NFC relpath.
+
+    The CSV's ``path_column`` holds paths relative to the source root (posix or Windows
+    separators, any Unicode form, a leading ``./`` allowed) or absolute paths under it
+    (:func:`_path_key`; ``root``, else the root the items' paths share). Rows for files that are
+    not items are fine.
+
+    Returns:
+        ``(grouped, lacking)``: new items (input order) with ``group`` set, and the items
+        without a row or with an empty group value (not an error here: the packer raises
+        :func:`lacking_metadata_error` for the images among them).
 
     Raises:
         ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
@@ -370,27 +379,3 @@ def _unmatched_example(csv_s: str, path_column: str, relpaths: list[str], root, 
     if known is not None and free:
         return free[0][0], relpaths[0]
     return None
-
-
-def apply_group_metadata(items: list[SourceItem], csv_path: str | os.PathLike, column: str,
-                         path_column: str = "path") -> list[SourceItem]:
-    """Set each item's group from ``column`` of a metadata CSV, joined on the NFC relpath.
-
-    The CSV's ``path_column`` holds paths relative to the source root (posix or Windows
-    separators, any Unicode form, a leading ``./`` allowed) or absolute paths under it
-    (:func:`_path_key`). Rows for files that are not items are fine.
-
-    Returns:
-        new items (same order) with ``group`` set.
-
-    Raises:
-        ConfigError: ``column`` or ``path_column`` is not a column (message lists the columns).
-        SourceError: the CSV cannot be read; one path has two different groups; items without a
-            row or with an empty group value (first 20 listed, with the count).
-    """
-    out, lacking = match_group_metadata(items, csv_path, column, path_column)
-    if lacking:
-        raise lacking_metadata_error(csv_path, column, [i.relpath for i in lacking],
-                                     root=_root_of(items, None), path_column=path_column,
-                                     known=[i.relpath for i in items])
-    return out

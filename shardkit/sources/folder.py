@@ -39,10 +39,12 @@ folder that cannot be searched - is in ``missing`` too, with its reason in
 :func:`unreachable_reason`), and quarantined with that reason: one such link never stops a scan.
 
 Group rules attach a grouping key (photographer, video, subject) used by the splitter:
-:func:`apply_group_regex` (from the relative path) and :func:`apply_group_metadata` (from a
-column of a metadata CSV joined on the NFC relative path). An item that gets no group is an
-error, never silently put in a group of its own. :func:`match_split_metadata` reads a given split
-from a metadata column the same way.
+:func:`shardkit.sources.groups.match_group_regex` (from the relative path) and
+:func:`shardkit.sources.csvlist.match_group_metadata` (from a column of a metadata CSV joined on
+the NFC relative path). An item that gets no group is an error (raised by the packer once it
+knows the item is an image), never silently put in a group of its own.
+:func:`shardkit.sources.csvlist.match_split_metadata` reads a given split from a metadata column
+the same way.
 
 Results are sorted by ``relpath`` (code point order), so scans are deterministic.
 

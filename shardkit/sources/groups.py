@@ -29,8 +29,15 @@ def compile_group_regex(regex: str) -> tuple[re.Pattern, int | str]:
 
 def match_group_regex(items: list[SourceItem], regex: str
                       ) -> tuple[list[SourceItem], list[SourceItem]]:
-    """Like :func:`apply_group_regex`, but returns ``(grouped, unmatched)`` instead of raising
-    for items the pattern gives no group (the packer first checks whether those are images at all).
+    """Sets each item's group from ``re.search(regex, relpath)``: the named group ``group`` if the
+    pattern has one, else the first capture group; e.g. ``r"/(?P<group>[^/_]+)_\\d+\\.jpg$"``
+    groups ``a/subjA_0001.jpg`` as "subjA".
+
+    Returns:
+        ``(grouped, unmatched)``: new items (input order) with ``group`` set, and the items the
+        pattern gives no group (no match, or an empty group). An unmatched item is not an error
+        here: the packer first checks whether it is an image at all, then raises
+        :func:`unmatched_regex_error` for the images among them.
 
     Raises:
         ConfigError: the pattern does not compile or has no capture group.
@@ -50,23 +57,3 @@ def match_group_regex(items: list[SourceItem], regex: str
 def unmatched_regex_error(regex: str, relpaths: list[str]) -> SourceError:
     """The error for relpaths that ``regex`` gives no group (first 20 listed, with the count)."""
     return SourceError(f"group regex {regex!r} gives no group for {listing(relpaths)} path(s)")
-
-
-def apply_group_regex(items: list[SourceItem], regex: str) -> list[SourceItem]:
-    """Set each item's group from ``re.search(regex, relpath)``.
-
-    The group value is the named group ``group`` if the pattern has one, else the first capture
-    group; e.g. ``r"/(?P<group>[^/_]+)_\\d+\\.jpg$"`` groups ``a/subjA_0001.jpg`` as "subjA".
-
-    Returns:
-        new items (same order) with ``group`` set.
-
-    Raises:
-        ConfigError: the pattern does not compile or has no capture group.
-        SourceError: relpaths that do not match, or match with an empty group (first 20 listed,
-            with the count).
-    """
-    out, unmatched = match_group_regex(items, regex)
-    if unmatched:
-        raise unmatched_regex_error(regex, [i.relpath for i in unmatched])
-    return out

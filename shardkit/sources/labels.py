@@ -1,8 +1,9 @@
 """Class names, aliases and label indices.
 
 A :class:`LabelMap` holds the ordered class list (label ``i`` is ``classes[i]``) and aliases
-(other spellings that mean a class). It is built either from the names found in the source
-(:meth:`LabelMap.from_names`: sorted unique names) or from a YAML file
+(other spellings that mean a class). It is built either from the class names found in the source
+(``LabelMap(names)``, the order of :func:`shardkit.sources.layouts.class_order`, as
+:func:`shardkit.packer.scan.resolve_labels` does) or from a YAML file
 (:meth:`LabelMap.from_yaml`), in one of two shapes::
 
     classes: [daisy, dandelion, roses, sunflowers, tulips]     # order = label index
@@ -119,11 +120,6 @@ class LabelMap:
             key = name.casefold()
             out[key] = target if out.get(key, target) == target else None
         return out
-
-    @classmethod
-    def from_names(cls, names: Iterable[str]) -> LabelMap:
-        """Classes = sorted unique normalised ``names`` (code point order), no aliases."""
-        return cls(sorted({normalize_label(n) for n in names}))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> LabelMap:

@@ -1,4 +1,4 @@
-"""Decoded image cache: decode once, augment every epoch (issue 11).
+"""Decoded image cache: decode once, augment every epoch (docs/RELIABILITY.md, "The decoded cache").
 
 ``make_loader(..., cache="ram")`` keeps every decoded image of the split (RGB uint8, full
 resolution or resized to ``cache_max_side``) in one shared :class:`~shardkit.stream.arena.Arena`

@@ -86,10 +86,10 @@ class TrainConfig:
     device: str = "auto"                  # auto | cpu | cuda | cuda:N
     num_workers: int = 4                  # DataLoader workers per rank
     prefetch_factor: int = 2              # batches prefetched per worker
-    cache: str = "none"                   # decoded cache: none | ram | auto | disk:DIR (issue 11)
+    cache: str = "none"                   # decoded cache: none | ram | auto | disk:DIR
     cache_max_side: int | None = None     # cache images with the longer side at most this
     cache_eval: str = "pixels"            # pixels | final (eval loaders cache their final crops)
-    augment: Any = "none"                 # augmentation spec: preset or list of op dicts (issue 10)
+    augment: Any = "none"                 # augmentation spec: preset or list of op dicts
     augment_device: str | None = None     # None: decoding threads (CPU); cuda | cuda:N: on the GPU
     overfit_batches: int = 0              # >0: train on N fixed eval-transform batches, repeatedly
     eval_every: int = 1                   # evaluate val every N epochs (and always at the end)

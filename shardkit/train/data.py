@@ -52,7 +52,7 @@ def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool,
     from ..stream import SamplingOptions, WorkerOptions, make_loader
 
     workers = config.num_workers if num_workers is None else num_workers
-    # the decoded cache (issue 11): train and eval loaders of a run share one arena per split
+    # the decoded cache: train and eval loaders of a run share one arena per split
     cache = config.cache if cached else "none"
     final = cache != "none" and not train and config.cache_eval == "final"
     sampling = SamplingOptions(drop_last=drop_last, even=even, mode=mode, balance=balance,

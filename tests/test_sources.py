@@ -1,8 +1,10 @@
-"""shardkit.sources.folder: ImageFolder and CSV discovery, system entries, Unicode, symlinks, group rules."""
+"""shardkit.sources (folder, csvlist, groups, layouts): ImageFolder and CSV discovery, system
+entries, Unicode, symlinks, group rules."""
 from __future__ import annotations
 
 import collections
 import os
+import re
 import unicodedata
 from pathlib import Path
 
@@ -12,8 +14,8 @@ from shardkit.errors import ConfigError, SourceError
 from shardkit.sources.layouts import class_order, map_split_names, numeric_order_note, order_splits
 from shardkit.sources.items import SourceItem
 from shardkit.sources.csvlist import (
-    apply_group_metadata, match_group_metadata, match_split_metadata, scan_csv)
-from shardkit.sources.groups import apply_group_regex, match_group_regex
+    lacking_metadata_error, match_group_metadata, match_split_metadata, scan_csv)
+from shardkit.sources.groups import match_group_regex, unmatched_regex_error
 from shardkit.sources.folder import scan_folder
 
 CAFE_NFC = unicodedata.normalize("NFC", "Café")
@@ -160,8 +162,9 @@ def test_sample_folder(sample_dir):
     counts = collections.Counter(i.label for i in result.items)
     assert counts == {"daisy": 40, "dandelion": 44, "roses": 32, "sunflowers": 40, "tulips": 44}
     assert [i.relpath for i in result.items] == sorted(i.relpath for i in result.items)
-    grouped = apply_group_metadata(result.items, sample_dir / "metadata.csv",
-                                   "group_flickr_user")
+    grouped, lacking = match_group_metadata(result.items, sample_dir / "metadata.csv",
+                                            "group_flickr_user")
+    assert lacking == []
     assert len({i.group for i in grouped}) == 120
     assert max(collections.Counter(i.group for i in grouped).values()) == 9
     assert [i.relpath for i in grouped] == [i.relpath for i in result.items]
@@ -176,8 +179,9 @@ def test_flowers_folder(flowers_dir):
     counts = collections.Counter(i.label for i in result.items)
     assert counts == {"daisy": 361, "dandelion": 409, "roses": 276, "sunflowers": 365,
                       "tulips": 428}
-    grouped = apply_group_metadata(result.items, flowers_dir / "metadata.csv",
-                                   "group_flickr_user")
+    grouped, lacking = match_group_metadata(result.items, flowers_dir / "metadata.csv",
+                                            "group_flickr_user")
+    assert lacking == []
     assert len({i.group for i in grouped}) == 791
     assert max(collections.Counter(i.group for i in grouped).values()) == 54
 
@@ -234,22 +238,26 @@ def _items(*relpaths: str) -> list[SourceItem]:
 
 def test_group_regex_named_and_first_group():
     items = _items("a/subjA_0001.jpg", "a/subjA_0002.jpg", "b/subjB_0001.jpg")
-    named = apply_group_regex(items, r"(?P<cls>\w)/(?P<group>subj[A-Z])_\d+")
-    assert [i.group for i in named] == ["subjA", "subjA", "subjB"]
-    first = apply_group_regex(items, r"/(\w+?)_")
-    assert [i.group for i in first] == ["subjA", "subjA", "subjB"]
+    named, unmatched = match_group_regex(items, r"(?P<cls>\w)/(?P<group>subj[A-Z])_\d+")
+    assert [i.group for i in named] == ["subjA", "subjA", "subjB"] and unmatched == []
+    first, unmatched = match_group_regex(items, r"/(\w+?)_")
+    assert [i.group for i in first] == ["subjA", "subjA", "subjB"] and unmatched == []
     assert [i.relpath for i in first] == [i.relpath for i in items]
     assert all(i.group is None for i in items)  # inputs untouched
 
 
 def test_group_regex_errors():
     items = _items(*[f"a/x{i:02d}.jpg" for i in range(25)], "a/subjA_1.jpg")
-    with pytest.raises(SourceError, match=r"gives no group for 25: 'a/x00.jpg'.*and 5 more"):
-        apply_group_regex(items, r"(subj\w)_")
+    grouped, unmatched = match_group_regex(items, r"(subj\w)_")
+    assert [(i.relpath, i.group) for i in grouped] == [("a/subjA_1.jpg", "subjA")]
+    assert unmatched == items[:25]  # the packer raises the error below for those (test_pack.py)
+    err = unmatched_regex_error(r"(subj\w)_", [i.relpath for i in unmatched])
+    assert isinstance(err, SourceError)
+    assert re.search(r"gives no group for 25: 'a/x00.jpg'.*and 5 more", str(err))
     with pytest.raises(ConfigError, match="does not compile"):
-        apply_group_regex(items, r"(unclosed")
+        match_group_regex(items, r"(unclosed")
     with pytest.raises(ConfigError, match="no capture group"):
-        apply_group_regex(items, r"subj")
+        match_group_regex(items, r"subj")
 
 
 def test_group_metadata_join_and_errors(tmp_path):
@@ -257,18 +265,22 @@ def test_group_metadata_join_and_errors(tmp_path):
     meta.write_text(f"file,who\na/1.jpg,ann\n{CAFE_NFD}/2.jpg,bob\nz/unused.jpg,cy\n",
                     encoding="utf-8")
     items = _items("a/1.jpg", f"{CAFE_NFC}/2.jpg")
-    joined = apply_group_metadata(items, meta, "who", path_column="file")
-    assert [i.group for i in joined] == ["ann", "bob"]
+    joined, lacking = match_group_metadata(items, meta, "who", path_column="file")
+    assert [i.group for i in joined] == ["ann", "bob"] and lacking == []
     with pytest.raises(ConfigError, match=r"no column 'photographer'; columns: \['file', 'who'\]"):
-        apply_group_metadata(items, meta, "photographer", path_column="file")
+        match_group_metadata(items, meta, "photographer", path_column="file")
     with pytest.raises(ConfigError, match="no column 'path'"):
-        apply_group_metadata(items, meta, "who")
-    with pytest.raises(SourceError, match=r"no row or an empty 'who' for 1 file.*Files "
-                                          r"without a row: 1: 'b/3.jpg'"):
-        apply_group_metadata(items + _items("b/3.jpg"), meta, "who", path_column="file")
+        match_group_metadata(items, meta, "who")
+    joined, lacking = match_group_metadata(items + _items("b/3.jpg"), meta, "who",
+                                           path_column="file")
+    assert [i.group for i in joined] == ["ann", "bob"] and lacking == _items("b/3.jpg")
+    err = lacking_metadata_error(meta, "who", ["b/3.jpg"], path_column="file")
+    assert isinstance(err, SourceError)  # the packer raises it (test_pack.py)
+    assert re.search(r"no row or an empty 'who' for 1 file.*Files without a row: 1: 'b/3.jpg'",
+                     str(err))
     meta.write_text("path,who\na/1.jpg,ann\na/1.jpg,bob\n", encoding="utf-8")
     with pytest.raises(SourceError, match="several 'who' values to 1: 'a/1.jpg'"):
-        apply_group_metadata(items[:1], meta, "who")
+        match_group_metadata(items[:1], meta, "who")
 
 
 def test_blank_class_folder_name_is_an_error(tmp_path):

@@ -7,60 +7,18 @@ import hashlib
 import logging
 import multiprocessing as mp
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
 from shardkit.errors import ConfigError, LoaderError, ManifestError, ShardCorruptError
-from shardkit.formats import FORMATS, get_format
-from shardkit.dataset.manifest import (
-    load_index, sample_checksum, write_manifest, write_split_files)
+from shardkit.formats import FORMATS
+from shardkit.dataset.manifest import load_index
 from shardkit.stream import MapShardDataset, SamplingOptions, ShardDataset
+from helpers import build_split
 
 ALL = sorted(FORMATS)
-CLASSES = ["daisy", "dandelion", "roses", "sunflowers", "tulips"]
-
-
-def build_split(sample_dir: Path, out: Path, fmt: str, shard_sizes: list[int],
-                split: str = "train", start: int = 0, stride: int = 1) -> list[dict]:
-    """Packs real photos of the embedded sample (reused cyclically beyond 200) into shards of
-    exactly ``shard_sizes`` samples with the formats API (independent of shardkit.pack). Returns
-    the per-sample records (with the source sha256), in split order. Photos are taken from
-    sorted position ``start`` every ``stride`` (the sorted list is class-sorted). Several splits
-    can share ``out``."""
-    photos = sorted(sample_dir.glob("*/*.jpg"))  # 200 real photos, reused cyclically if needed
-    files = [photos[(start + i * stride) % len(photos)] for i in range(sum(shard_sizes))]
-    mod = get_format(fmt)
-    (out / "shards").mkdir(parents=True, exist_ok=True)
-    records, shards, i = [], [], 0
-    for s, count in enumerate(shard_sizes):
-        rel = f"shards/{split}-{s:06d}{mod.suffix}"
-        writer = mod.Writer(out / rel)
-        for p in files[i:i + count]:
-            data = p.read_bytes()
-            key = f"{split}_{i:08d}"
-            label = CLASSES.index(p.parent.name)
-            offset = writer.add(key, data, "jpg", label)
-            records.append(dict(key=key, shard=s, offset=offset, size=len(data), label=label,
-                                path=p.relative_to(sample_dir).as_posix(),
-                                sha256=hashlib.sha256(data).hexdigest(),
-                                xxh3=f"{sample_checksum(data):016x}"))
-            i += 1
-        writer.close()
-        shards.append({"path": rel, "num_samples": count, "bytes": (out / rel).stat().st_size,
-                       "sha256": hashlib.sha256((out / rel).read_bytes()).hexdigest()})
-    write_split_files(out, split, records)
-    manifest_path = out / "manifest.json"
-    import json
-
-    manifest = (json.loads(manifest_path.read_text()) if manifest_path.exists()
-                else {"format": fmt, "classes": CLASSES, "splits": {}})
-    manifest.pop("schema_version", None)
-    manifest["splits"][split] = {"num_samples": len(records), "shards": shards}
-    write_manifest(out, manifest)
-    return records
 
 
 def _sha(b) -> str:
