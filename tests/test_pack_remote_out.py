@@ -20,13 +20,13 @@ from click.testing import CliRunner
 
 import shardkit.packer.check as pack_check
 import shardkit.packer.scan as pack_scan
-from shardkit.packer import remote_output as pack_remote_out, write as pack_write
+from shardkit.packer import write as pack_write
+from shardkit.packer.outputs import upload as pack_upload
 from shardkit.errors import ConfigError, OutputExistsError
 from shardkit.dataset.manifest import load_index, load_manifest
 from shardkit.packer.run import pack
 from shardkit.packer.cli import pack_command
-from shardkit.packer.output import DiskFullError, owned_name
-from shardkit.packer.remote_output import UploadError
+from shardkit.packer.outputs import DiskFullError, UploadError, owned_name
 from shardkit.stream import make_loader
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
@@ -80,14 +80,14 @@ def test_s3_pack_is_the_local_pack_byte_for_byte_and_loads_alike(s3_server, loca
     staging.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(staging))  # $TMPDIR of this run
     on_disk = []  # local tar files in the staging folder at each shard upload
-    upload = pack_remote_out.upload_file
+    upload = pack_upload.upload_file
 
     def counting(fs, local, rpath, where):
         if rpath.endswith(".tar"):
             on_disk.append(sorted(p.name for p in staging.rglob("*.tar")))
         return upload(fs, local, rpath, where)
 
-    monkeypatch.setattr(pack_remote_out, "upload_file", counting)
+    monkeypatch.setattr(pack_upload, "upload_file", counting)
     summary = pack(SAMPLE, url + "/", shard_samples=20, **OPTS)
     assert str(summary.out) == url and summary.format_text().startswith(f"packed {url} ")
     got, want = _objects(s3_server.fs(), url), _files(local_packs[20])
@@ -193,8 +193,8 @@ def test_a_run_that_fails_while_writing_leaves_no_owned_object(s3_server, tmp_pa
             raise UploadError(f"cannot upload {local} to {where}: simulated")
         return upload(fs, local, rpath, where)
 
-    upload = pack_remote_out.upload_file
-    monkeypatch.setattr(pack_remote_out, "upload_file", failing)
+    upload = pack_upload.upload_file
+    monkeypatch.setattr(pack_upload, "upload_file", failing)
     with pytest.raises(UploadError, match="simulated"):
         pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
     assert len(calls) == 4 and _objects(fs, url) == USER
@@ -216,7 +216,7 @@ def test_a_full_staging_disk_names_tmpdir(s3_server, monkeypatch):
 
 def test_an_upload_of_other_size_is_an_error(s3_server, monkeypatch):
     fs, url = s3_server.fs(), s3_server.bucket() + "/ds"
-    store = pack_remote_out.remote_fs(url)[0]  # fsspec's cached instance, the one pack uses
+    store = pack_upload.remote_fs(url)[0]  # fsspec's cached instance, the one pack uses
     put = store.put_file
 
     def short(lpath, rpath, **kw):  # a store that drops the last byte of shard 1
@@ -300,21 +300,19 @@ def test_verify_reads_a_pack_in_object_storage(s3_server, tmp_path):
 def test_overwrite_removes_what_other_readers_take_for_the_dataset_first(s3_server, monkeypatch):
     """A killed overwrite must not leave the old _info.json / .idx / split files beside shards
     that the new run has begun to replace (timm and DALI would read a mix as one dataset)."""
-    from shardkit.packer import remote_output as pack_remote_out
-
     fs, url = s3_server.fs(), s3_server.bucket() + "/ow"
     pack(SAMPLE, url, shard_samples=20, **OPTS)
     old = _objects(fs, url)
     assert {"shards/_info.json", "splits/train.jsonl", "shards/train-000000.idx"} <= set(old)
     seen = []
-    put_shard = pack_remote_out.put_shard
+    put_shard = pack_upload.put_shard
 
     def snapshot_then_put(*a, **k):  # what a kill at the first shard upload would leave
         if not seen:
             seen.append(_objects(fs, url))
         return put_shard(*a, **k)
 
-    monkeypatch.setattr(pack_remote_out, "put_shard", snapshot_then_put)
+    monkeypatch.setattr(pack_upload, "put_shard", snapshot_then_put)
     pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
     left = seen[0]
     assert left and all(r.startswith("shards/") and r.endswith(".tar") for r in left), left
@@ -346,7 +344,7 @@ def test_check_stats_inspect_read_a_pack_in_object_storage(s3_server, tmp_path):
 
 _KILLED_STAGING = """
 import os, sys
-from shardkit.packer.remote_output import staging_folder
+from shardkit.packer.outputs.upload import staging_folder
 folder = staging_folder()  # as a pack into object storage makes it, then killed (no cleanup)
 (folder / "shards").mkdir()
 (folder / "shards" / "train-000005.tar").write_bytes(b"x" * 100)
@@ -366,8 +364,8 @@ def test_a_killed_packs_staging_folder_is_removed_by_the_next(s3_server, tmp_pat
         made = subprocess.run([sys.executable, "-c", _KILLED_STAGING], capture_output=True,
                               text=True, check=True)
         killed = Path(made.stdout.strip())
-        assert killed.parent == tmp_path and (killed / pack_remote_out.STAGING_MARKER).is_file()
-        alive = pack_remote_out.staging_folder()  # a pack still running (this process)
+        assert killed.parent == tmp_path and (killed / pack_upload.STAGING_MARKER).is_file()
+        alive = pack_upload.staging_folder()  # a pack still running (this process)
         gone = _dead_pid()
         kept = {  # whatever the name, a folder without the marker of a dead pack stays
             "shardkit-pack-2024-holiday-photos": None,  # a user's folder
@@ -381,7 +379,7 @@ def test_a_killed_packs_staging_folder_is_removed_by_the_next(s3_server, tmp_pat
             (tmp_path / name / "shards").mkdir(parents=True)
             (tmp_path / name / "shards" / "keep.jpg").write_bytes(b"mine")
             if marker is not None:
-                (tmp_path / name / pack_remote_out.STAGING_MARKER).write_text(
+                (tmp_path / name / pack_upload.STAGING_MARKER).write_text(
                     json.dumps(marker))
         pack(SAMPLE, s3_server.bucket() + "/st", shard_samples=50, **OPTS)
         assert not killed.exists() and alive.is_dir()
