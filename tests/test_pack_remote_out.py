@@ -406,3 +406,126 @@ def test_a_missing_bucket_is_named_when_reading(s3_server):
         load_manifest("s3://no-such-bucket-shardkit/ds")
     with pytest.raises(ManifestError, match=r"not found \(NoSuchKey: "):
         load_manifest(s3_server.bucket() + "/never-packed")
+
+
+# ------------------------------------------------------------------ one interface, two kinds
+def _write_through(target, photos: list[bytes], shard_samples: int, fail: bool = False) -> None:
+    """The write side of a pack through the :class:`PackOutput` interface alone, as ``pack``
+    drives it: prepare, shards through a sink whose closed shards go to ``target.upload``,
+    the quarantine list, split files, the readers' files, ``manifest.json`` last, commit.
+    ``fail``: raise after the shards are written (the ``with`` block aborts)."""
+    from shardkit import interop
+    from shardkit.dataset.manifest import (CHECKSUM_FIELD, sample_checksum, write_manifest,
+                                           write_split_files)
+    from shardkit.formats import ShardSink
+
+    root = target.prepare()
+    records, first = [], [0]
+
+    def on_close(path, record):
+        target.upload(path, record, records[first[0]:])
+        first[0] = len(records)
+
+    sink = ShardSink(root, "train", "wds", max_samples=shard_samples,
+                     writer_options={"wds_cls": True},
+                     on_close=None if target.upload is None else on_close)
+    for n, data in enumerate(photos):
+        key = f"train_{n:08d}"
+        shard, offset = sink.add(key, data, "jpg", n % 2, {"key": key, "label": n % 2})
+        records.append({"key": key, "label": n % 2, "shard": shard, "offset": offset,
+                        "size": len(data), CHECKSUM_FIELD: f"{sample_checksum(data):016x}"})
+    shards = sink.close()
+    if fail:
+        raise RuntimeError("the run fails after its shards")
+    pack_write.write_quarantine(root, [{"path": "daisy/broken.jpg", "reason": "not an image"}])
+    manifest = {"format": "wds", "classes": ["daisy", "roses"], "source": {"root": "/src/flow"},
+                "splits": {"train": {"num_samples": len(records), "shards": shards,
+                                     **write_split_files(root, "train", records)}}}
+    interop.write_pack_metadata(root, manifest, members=target.shard_members)
+    write_manifest(root, manifest)
+    target.commit()
+
+
+def test_a_local_and_an_s3_output_end_with_the_same_files(s3_server, tmp_path):
+    """The same operations on a LocalOutput and a RemoteOutput (through open_output and the
+    PackOutput interface only) leave the same files under OUT, byte for byte: a fresh run, a
+    refused second run, an overwrite with fewer shards (the stale shard and its DALI index go),
+    leftovers of a killed run written after this process listed OUT (its cached listing does
+    not hide them), and a failed fresh run (nothing owned is left); the user's files stay in
+    every case."""
+    from shardkit.errors import OutputExistsError as Exists
+    from shardkit.packer.options import PackOptions
+    from shardkit.packer.outputs import LocalOutput, PackOutput, RemoteOutput, open_output
+
+    photos = [p.read_bytes() for p in sorted((SAMPLE / "daisy").glob("*.jpg"))[:7]]
+    fs, src = s3_server.fs(), tmp_path / "src"
+    src.mkdir()
+    outs = {LocalOutput: tmp_path / "out", RemoteOutput: s3_server.bucket() + "/same"}
+
+    def files(out) -> dict[str, bytes]:
+        return _files(out) if isinstance(out, Path) else _objects(fs, out)
+
+    def put_user(out) -> None:
+        for rel, data in USER.items():
+            if isinstance(out, Path):
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                (out / rel).write_bytes(data)
+            else:
+                fs.pipe_file(f"{out}/{rel}", data)
+
+    def leave(out, rel: str, data: bytes) -> None:  # what a killed run leaves
+        if isinstance(out, Path):
+            (out / rel).write_bytes(data)
+        else:
+            fs.pipe_file(f"{out}/{rel}", data)
+
+    steps: dict[type, list] = {}
+    for kind, out in outs.items():
+        put_user(out)
+        seen = steps[kind] = []
+        with open_output(src, out, PackOptions(progress=False)) as target:
+            assert type(target) is kind and isinstance(target, PackOutput)
+            assert target.owned() == []
+            _write_through(target, photos, 3)  # shards of 3, 3 and 1 samples
+        seen.append((files(out), target.owned(), target.cleaned, sorted(target.replaced)))
+        with pytest.raises(Exists, match="already holds a packed dataset"):
+            with open_output(src, out, PackOptions(progress=False)) as target:
+                _write_through(target, photos, 5)
+        assert files(out) == seen[0][0]  # refused before anything was written
+        with open_output(src, out, PackOptions(progress=False, overwrite=True)) as target:
+            _write_through(target, photos, 5)  # 2 shards: train-000002 is stale
+        seen.append((files(out), target.owned(), target.cleaned, sorted(target.replaced)))
+        leave(out, "shards/train-000009.tar", b"left by a killed run")  # beside the dataset:
+        leave(out, "splits/.train.jsonl.x1y2.tmp", b"partial")  # no manifest lists them
+        with open_output(src, out, PackOptions(progress=False, overwrite=True)) as target:
+            _write_through(target, photos, 4)
+        seen.append((files(out), target.owned(), target.cleaned, sorted(target.replaced)))
+        fresh = tmp_path / "fresh" if isinstance(out, Path) else f"{out}-fresh"
+        put_user(fresh)
+        with pytest.raises(RuntimeError, match="fails after its shards"):
+            with open_output(src, fresh, PackOptions(progress=False)) as target:
+                _write_through(target, photos, 3, fail=True)
+        seen.append((files(fresh), target.owned(), target.cleaned, sorted(target.replaced)))
+    local, remote = steps[LocalOutput], steps[RemoteOutput]
+    first, overwritten, after_leftovers, failed = local
+    assert sorted(first[0]) == sorted([*USER, "manifest.json", "quarantine.jsonl",
+                                       "splits/train.jsonl", "splits/train.index.npz",
+                                       "shards/_info.json", *[f"shards/train-00000{i}.{e}"
+                                       for i in range(3) for e in ("tar", "idx")]])
+    assert first[1][0] == "manifest.json"
+    assert sorted(first[1]) == sorted(set(first[0]) - set(USER))
+    assert {r: first[0][r] for r in USER} == USER
+    assert "shards/train-000002.tar" not in overwritten[0]  # stale: removed by the overwrite
+    assert "shards/train-000002.idx" not in overwritten[0]
+    assert set(overwritten[3]) == set(first[1])  # every file of the old dataset replaced
+    assert failed[0] == USER and failed[1] == []  # nothing owned left, the user's files kept
+    for step, (want, got) in enumerate(zip(local, remote)):
+        assert sorted(got[0]) == sorted(want[0]), step  # the same files ...
+        assert [r for r in want[0] if got[0][r] != want[0][r]] == [], step  # ... same bytes
+        assert sorted(got[1]) == sorted(want[1]) and got[1][:1] == want[1][:1], step
+        # the same names removed or replaced (a temporary name beside an old dataset counts
+        # as cleaned after a local swap, as replaced in the store)
+        assert sorted(got[2] + got[3]) == sorted(want[2] + want[3]), step
+    assert after_leftovers[2] == ["splits/.train.jsonl.x1y2.tmp"]
+    assert "shards/train-000009.tar" in after_leftovers[3]
+    assert "shards/train-000009.tar" not in after_leftovers[0]

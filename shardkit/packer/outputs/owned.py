@@ -108,7 +108,7 @@ def owned_entries(out: str | os.PathLike) -> list[str]:
     paths relative to ``out``: ``manifest.json`` first (deleting it first makes the folder
     visibly unfinished), the staging folder's parts (:func:`shardkit.dataset.swap.staging_parts`:
     ``.shardkit-new/``, ``shards/.shardkit-new/``, ``splits/.shardkit-new/``), then files in
-    ``shards/``, ``splits/``, ``OUT``. The lock file and the swap journal are not listed, nor a
+    ``OUT``, ``splits/``, ``shards/``, each folder's sorted by name. The lock file and the swap journal are not listed, nor a
     ``README.md`` without the marker of shardkit's card."""
     out = Path(out)
     found = []

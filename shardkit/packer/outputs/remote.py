@@ -154,10 +154,12 @@ class RemoteOutput(PackOutput):
 
     def listing(self) -> dict[str, int]:
         """``{path relative to OUT: size}`` of the objects in ``OUT``, ``OUT/shards`` and
-        ``OUT/splits`` (where owned names live; one listing each, not the whole prefix)."""
-        self.fs.invalidate_cache(self.path)
+        ``OUT/splits`` (where owned names live; one listing each, not the whole prefix), read
+        now: fsspec's cached listing of each folder is dropped first (objects another process
+        wrote since this one listed them are seen)."""
         found: dict[str, int] = {}
         for folder in ("", "shards/", "splits/"):
+            self.fs.invalidate_cache(f"{self.path}/{folder}".rstrip("/"))
             try:
                 entries = self.fs.ls(self.path + "/" + folder, detail=True)
             except FileNotFoundError:
