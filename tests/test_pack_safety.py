@@ -351,10 +351,10 @@ def _running(pid: int) -> bool:
 
 _NO_PRCTL = """
 import ctypes, sys
-import shardkit.packer.plan as plan
+import shardkit.storage.procs as procs
 def refuse(*a, **k):
     raise OSError("no prctl here")
-plan.ctypes = type("C", (), {"CDLL": staticmethod(refuse)})
+procs.ctypes = type("C", (), {"CDLL": staticmethod(refuse)})
 from shardkit.cli import main
 sys.argv = ["shardkit"] + sys.argv[1:]
 main()
