@@ -17,7 +17,7 @@ import pytest
 from shardkit.errors import ConfigError, ShardCorruptError
 from shardkit.formats import FORMATS, ShardSink, open_reader, sha256_file
 from shardkit.dataset.manifest import load_index, load_manifest, write_manifest, write_split_files
-from shardkit.packer.output import owned_entries, remove_owned
+from shardkit.packer.outputs.owned import owned_entries, remove_owned
 
 ALL = sorted(FORMATS)
 
@@ -106,7 +106,7 @@ def test_aborted_sink_leaves_only_temp_files_that_are_removed(fmt, sample_dir, t
     finished = sorted(p.name for p in (out / "shards").iterdir() if not p.name.startswith("."))
     assert finished == [f"train-000000{suffix}"]  # the open shard never has a final name
     leftovers = [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
-    # the next pack into OUT knows every one of them as its own (shardkit.packer.output) ...
+    # the next pack into OUT knows every one of them as its own (shardkit.packer.outputs.owned) ...
     owned = owned_entries(out)
     assert sorted(owned) == sorted(f"shards/{n}" for n in finished + leftovers)
     # ... and deletes them (a fresh OUT: also the finished shard, kept here to check the rest)

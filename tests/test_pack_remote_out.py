@@ -20,13 +20,13 @@ from click.testing import CliRunner
 
 import shardkit.packer.check as pack_check
 import shardkit.packer.scan as pack_scan
-from shardkit.packer import remote_output as pack_remote_out, write as pack_write
+from shardkit.packer import write as pack_write
+from shardkit.packer.outputs import upload as pack_upload
 from shardkit.errors import ConfigError, OutputExistsError
 from shardkit.dataset.manifest import load_index, load_manifest
 from shardkit.packer.run import pack
 from shardkit.packer.cli import pack_command
-from shardkit.packer.output import DiskFullError, owned_name
-from shardkit.packer.remote_output import UploadError
+from shardkit.packer.outputs import DiskFullError, UploadError, owned_name
 from shardkit.stream import make_loader
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
@@ -80,14 +80,14 @@ def test_s3_pack_is_the_local_pack_byte_for_byte_and_loads_alike(s3_server, loca
     staging.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(staging))  # $TMPDIR of this run
     on_disk = []  # local tar files in the staging folder at each shard upload
-    upload = pack_remote_out.upload_file
+    upload = pack_upload.upload_file
 
     def counting(fs, local, rpath, where):
         if rpath.endswith(".tar"):
             on_disk.append(sorted(p.name for p in staging.rglob("*.tar")))
         return upload(fs, local, rpath, where)
 
-    monkeypatch.setattr(pack_remote_out, "upload_file", counting)
+    monkeypatch.setattr(pack_upload, "upload_file", counting)
     summary = pack(SAMPLE, url + "/", shard_samples=20, **OPTS)
     assert str(summary.out) == url and summary.format_text().startswith(f"packed {url} ")
     got, want = _objects(s3_server.fs(), url), _files(local_packs[20])
@@ -193,8 +193,8 @@ def test_a_run_that_fails_while_writing_leaves_no_owned_object(s3_server, tmp_pa
             raise UploadError(f"cannot upload {local} to {where}: simulated")
         return upload(fs, local, rpath, where)
 
-    upload = pack_remote_out.upload_file
-    monkeypatch.setattr(pack_remote_out, "upload_file", failing)
+    upload = pack_upload.upload_file
+    monkeypatch.setattr(pack_upload, "upload_file", failing)
     with pytest.raises(UploadError, match="simulated"):
         pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
     assert len(calls) == 4 and _objects(fs, url) == USER
@@ -216,7 +216,7 @@ def test_a_full_staging_disk_names_tmpdir(s3_server, monkeypatch):
 
 def test_an_upload_of_other_size_is_an_error(s3_server, monkeypatch):
     fs, url = s3_server.fs(), s3_server.bucket() + "/ds"
-    store = pack_remote_out.remote_fs(url)[0]  # fsspec's cached instance, the one pack uses
+    store = pack_upload.remote_fs(url)[0]  # fsspec's cached instance, the one pack uses
     put = store.put_file
 
     def short(lpath, rpath, **kw):  # a store that drops the last byte of shard 1
@@ -300,21 +300,19 @@ def test_verify_reads_a_pack_in_object_storage(s3_server, tmp_path):
 def test_overwrite_removes_what_other_readers_take_for_the_dataset_first(s3_server, monkeypatch):
     """A killed overwrite must not leave the old _info.json / .idx / split files beside shards
     that the new run has begun to replace (timm and DALI would read a mix as one dataset)."""
-    from shardkit.packer import remote_output as pack_remote_out
-
     fs, url = s3_server.fs(), s3_server.bucket() + "/ow"
     pack(SAMPLE, url, shard_samples=20, **OPTS)
     old = _objects(fs, url)
     assert {"shards/_info.json", "splits/train.jsonl", "shards/train-000000.idx"} <= set(old)
     seen = []
-    put_shard = pack_remote_out.put_shard
+    put_shard = pack_upload.put_shard
 
     def snapshot_then_put(*a, **k):  # what a kill at the first shard upload would leave
         if not seen:
             seen.append(_objects(fs, url))
         return put_shard(*a, **k)
 
-    monkeypatch.setattr(pack_remote_out, "put_shard", snapshot_then_put)
+    monkeypatch.setattr(pack_upload, "put_shard", snapshot_then_put)
     pack(SAMPLE, url, shard_samples=50, overwrite=True, **OPTS)
     left = seen[0]
     assert left and all(r.startswith("shards/") and r.endswith(".tar") for r in left), left
@@ -346,7 +344,7 @@ def test_check_stats_inspect_read_a_pack_in_object_storage(s3_server, tmp_path):
 
 _KILLED_STAGING = """
 import os, sys
-from shardkit.packer.remote_output import staging_folder
+from shardkit.packer.outputs.upload import staging_folder
 folder = staging_folder()  # as a pack into object storage makes it, then killed (no cleanup)
 (folder / "shards").mkdir()
 (folder / "shards" / "train-000005.tar").write_bytes(b"x" * 100)
@@ -366,8 +364,8 @@ def test_a_killed_packs_staging_folder_is_removed_by_the_next(s3_server, tmp_pat
         made = subprocess.run([sys.executable, "-c", _KILLED_STAGING], capture_output=True,
                               text=True, check=True)
         killed = Path(made.stdout.strip())
-        assert killed.parent == tmp_path and (killed / pack_remote_out.STAGING_MARKER).is_file()
-        alive = pack_remote_out.staging_folder()  # a pack still running (this process)
+        assert killed.parent == tmp_path and (killed / pack_upload.STAGING_MARKER).is_file()
+        alive = pack_upload.staging_folder()  # a pack still running (this process)
         gone = _dead_pid()
         kept = {  # whatever the name, a folder without the marker of a dead pack stays
             "shardkit-pack-2024-holiday-photos": None,  # a user's folder
@@ -381,7 +379,7 @@ def test_a_killed_packs_staging_folder_is_removed_by_the_next(s3_server, tmp_pat
             (tmp_path / name / "shards").mkdir(parents=True)
             (tmp_path / name / "shards" / "keep.jpg").write_bytes(b"mine")
             if marker is not None:
-                (tmp_path / name / pack_remote_out.STAGING_MARKER).write_text(
+                (tmp_path / name / pack_upload.STAGING_MARKER).write_text(
                     json.dumps(marker))
         pack(SAMPLE, s3_server.bucket() + "/st", shard_samples=50, **OPTS)
         assert not killed.exists() and alive.is_dir()
@@ -408,3 +406,126 @@ def test_a_missing_bucket_is_named_when_reading(s3_server):
         load_manifest("s3://no-such-bucket-shardkit/ds")
     with pytest.raises(ManifestError, match=r"not found \(NoSuchKey: "):
         load_manifest(s3_server.bucket() + "/never-packed")
+
+
+# ------------------------------------------------------------------ one interface, two kinds
+def _write_through(target, photos: list[bytes], shard_samples: int, fail: bool = False) -> None:
+    """The write side of a pack through the :class:`PackOutput` interface alone, as ``pack``
+    drives it: prepare, shards through a sink whose closed shards go to ``target.upload``,
+    the quarantine list, split files, the readers' files, ``manifest.json`` last, commit.
+    ``fail``: raise after the shards are written (the ``with`` block aborts)."""
+    from shardkit import interop
+    from shardkit.dataset.manifest import (CHECKSUM_FIELD, sample_checksum, write_manifest,
+                                           write_split_files)
+    from shardkit.formats import ShardSink
+
+    root = target.prepare()
+    records, first = [], [0]
+
+    def on_close(path, record):
+        target.upload(path, record, records[first[0]:])
+        first[0] = len(records)
+
+    sink = ShardSink(root, "train", "wds", max_samples=shard_samples,
+                     writer_options={"wds_cls": True},
+                     on_close=None if target.upload is None else on_close)
+    for n, data in enumerate(photos):
+        key = f"train_{n:08d}"
+        shard, offset = sink.add(key, data, "jpg", n % 2, {"key": key, "label": n % 2})
+        records.append({"key": key, "label": n % 2, "shard": shard, "offset": offset,
+                        "size": len(data), CHECKSUM_FIELD: f"{sample_checksum(data):016x}"})
+    shards = sink.close()
+    if fail:
+        raise RuntimeError("the run fails after its shards")
+    pack_write.write_quarantine(root, [{"path": "daisy/broken.jpg", "reason": "not an image"}])
+    manifest = {"format": "wds", "classes": ["daisy", "roses"], "source": {"root": "/src/flow"},
+                "splits": {"train": {"num_samples": len(records), "shards": shards,
+                                     **write_split_files(root, "train", records)}}}
+    interop.write_pack_metadata(root, manifest, members=target.shard_members)
+    write_manifest(root, manifest)
+    target.commit()
+
+
+def test_a_local_and_an_s3_output_end_with_the_same_files(s3_server, tmp_path):
+    """The same operations on a LocalOutput and a RemoteOutput (through open_output and the
+    PackOutput interface only) leave the same files under OUT, byte for byte: a fresh run, a
+    refused second run, an overwrite with fewer shards (the stale shard and its DALI index go),
+    leftovers of a killed run written after this process listed OUT (its cached listing does
+    not hide them), and a failed fresh run (nothing owned is left); the user's files stay in
+    every case."""
+    from shardkit.errors import OutputExistsError as Exists
+    from shardkit.packer.options import PackOptions
+    from shardkit.packer.outputs import LocalOutput, PackOutput, RemoteOutput, open_output
+
+    photos = [p.read_bytes() for p in sorted((SAMPLE / "daisy").glob("*.jpg"))[:7]]
+    fs, src = s3_server.fs(), tmp_path / "src"
+    src.mkdir()
+    outs = {LocalOutput: tmp_path / "out", RemoteOutput: s3_server.bucket() + "/same"}
+
+    def files(out) -> dict[str, bytes]:
+        return _files(out) if isinstance(out, Path) else _objects(fs, out)
+
+    def put_user(out) -> None:
+        for rel, data in USER.items():
+            if isinstance(out, Path):
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                (out / rel).write_bytes(data)
+            else:
+                fs.pipe_file(f"{out}/{rel}", data)
+
+    def leave(out, rel: str, data: bytes) -> None:  # what a killed run leaves
+        if isinstance(out, Path):
+            (out / rel).write_bytes(data)
+        else:
+            fs.pipe_file(f"{out}/{rel}", data)
+
+    steps: dict[type, list] = {}
+    for kind, out in outs.items():
+        put_user(out)
+        seen = steps[kind] = []
+        with open_output(src, out, PackOptions(progress=False)) as target:
+            assert type(target) is kind and isinstance(target, PackOutput)
+            assert target.owned() == []
+            _write_through(target, photos, 3)  # shards of 3, 3 and 1 samples
+        seen.append((files(out), target.owned(), target.cleaned, sorted(target.replaced)))
+        with pytest.raises(Exists, match="already holds a packed dataset"):
+            with open_output(src, out, PackOptions(progress=False)) as target:
+                _write_through(target, photos, 5)
+        assert files(out) == seen[0][0]  # refused before anything was written
+        with open_output(src, out, PackOptions(progress=False, overwrite=True)) as target:
+            _write_through(target, photos, 5)  # 2 shards: train-000002 is stale
+        seen.append((files(out), target.owned(), target.cleaned, sorted(target.replaced)))
+        leave(out, "shards/train-000009.tar", b"left by a killed run")  # beside the dataset:
+        leave(out, "splits/.train.jsonl.x1y2.tmp", b"partial")  # no manifest lists them
+        with open_output(src, out, PackOptions(progress=False, overwrite=True)) as target:
+            _write_through(target, photos, 4)
+        seen.append((files(out), target.owned(), target.cleaned, sorted(target.replaced)))
+        fresh = tmp_path / "fresh" if isinstance(out, Path) else f"{out}-fresh"
+        put_user(fresh)
+        with pytest.raises(RuntimeError, match="fails after its shards"):
+            with open_output(src, fresh, PackOptions(progress=False)) as target:
+                _write_through(target, photos, 3, fail=True)
+        seen.append((files(fresh), target.owned(), target.cleaned, sorted(target.replaced)))
+    local, remote = steps[LocalOutput], steps[RemoteOutput]
+    first, overwritten, after_leftovers, failed = local
+    assert sorted(first[0]) == sorted([*USER, "manifest.json", "quarantine.jsonl",
+                                       "splits/train.jsonl", "splits/train.index.npz",
+                                       "shards/_info.json", *[f"shards/train-00000{i}.{e}"
+                                       for i in range(3) for e in ("tar", "idx")]])
+    assert first[1][0] == "manifest.json"
+    assert sorted(first[1]) == sorted(set(first[0]) - set(USER))
+    assert {r: first[0][r] for r in USER} == USER
+    assert "shards/train-000002.tar" not in overwritten[0]  # stale: removed by the overwrite
+    assert "shards/train-000002.idx" not in overwritten[0]
+    assert set(overwritten[3]) == set(first[1])  # every file of the old dataset replaced
+    assert failed[0] == USER and failed[1] == []  # nothing owned left, the user's files kept
+    for step, (want, got) in enumerate(zip(local, remote)):
+        assert sorted(got[0]) == sorted(want[0]), step  # the same files ...
+        assert [r for r in want[0] if got[0][r] != want[0][r]] == [], step  # ... same bytes
+        assert sorted(got[1]) == sorted(want[1]) and got[1][:1] == want[1][:1], step
+        # the same names removed or replaced (a temporary name beside an old dataset counts
+        # as cleaned after a local swap, as replaced in the store)
+        assert sorted(got[2] + got[3]) == sorted(want[2] + want[3]), step
+    assert after_leftovers[2] == ["splits/.train.jsonl.x1y2.tmp"]
+    assert "shards/train-000009.tar" in after_leftovers[3]
+    assert "shards/train-000009.tar" not in after_leftovers[0]

@@ -32,7 +32,7 @@ from shardkit.packer.options import PackOptions
 from shardkit.packer.run import pack
 from shardkit.packer.cli import pack_command
 from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, OutputLockedError
-from shardkit.packer.output import DiskFullError
+from shardkit.packer.outputs import DiskFullError
 from shardkit.doctor.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -569,11 +569,11 @@ def test_second_packer_fails_before_scanning_even_into_a_new_out(sample_dir, tmp
     OUT fails at once, without scanning or decoding anything (a user found it waiting through
     the whole decode-check pass first)."""
     from shardkit.dataset.swap import LOCK_NAME, OutputLockedError
-    from shardkit.packer.output import PackOutput
+    from shardkit.packer.outputs import LocalOutput
 
     src = copy_tree(tmp_path / "src", photos(sample_dir, 2))
     out = tmp_path / "new" / "out"
-    with PackOutput(src, out, overwrite=False):  # the first run, before its scan
+    with LocalOutput(src, out, overwrite=False):  # the first run, before its scan
         assert (out / LOCK_NAME).is_file()
 
         def no_scan(*a, **k):

@@ -409,7 +409,7 @@ def test_a_crafted_journal_moves_and_deletes_nothing(tmp_path, entry):
 
 
 def test_journal_names_cover_every_name_a_pack_writes(case):
-    from shardkit.packer.output import owned_entries
+    from shardkit.packer.outputs import owned_entries
 
     for version_root in (case.old,):
         names = [e for e in owned_entries(version_root) if e != "manifest.json"]

@@ -86,7 +86,7 @@ saving, ``export``, a swap being finished: they hold it for seconds at most); a 
 makes them fail at once."""
 _POLL_S = 0.02
 _JOURNAL_VERSION = 1
-_SAFE_NAMES = {  # the non-hidden names a pack writes (shardkit.packer.output's owned names)
+_SAFE_NAMES = {  # the non-hidden names a pack writes (shardkit.packer.outputs.owned's names)
     "": re.compile(r"quarantine\.jsonl|README\.md"),
     "shards": re.compile(r"[A-Za-z0-9_]+-\d{6}\.[A-Za-z0-9]+|_info\.json"),
     "splits": re.compile(r"[A-Za-z0-9_]+\.(?:jsonl|index\.npz)"),

@@ -8,7 +8,7 @@ to one open shard file and returns the offset to record in the split index; its
 
 - a shard is written as ``shards/.<split>-NNNNNN<suffix>.tmp``, flushed, fsynced, then renamed to
   ``shards/<split>-NNNNNN<suffix>``; a killed run leaves only ``*.tmp`` files, which
-  the next pack into that folder deletes (:func:`shardkit.packer.output.owned_entries`);
+  the next pack into that folder deletes (:func:`shardkit.packer.outputs.owned.owned_entries`);
 - a shard is opened only when its first sample arrives, so there are never empty shards;
 - rollover happens before a sample that would exceed ``max_samples`` or ``max_bytes`` (a single
   sample larger than ``max_bytes`` gets a shard of its own);

@@ -31,8 +31,8 @@ class ShardSink:
         on_close: called as ``on_close(path, record)`` with each finished shard's final path and
             its record (see :meth:`close`) right after the atomic rename; the sink never reads
             the file again, so the hook may move or delete it (a pack into object storage
-            uploads it and deletes the local copy: :mod:`shardkit.packer.remote_output`). An error it
-            raises propagates from :meth:`add` or :meth:`close`.
+            uploads it and deletes the local copy: :mod:`shardkit.packer.outputs.remote`). An
+            error it raises propagates from :meth:`add` or :meth:`close`.
     """
 
     def __init__(self, out_dir, split: str, fmt: str, max_samples: int | None = None,

@@ -35,8 +35,8 @@ Split names (:data:`TOOL_SPLIT_NAMES`): shardkit's ``val`` is ``validation`` for
 asks for ``--val-split validation`` by default); every other split keeps its name.
 
 Files are written atomically (:mod:`shardkit.storage.atomic`); their names are owned names of
-:mod:`shardkit.packer.output` (a pack replaces or removes them like its other files). ``lmdb`` and
-``hdf5`` datasets get nothing: no other tool reads those shards.
+:mod:`shardkit.packer.outputs.owned` (a pack replaces or removes them like its other files).
+``lmdb`` and ``hdf5`` datasets get nothing: no other tool reads those shards.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def write_pack_metadata(root: Path, manifest: dict[str, Any],
     tool whose labels the shards lack (:func:`missing_for`) is left out with one INFO line on
     the ``shardkit.interop`` logger. ``members``: the shards' members, each shard scanned
     (:func:`shardkit.interop.shards.scan_shard`, with its DALI index) before it left ``root``
-    (:mod:`shardkit.packer.remote_output` uploads and deletes every shard as it is closed); None
+    (:mod:`shardkit.packer.outputs.remote` uploads and deletes every shard as it is closed); None
     scans the shards under ``root``.
 
     Raises:

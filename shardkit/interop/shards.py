@@ -33,7 +33,7 @@ DALI_INDEX_VERSION = "v1.2"
 
 DALI_INDEX_NAME = re.compile(r"[A-Za-z0-9_]+-\d{6}\.idx")
 """The names of the DALI index files shardkit writes (``train-000000.idx``; owned names of
-:mod:`shardkit.packer.output`)."""
+:mod:`shardkit.packer.outputs.owned`)."""
 
 
 def dali_index_path(shard_path: str) -> str:

@@ -9,7 +9,7 @@ The public function is :func:`shardkit.pack` (defined in :mod:`.run`); this pack
 - :mod:`.check`: step 3, check every file (the per-file worker function :func:`~.check.check_chunk`);
 - :mod:`.records`: the check records, held in columns between steps 3 and 6;
 - :mod:`.assign`, :mod:`.given`, :mod:`.split`: step 4, the split plan (pure);
-- :mod:`.output`, :mod:`.remote_output`: the output folder or object-store prefix of a run;
+- :mod:`.outputs`: the output of a run, a local folder or an object-store prefix (one interface);
 - :mod:`.write`: steps 5-7, quarantine list, shards, split files, manifest;
 - :mod:`.summary`: :class:`~.summary.PackSummary`;
 - :mod:`.run`: :func:`~.run.pack`, the driver of the steps; :mod:`.cli`: ``shardkit pack``.

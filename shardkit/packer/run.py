@@ -38,7 +38,7 @@ schema: ``docs/DESIGN.md``:
    Identical bytes under different labels: ``on_label_conflict="error"`` (default) raises
    :class:`~shardkit.errors.LabelError` listing the files; ``"quarantine"`` moves every copy to the
    quarantine (reason ``label_conflict``); ``"keep"`` packs them all (one split) and reports them.
-5. **Output folder** (:mod:`shardkit.packer.output`; its rules are checked before step 1, OUT is
+5. **Output folder** (:mod:`shardkit.packer.outputs`; its rules are checked before step 1, OUT is
    written only now, so a bad option or source changes nothing on disk). ``OUT/manifest.json``
    present -> :class:`~shardkit.errors.OutputExistsError` unless ``overwrite``; one packer per
    OUT (an exclusive lock, :class:`~shardkit.dataset.swap.OutputLockedError` for the second); OUT
@@ -47,7 +47,7 @@ schema: ``docs/DESIGN.md``:
    run are removed and listed; a user's ``splits/fold0.txt`` stays). With ``overwrite`` the new
    dataset is built in ``OUT/.shardkit-new`` and swapped in at the end, so the old one stays
    valid until then. A run that fails removes what it wrote; a full disk raises
-   :class:`~shardkit.packer.output.DiskFullError` naming the file. A source where nothing can be
+   :class:`~shardkit.packer.outputs.DiskFullError` naming the file. A source where nothing can be
    packed raises :class:`~shardkit.errors.SourceError` (reasons counted) and writes nothing.
 6. **Write**: each split is shuffled with a generator seeded by ``(seed, split position, crc32 of
    the name)`` so shards are not class-sorted (field case 7); keys are ``f"{split}_{i:08d}"``;
@@ -89,7 +89,7 @@ import shardkit.packer.shards as pack_shards
 import shardkit.packer.split as pack_split
 from shardkit.packer import write
 from shardkit.errors import ConfigError, SourceError
-from shardkit.packer.output import open_output
+from shardkit.packer.outputs import open_output
 from shardkit.packer.summary import PackSummary, printable, reason_kind
 from shardkit.packer.options import PackOptions
 
@@ -107,7 +107,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
             once, :func:`shardkit.sources.remote.scan_url`) or a remote ``.csv``.
         out: output folder (layout in ``docs/DESIGN.md``), or an fsspec URL for ``wds``
             (``s3://bucket/ds``: shards uploaded as they are written, ``manifest.json`` last;
-            :mod:`shardkit.packer.remote_output`).
+            :mod:`shardkit.packer.outputs.remote`).
         options: a :class:`PackOptions`; default ``PackOptions()``.
         **kwargs: fields of :class:`PackOptions` (``format``, ``split``, ``seed``, ``group_by``,
             ``metadata``, ``group_column``, ``labels``, ``shard_samples``, ``shard_bytes``,
@@ -164,7 +164,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
                                         packed_warnings, opts,
                                         write.transcoded_counts(checked, outcome.keep))
         interop.write_pack_metadata(  # what timm / DALI / HF readers look for
-            root, manifest, members=None if target.upload is None else target.upload.members)
+            root, manifest, members=target.shard_members)
         with write.naming_file(root / "manifest.json"):
             manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
         target.commit()

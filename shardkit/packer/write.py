@@ -1,7 +1,7 @@
 """Steps 5-7 of :func:`shardkit.packer.run.pack`: quarantine list, shards, split files, manifest.
 
 The output folder itself (its rules, the lock, staging for overwrite, cleaning) is
-:mod:`shardkit.packer.output`; the functions here write into the folder it gives (``root``).
+:mod:`shardkit.packer.outputs`; the functions here write into the folder it gives (``root``).
 :func:`write_quarantine` (5) writes the quarantine list; :func:`write_shards` (6, with the split
 files of 7) returns the manifest's ``splits`` section; :func:`class_warnings` +
 :func:`build_manifest` (7) return the manifest, which the caller writes last. Inputs are the
@@ -28,14 +28,14 @@ from shardkit.dataset.writer_config import WRITER_FIELD, WriterConfig
 from shardkit.errors import ShardkitError, SourceError
 from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.sources.labels import LabelMap
-from shardkit.packer.output import QUARANTINE_NAME
+from shardkit.packer.outputs.owned import QUARANTINE_NAME
 from shardkit.packer.check import CheckedFiles
 from shardkit.packer.scan import ScannedSource
 from shardkit.packer.split import SplitOutcome
 
 if TYPE_CHECKING:
     from shardkit.packer.options import PackOptions
-    from shardkit.packer.remote_output import ShardUpload
+    from shardkit.packer.outputs.upload import ShardUpload
 
 __all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
            "shuffled_members", "shard_ranges", "stored_size", "class_warnings",
@@ -78,7 +78,7 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
     "records_sha256"}}``. ``classes``: the
     label map's class names (label ``k`` is ``classes[k]``).
 
-    ``upload`` (a pack into object storage, :mod:`shardkit.packer.remote_output`): every shard is
+    ``upload`` (a pack into object storage, :mod:`shardkit.packer.outputs.remote`): every shard is
     handed to ``upload(path, record, its split records)`` as soon as its sink closes it (the
     sink's ``on_close``), which uploads it and deletes the local file; None keeps the shards in
     ``out``.

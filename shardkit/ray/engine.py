@@ -27,7 +27,7 @@ driver's paths (one machine, or a shared file system), or fsspec URLs (an object
 URL rows: each task reads its own files, with reads in flight). A local ``OUT`` must be at the
 driver's path on every node; an ``OUT`` in object storage (``wds``) needs nothing shared: each
 task writes its shard in a staging folder of its own node and uploads it
-(:mod:`shardkit.packer.remote_output`). Ray itself: ``pip install 'shardkit[ray]'``.
+(:mod:`shardkit.packer.outputs.remote`). Ray itself: ``pip install 'shardkit[ray]'``.
 """
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: in
     """Writes shard ``index`` of ``split`` from ``rows`` (``(key, item, result, label)`` in
     split order; sources re-read with up to ``concurrency`` remote reads in flight,
     :func:`shardkit.packer.write.source_reads`); returns its split records, its manifest entry and, with ``upload_url`` (a
-    remote OUT), its members (:func:`shardkit.packer.remote_output.put_shard`: the shard is written
+    remote OUT), its members (:func:`shardkit.packer.outputs.upload.put_shard`: the shard is written
     in a staging folder of this node, uploaded to ``upload_url`` and deleted; else None)."""
     import shutil
 
@@ -212,7 +212,7 @@ def _write_shard(out: str, split: str, fmt: str, writer_options: dict, index: in
 
     staging, members, records = None, None, []
     if upload_url is not None:  # no file system shared with the driver: this node's own
-        from shardkit.packer.remote_output import put_shard, staging_folder
+        from shardkit.packer.outputs.upload import put_shard, staging_folder
 
         staging = out = staging_folder("shardkit-shard-")
 
@@ -257,7 +257,7 @@ def write_splits(out: Path, splits: list[tuple[str, list[int]]], items, label_id
     """Writes the shards of every split (``(name, members in stored order)``) as Ray tasks, one
     per shard, all splits at once; yields ``(split records, shard entries)`` per split, in the
     order of ``splits``, as each split completes. ``bar`` counts files written (its postfix the
-    shards). ``upload`` (a :class:`shardkit.packer.remote_output.ShardUpload`, remote OUT): each
+    shards). ``upload`` (a :class:`shardkit.packer.outputs.upload.ShardUpload`, remote OUT): each
     task writes its shard in its node's staging folder and uploads it to ``upload.url``
     itself; the shards' members are summed into ``upload.members`` here."""
     from shardkit.packer.write import shard_ranges, stored_size
