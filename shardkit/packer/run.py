@@ -18,8 +18,8 @@ schema: ``docs/DESIGN.md``:
 3. **Check** every file: read, sha256, full decode (:func:`shardkit.images.normalize.check_image`), in a
    process pool of ``workers`` processes (ordered ``map``, so the result does not depend on
    ``workers``), or as Ray tasks with ``engine="ray"`` (the engine, chosen once:
-   :mod:`shardkit.packer.engines`). Rejects go to ``OUT/quarantine.jsonl`` (``path``, ``reason``, ``sha256``,
-   ``size``). With ``fail_fast`` the first reject (in scan order; missing files first, before
+   :mod:`shardkit.packer.engines`). Rejects go to ``OUT/quarantine.jsonl`` (``path``,
+   ``reason``, ``sha256``, ``size``). With ``fail_fast`` the first reject (in scan order; missing files first, before
    anything is read) raises SourceError and the checks not yet started are cancelled.
 4. **Split** (:func:`shardkit.packer.assign.assign_splits`): group-atomic after dedup, stratified by class.
    ``split_method="hash"`` (default) decides each group's split by a keyed hash of its name, so
