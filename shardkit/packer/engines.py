@@ -204,7 +204,7 @@ class RayEngine:
     is a tqdm bar on the driver.
 
     Args:
-        address: the Ray cluster (None: see :func:`ensure_ray`).
+        address: the Ray cluster (None: see :func:`shardkit.ray.engine.ensure_ray`).
         concurrency: remote reads in flight per task.
     """
 
