@@ -3,8 +3,8 @@ a time, same files, same run (benchmarks/README.md, "Packing on Ray").
 
 The files are served over HTTP by a separate process on localhost that answers each GET after
 ``--latency-ms`` (an object store's time to first byte; S3 in-region is ~20-50 ms, none can be
-reached here). The check (:func:`shardkit.packer.check._check_all`: read, sha256, full decode,
-pHash) runs on a CSV list of their URLs with ``read_concurrency`` 1 (each file read when its
+reached here). The check (:meth:`shardkit.packer.engines.LocalEngine.check`: read, sha256, full
+decode, pHash) runs on a CSV list of their URLs with ``read_concurrency`` 1 (each file read when its
 turn comes, as before reads were kept in flight) and the concurrent settings, in 1 and in all cores'
 processes; rows interleaved ``--repeat`` times, medians reported, plus the same files read from
 the local disk as the bound that no latency hiding can beat.
@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=Path, default=ROOT / "bench-results" / "remote-check.json")
     args = ap.parse_args(argv)
 
-    import shardkit.packer.check as pack_check
+    from shardkit.packer.engines import LocalEngine
 
     files = sorted(p for p in args.data.rglob("*.jpg"))[:args.n]
     rel = [p.relative_to(args.data).as_posix() for p in files]
@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
                 if r == 0 and "concurrency 1" in name:
                     continue  # the slow serial rows need no warm-up
                 t0 = time.perf_counter()
-                res = list(pack_check._check_all(_jobs(locs), workers, False, concurrency=conc))
+                res = list(LocalEngine(workers, conc).check(_jobs(locs), progress=False))
                 dt = time.perf_counter() - t0
                 got = [x.get("sha256") for x in res]
                 want = want or got

@@ -29,15 +29,15 @@ def _jpegs(sample_dir: Path, n: int) -> list[Path]:
 
 
 def _write(out: Path, fmt: str, files: list[Path], **sink_kw) -> list[dict]:
-    sink = ShardSink(out, "train", fmt, **sink_kw)
     records = []
-    for i, p in enumerate(files):
-        data = p.read_bytes()
-        key = f"train_{i:08d}"
-        shard, offset = sink.add(key, data, "jpg", i % 3)
-        records.append(dict(key=key, shard=shard, offset=offset, size=len(data), label=i % 3,
-                            sha256=hashlib.sha256(data).hexdigest()))
-    shards = sink.close()
+    with ShardSink(out, "train", fmt, **sink_kw) as sink:
+        for i, p in enumerate(files):
+            data = p.read_bytes()
+            key = f"train_{i:08d}"
+            shard, offset = sink.add(key, data, "jpg", i % 3)
+            records.append(dict(key=key, shard=shard, offset=offset, size=len(data),
+                                label=i % 3, sha256=hashlib.sha256(data).hexdigest()))
+    shards = sink.records
     write_split_files(out, "train", records)
     write_manifest(out, {"format": fmt, "classes": ["a", "b", "c"],
                          "splits": {"train": {"num_samples": len(records), "shards": shards}}})
@@ -120,6 +120,111 @@ def test_unknown_format_and_bad_limits():
         ShardSink("/tmp/x", "train", "zip")
     with pytest.raises(ConfigError, match="max_samples must be >= 1"):
         ShardSink("/tmp/x", "train", "wds", max_samples=0)
+
+
+# ----------------------------------------------------------------------------- the sink's `with`
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_exception_inside_with_leaves_no_shard_and_no_temp_file(fmt, sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 2)
+    out = tmp_path / "out"
+    with pytest.raises(_Stop):
+        with ShardSink(out, "train", fmt) as sink:
+            for i, p in enumerate(files):
+                sink.add(f"train_{i:08d}", p.read_bytes(), "jpg", 0)
+            if fmt != "hdf5":  # HDF5 holds the samples in memory until the close
+                assert [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
+            raise _Stop  # the shard's temp file(s) exist here
+    assert os.listdir(out / "shards") == [] and sink.records == []
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_exception_after_a_rollover_keeps_the_finished_shard_only(fmt, sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 5)
+    out = tmp_path / "out"
+    with pytest.raises(_Stop):
+        with ShardSink(out, "train", fmt, max_samples=3) as sink:
+            for i, p in enumerate(files):
+                sink.add(f"train_{i:08d}", p.read_bytes(), "jpg", 0)
+            raise _Stop
+    suffix = FORMATS[fmt].suffix
+    assert os.listdir(out / "shards") == [f"train-000000{suffix}"]
+    assert [r["num_samples"] for r in sink.records] == [3]
+
+
+def test_oserror_inside_with_gets_the_shard_name(sample_dir, tmp_path):
+    """A full disk (``write`` names no file) is reported by the final name of the shard being
+    written, the second one here; an error naming a real file keeps its name."""
+    files = _jpegs(sample_dir, 3)
+    out = tmp_path / "out"
+    with pytest.raises(OSError) as err:
+        with ShardSink(out, "val", "wds", max_samples=2) as sink:
+            for i, p in enumerate(files):
+                sink.add(f"val_{i:08d}", p.read_bytes(), "jpg", 0)
+            raise OSError(28, "No space left on device")
+    assert err.value.filename == str(out / "shards" / "val-000001.tar")
+    assert sorted(os.listdir(out / "shards")) == ["val-000000.tar"]
+    with pytest.raises(FileNotFoundError) as err:
+        with ShardSink(out, "test", "wds"):
+            open(tmp_path / "no-such-source.jpg", "rb")
+    assert err.value.filename == str(tmp_path / "no-such-source.jpg")
+
+
+def test_a_failing_close_at_the_end_of_with_leaves_no_temp_file(sample_dir, tmp_path,
+                                                                 monkeypatch):
+    writer = FORMATS["wds"].Writer
+    real_close = writer.close
+
+    def failing_close(self):
+        real_close(self)
+        raise OSError(5, "Input/output error")  # the fsync of a dying disk
+
+    monkeypatch.setattr(writer, "close", failing_close)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="Input/output error") as err:
+        with ShardSink(out, "train", "wds") as sink:
+            sink.add("train_00000000", _jpegs(sample_dir, 1)[0].read_bytes(), "jpg", 0)
+    assert err.value.filename == str(out / "shards" / "train-000000.tar")
+    assert os.listdir(out / "shards") == []
+
+
+@pytest.mark.parametrize("fmt", ALL)
+def test_fixed_index_writes_exactly_that_shard(fmt, sample_dir, tmp_path):
+    files = _jpegs(sample_dir, 4)
+    suffix = FORMATS[fmt].suffix
+    out = tmp_path / "fixed"
+    with ShardSink(out, "val", fmt, index=np.int64(7)) as sink:
+        got = [sink.add(f"val_{i:08d}", p.read_bytes(), "jpg", 1) for i, p in enumerate(files)]
+        if fmt != "hdf5":  # HDF5 holds the samples in memory until the close
+            assert [p.name for p in (out / "shards").iterdir()][0].startswith(
+                f".val-000007{suffix}.tmp")
+    assert [shard for shard, _ in got] == [7, 7, 7, 7]
+    assert os.listdir(out / "shards") == [f"val-000007{suffix}"]
+    (record,) = sink.records
+    assert record["path"] == f"shards/val-000007{suffix}" and record["num_samples"] == 4
+    assert record["sha256"] == sha256_file(out / record["path"])
+    with ShardSink(tmp_path / "rolling", "val", fmt) as rolling:  # the same writer, at shard 0
+        offsets = [rolling.add(f"val_{i:08d}", p.read_bytes(), "jpg", 1)[1]
+                   for i, p in enumerate(files)]
+    assert offsets == [offset for _, offset in got]
+    if fmt != "lmdb":  # LMDB files differ between any two writes (free pages)
+        assert rolling.records[0]["sha256"] == record["sha256"]
+    with pytest.raises(ConfigError, match="shard 7 of split 'val' is finished"):
+        sink.add("val_00000009", files[0].read_bytes(), "jpg", 1)
+    assert os.listdir(out / "shards") == [f"val-000007{suffix}"]
+
+
+def test_fixed_index_refuses_rollover_limits_and_bad_numbers(tmp_path):
+    with pytest.raises(ConfigError, match="index=2 writes one shard"):
+        ShardSink(tmp_path, "train", "wds", index=2, max_samples=10)
+    with pytest.raises(ConfigError, match="index=2 writes one shard"):
+        ShardSink(tmp_path, "train", "wds", index=2, max_bytes=10)
+    for bad in (-1, True, 1.5, "3"):
+        with pytest.raises(ConfigError, match="expected a shard number"):
+            ShardSink(tmp_path, "train", "wds", index=bad)
 
 
 def test_wds_shards_are_plain_tars_for_tar_and_webdataset(sample_dir, tmp_path):

@@ -19,6 +19,7 @@ import shardkit.packer.split as pack_split
 from shardkit.errors import ConfigError, LabelError, SplitError
 from shardkit.dataset.manifest import load_manifest
 from shardkit.packer.options import DEFAULT_SHARD_BYTES, PackOptions
+from shardkit.packer.engines import LocalEngine
 from shardkit.packer.run import pack
 
 BAD_OPTIONS = [
@@ -183,7 +184,7 @@ def test_steps_1_to_4_run_without_an_output_folder(sample_dir, tmp_path):
     assert source.num_files == 8 and source.group_rule == {"kind": "none"}
     label_map, label_idx = pack_scan.resolve_labels(source.items, None)
     assert label_map.classes == ["daisy", "roses"] and label_idx == [0, 0, 0, 1, 1, 1, 1, 1]
-    checked = pack_check.check_files(source, opts)
+    checked = pack_check.check_files(source, opts, engine=LocalEngine.from_options(opts))
     assert [q["reason"] for q in checked.quarantine] == ["not an image (sniffed: unknown)"]
     assert len(checked.keep) == 7
     outcome = pack_split.plan_split(source, label_map, label_idx, checked, opts)

@@ -34,6 +34,8 @@ from shardkit.errors import ManifestError, SourceError  # noqa: E402
 from shardkit.packer import write as pack_write  # noqa: E402
 from shardkit.packer.cli import pack_command  # noqa: E402
 from shardkit.ray import engine  # noqa: E402
+import shardkit.packer.engines as engines_mod  # noqa: E402
+from shardkit.packer.engines import LocalEngine, RayEngine  # noqa: E402
 from shardkit.stream.source import ShardSource  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -96,9 +98,11 @@ def test_shard_ranges_are_the_sinks_rollover(tmp_path_factory, sizes, max_sample
                                          ("wds", {})])  # the default shard plan
 def test_pack_ray_is_byte_identical_to_local(tmp_path, source, monkeypatch, fmt, limits):
     local = pack(source, tmp_path / "local", format=fmt, progress=False, **limits)
-    # the ray pack must not touch the local engine's check or write paths
+    # the ray pack must not touch the local engine, nor check or write in the driver
+    monkeypatch.setattr(LocalEngine, "check", _refuse)
+    monkeypatch.setattr(LocalEngine, "write_splits", _refuse)
     monkeypatch.setattr(pack_check, "_check_one", _refuse)
-    monkeypatch.setattr(pack_write, "_write_split", _refuse)
+    monkeypatch.setattr(pack_write, "write_shard", _refuse)
     remote = pack(source, tmp_path / "ray", format=fmt, progress=False, engine="ray", **limits)
     a, b = _files(tmp_path / "local"), _files(tmp_path / "ray")
     assert a == b  # manifest, splits/*.jsonl + .index.npz, quarantine, every shard
@@ -196,6 +200,43 @@ def test_task_whose_worker_dies_is_retried(tmp_path):
     assert out == [x * x for x in range(6)] and os.path.exists(flag)
     with pytest.raises(SourceError, match="died"):
         list(engine.run_ordered(ray.remote(max_retries=1)(die_always), [(1,)]))
+
+
+def test_ray_engine_runs_the_public_worker_functions(tmp_path, source, monkeypatch):
+    """The Ray tasks run check_chunk (one per batch) and write_shard (one per planned shard):
+    spies pickled by value (defined here) leave a file per call, written in the workers."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    check_chunk, write_shard = pack_check.check_chunk, pack_write.write_shard
+
+    def spy_check(jobs, concurrency):
+        (calls / f"check-{jobs[0][1].replace('/', '_')}").write_text(str(len(jobs)))
+        return check_chunk(jobs, concurrency)
+
+    def spy_write(out, split, index, rows, *a, **k):
+        (calls / f"write-{split}-{index}").write_text(str(os.getpid()))
+        return write_shard(out, split, index, rows, *a, **k)
+
+    made = []
+    real = RayEngine.from_options.__func__
+
+    def from_options(cls, options):  # the engine is chosen once, from the options
+        made.append(options.engine)
+        return real(cls, options)
+
+    monkeypatch.setattr(RayEngine, "from_options", classmethod(from_options))
+    monkeypatch.setattr(LocalEngine, "from_options", _refuse)
+    monkeypatch.setattr(engines_mod, "check_chunk", spy_check)
+    monkeypatch.setattr(engines_mod, "write_shard", spy_write)
+    pack(source, tmp_path / "ray", shard_samples=40, progress=False, engine="ray")
+    assert made == ["ray"]
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    checked = sum(int(p.read_text()) for p in calls.glob("check-*"))
+    assert checked == manifest["source"]["num_files"] == 205  # every file, once
+    written = {p.name for p in calls.glob("write-*")}
+    assert written == {f"write-{name}-{k}" for name, split in manifest["splits"].items()
+                       for k in range(len(split["shards"]))}
+    assert str(os.getpid()) not in {p.read_text() for p in calls.glob("write-*")}  # workers
 
 
 DRIVER = """

@@ -10,7 +10,10 @@ The public function is :func:`shardkit.pack` (defined in :mod:`.run`); this pack
 - :mod:`.records`: the check records, held in columns between steps 3 and 6;
 - :mod:`.assign`, :mod:`.given`, :mod:`.split`: step 4, the split plan (pure);
 - :mod:`.outputs`: the output of a run, a local folder or an object-store prefix (one interface);
-- :mod:`.write`: steps 5-7, quarantine list, shards, split files, manifest;
+- :mod:`.write`: steps 5-7, quarantine list, shards (the per-shard worker function
+  :func:`~.write.write_shard`), split files, manifest;
+- :mod:`.engines`: where steps 3 and 6 run, :class:`~.engines.LocalEngine` or
+  :class:`~.engines.RayEngine` (chosen once by :func:`~.run.pack`);
 - :mod:`.summary`: :class:`~.summary.PackSummary`;
 - :mod:`.run`: :func:`~.run.pack`, the driver of the steps; :mod:`.cli`: ``shardkit pack``.
 """

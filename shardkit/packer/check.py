@@ -8,14 +8,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
-
-from tqdm import tqdm
 
 from shardkit.images import neardup
 from shardkit.errors import SourceError
@@ -23,13 +17,11 @@ from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.dataset.manifest import is_url
 from shardkit.packer.records import CheckRecords
 
-from shardkit.storage.procs import exit_with_parent
-
 if TYPE_CHECKING:
     from shardkit.packer.options import PackOptions
     from shardkit.packer.scan import ScannedSource
 
-__all__ = ["CheckedFiles", "check_files", "check_chunk", "chunk_size"]
+__all__ = ["CheckedFiles", "check_files", "check_chunk", "iter_checks", "chunk_size"]
 
 logger = logging.getLogger("shardkit.pack")
 
@@ -59,9 +51,10 @@ class CheckedFiles:
     quarantine: list[dict]
 
 
-def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
-    """Step 3: reads, hashes and fully decodes every item in ``options.workers`` processes (or
-    Ray tasks with ``options.engine == "ray"``; the results are the same, in scan order).
+def check_files(source: ScannedSource, options: PackOptions, *, engine) -> CheckedFiles:
+    """Step 3: reads, hashes and fully decodes every item on ``engine`` (a
+    :class:`shardkit.packer.engines.Engine`: ``options.workers`` local processes, or Ray tasks;
+    the results are the same, in scan order).
 
     Items the group rule gives no group are checked first: a real image among them raises the
     rule's error before the long check of the rest; non-images among them are quarantined.
@@ -77,9 +70,6 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     """
     items = source.items
     want_hash = options.near_duplicates != "off"
-    if options.engine == "ray" and options.workers > 1:
-        logger.info("workers=%d does not apply to engine='ray': the cluster's CPUs run the "
-                    "checks", options.workers)
     jobs = [(str(it.path), it.relpath, options.max_pixels, options.strict, want_hash,
              options.max_side, options.jpeg_quality) for it in items]
     quarantine = [{"path": m.relpath, "reason": source.missing_reasons.get(m.relpath,
@@ -90,10 +80,9 @@ def check_files(source: ScannedSource, options: PackOptions) -> CheckedFiles:
     results = CheckRecords(len(items))  # columns, not a dict per file (pack_records)
 
     def check(positions: list[int], desc: str = "check") -> None:
-        with contextlib.closing(_check_all(
-                [jobs[i] for i in positions], options.workers, options.progress, desc=desc,
-                engine=options.engine, ray_address=options.ray_address,
-                concurrency=options.read_concurrency)) as checked:  # closed: pending cancelled
+        with contextlib.closing(engine.check([jobs[i] for i in positions],
+                                             progress=options.progress, desc=desc)) as checked:
+            # closed: the checks not started are cancelled
             for i, res in zip(positions, checked):
                 results[i] = res
                 if options.fail_fast and not res["ok"]:
@@ -179,12 +168,33 @@ def _check_one(job: tuple[str, str, int, bool, bool, int | None, int],
     return out
 
 
-def check_chunk(jobs: list, concurrency: int = DEFAULT_CONCURRENCY) -> list[dict]:
-    """:func:`_check_one` of every job, in order, with up to ``concurrency`` remote reads in
-    flight while earlier files are checked (:func:`shardkit.storage.fetch.iter_read`): the work of one
-    check process's chunk or of one Ray task."""
+def iter_checks(jobs: list, concurrency: int = DEFAULT_CONCURRENCY) -> Iterator[dict]:
+    """The check record of every job, in order, each as soon as it is checked, with up to
+    ``concurrency`` remote reads in flight while earlier files are checked
+    (:func:`shardkit.storage.fetch.iter_read`).
+
+    Args:
+        jobs: ``(path, relpath, max_pixels, strict, want_hash, max_side, jpeg_quality)`` per
+            file: a local path or fsspec URL, its path relative to the source, the pixel limit,
+            strict mode, whether to compute the pHash, the ``--max-side`` (pixels, None: off)
+            and the JPEG quality of a downscale.
+
+    Yields:
+        one dict per job (see :class:`CheckedFiles`' ``results``); a file that cannot be read
+        or decoded gives ``ok=False`` and its ``reason``, never an exception.
+    """
     reads = iter_read((job[0] for job in jobs), concurrency)
-    return [_check_one(job, got) for job, got in zip(jobs, reads)]
+    try:
+        for job, got in zip(jobs, reads):
+            yield _check_one(job, got)
+    finally:
+        reads.close()
+
+
+def check_chunk(jobs: list, concurrency: int = DEFAULT_CONCURRENCY) -> list[dict]:
+    """The check records of one chunk of files (``jobs``, see :func:`iter_checks`), in order:
+    the worker function of one local check process's chunk and of one Ray task."""
+    return list(iter_checks(jobs, concurrency))
 
 
 def chunk_size(jobs: list, size: int, workers: int, concurrency: int) -> int:
@@ -194,53 +204,3 @@ def chunk_size(jobs: list, size: int, workers: int, concurrency: int) -> int:
     if concurrency > 1 and any(is_url(job[0]) for job in jobs):
         return max(size, min(4 * concurrency, -(-len(jobs) // workers)))
     return size
-
-
-def _check_all(jobs: list, workers: int, progress: bool, desc: str = "check", *,
-               engine: str = "local", ray_address: str | None = None,
-               concurrency: int = DEFAULT_CONCURRENCY) -> Iterator[dict]:
-    """Runs :func:`_check_one` over ``jobs`` and yields the records in input order (as they
-    complete, so the caller stores each at once), in ``workers`` processes, or with
-    ``engine="ray"`` as Ray tasks of a few dozen files each (:func:`shardkit.ray.engine.check_all`,
-    on the cluster at ``ray_address``; ``workers`` does not apply). Each process or task keeps
-    up to ``concurrency`` remote reads in flight (:func:`check_chunk`).
-
-    A process pool that loses a worker (a decoder crashing the process) raises instead of hanging:
-    ``ProcessPoolExecutor`` reports ``BrokenProcessPool``, turned into a SourceError here (Ray
-    retries a task whose worker died, and raises SourceError when every retry died).
-    """
-    if engine == "ray":
-        from shardkit.ray import engine as ray_engine
-
-        yield from ray_engine.check_all(jobs, progress, desc=desc, address=ray_address,
-                                        concurrency=concurrency)
-        return
-    done = 0
-    bar = tqdm(total=len(jobs), desc=desc, unit="file", disable=not progress)
-    try:
-        if workers <= 1 or len(jobs) < 2:
-            reads = iter_read((job[0] for job in jobs), concurrency)
-            for job, got in zip(jobs, reads):
-                yield _check_one(job, got)
-                bar.update()
-            return
-        size = chunk_size(jobs, max(1, min(32, len(jobs) // (workers * 8))), workers,
-                          concurrency)
-        chunks = [jobs[k:k + size] for k in range(0, len(jobs), size)]
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(),
-                                   initializer=exit_with_parent, initargs=(os.getpid(),))
-        try:
-            for res in pool.map(check_chunk, chunks, [concurrency] * len(chunks)):
-                yield from res
-                done += len(res)
-                bar.update(len(res))
-        finally:  # also when the caller stops early (fail_fast): chunks not started are dropped
-            pool.shutdown(wait=True, cancel_futures=True)
-    except BrokenProcessPool:
-        raise SourceError(f"a check worker process died near file {done} of {len(jobs)} "
-                          f"({jobs[min(done, len(jobs) - 1)][0]} or one of the next "
-                          "files crashed a decoder); rerun with workers=1 to pinpoint it") from None
-    finally:
-        bar.close()
-
-

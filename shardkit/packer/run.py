@@ -17,8 +17,9 @@ schema: ``docs/DESIGN.md``:
    reported at once (:class:`~shardkit.errors.UnknownLabelError`) before any file is read.
 3. **Check** every file: read, sha256, full decode (:func:`shardkit.images.normalize.check_image`), in a
    process pool of ``workers`` processes (ordered ``map``, so the result does not depend on
-   ``workers``). Rejects go to ``OUT/quarantine.jsonl`` (``path``, ``reason``, ``sha256``,
-   ``size``). With ``fail_fast`` the first reject (in scan order; missing files first, before
+   ``workers``), or as Ray tasks with ``engine="ray"`` (the engine, chosen once:
+   :mod:`shardkit.packer.engines`). Rejects go to ``OUT/quarantine.jsonl`` (``path``,
+   ``reason``, ``sha256``, ``size``). With ``fail_fast`` the first reject (in scan order; missing files first, before
    anything is read) raises SourceError and the checks not yet started are cancelled.
 4. **Split** (:func:`shardkit.packer.assign.assign_splits`): group-atomic after dedup, stratified by class.
    ``split_method="hash"`` (default) decides each group's split by a keyed hash of its name, so
@@ -89,6 +90,7 @@ import shardkit.packer.shards as pack_shards
 import shardkit.packer.split as pack_split
 from shardkit.packer import write
 from shardkit.errors import ConfigError, SourceError
+from shardkit.packer.engines import Engine, LocalEngine, RayEngine
 from shardkit.packer.outputs import open_output
 from shardkit.packer.summary import PackSummary, printable, reason_kind
 from shardkit.packer.options import PackOptions
@@ -143,7 +145,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         if previous is not None and opts.split_auto:
             opts = pack_split.ratios_from_previous(previous, source, opts)
         label_map, label_idx = pack_scan.resolve_labels(source.items, opts.labels)        # 2
-        checked = pack_check.check_files(source, opts)                                     # 3
+        engine = _engine(opts)  # where steps 3 and 6 run, chosen once
+        checked = pack_check.check_files(source, opts, engine=engine)                      # 3
         _fail_if_nothing_to_pack(src, source, checked.keep, checked.quarantine)
         outcome = pack_split.plan_split(source, label_map, label_idx, checked, opts,       # 4
                                   previous)
@@ -157,7 +160,8 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
         root = target.prepare()  # 5: OUT is written from here on
         write.write_quarantine(root, quarantine)
         splits = write.write_shards(root, source, label_idx, checked, outcome,       # 6
-                                    label_map.classes, opts, upload=target.upload)
+                                    label_map.classes, opts, engine=engine,
+                                    upload=target.upload)
         packed_warnings = write.class_warnings(label_map.classes, splits)            # 7
         shard_warnings = pack_shards.few_shards_warning(splits)  # the summary's, not the manifest's
         manifest = write.build_manifest(source, label_map, outcome, quarantine, splits,
@@ -176,6 +180,15 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
     checked.results.close()  # its temporary file of normalised bytes (a failed run: at GC)
     logger.debug("%s", summary.format_text())  # the command prints it; callers get it returned
     return summary
+
+
+def _engine(opts: PackOptions) -> Engine:
+    """The engine of ``opts.engine`` (:mod:`shardkit.packer.engines`): a
+    :class:`~shardkit.packer.engines.RayEngine` for ``"ray"``, else a
+    :class:`~shardkit.packer.engines.LocalEngine`."""
+    if opts.engine == "ray":
+        return RayEngine.from_options(opts)
+    return LocalEngine.from_options(opts)
 
 
 def _location(path) -> Path | str:

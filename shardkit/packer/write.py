@@ -3,9 +3,11 @@
 The output folder itself (its rules, the lock, staging for overwrite, cleaning) is
 :mod:`shardkit.packer.outputs`; the functions here write into the folder it gives (``root``).
 :func:`write_quarantine` (5) writes the quarantine list; :func:`write_shards` (6, with the split
-files of 7) returns the manifest's ``splits`` section; :func:`class_warnings` +
+files of 7, on the engine :func:`shardkit.packer.run.pack` chose) returns the manifest's
+``splits`` section, each shard written by :func:`write_shard`; :func:`class_warnings` +
 :func:`build_manifest` (7) return the manifest, which the caller writes last. Inputs are the
-values returned by steps 1-4 and the validated :class:`~shardkit.packer.options.PackOptions`.
+values returned by steps 1-4 (:mod:`shardkit.packer.scan`, :mod:`shardkit.packer.check`,
+:mod:`shardkit.packer.split`) and the validated :class:`~shardkit.packer.options.PackOptions`.
 An ``OSError`` raised while writing a file carries that file's path in ``filename`` (a full disk
 is reported by name). Notes go to the ``shardkit.pack`` logger.
 """
@@ -17,7 +19,7 @@ import zlib
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -25,7 +27,7 @@ from tqdm import tqdm
 from shardkit import __version__, formats
 from shardkit.dataset import manifest as manifest_mod
 from shardkit.dataset.writer_config import WRITER_FIELD, WriterConfig
-from shardkit.errors import ShardkitError, SourceError
+from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.sources.labels import LabelMap
 from shardkit.packer.outputs.owned import QUARANTINE_NAME
@@ -38,8 +40,9 @@ if TYPE_CHECKING:
     from shardkit.packer.outputs.upload import ShardUpload
 
 __all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
-           "shuffled_members", "shard_ranges", "stored_size", "class_warnings",
-           "transcoded_counts", "build_manifest", "naming_file"]
+           "shuffled_members", "shard_ranges", "split_ranges", "shard_rows", "stored_size",
+           "write_shard", "source_reads", "class_warnings", "transcoded_counts",
+           "build_manifest", "naming_file"]
 
 logger = logging.getLogger("shardkit.pack")
 
@@ -70,44 +73,35 @@ def write_quarantine(out: Path, entries: list[dict]) -> None:
 
 # ----------------------------------------------------------------------------- 6: write
 def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked: CheckedFiles,
-                 outcome: SplitOutcome, classes: list[str], options: PackOptions,
+                 outcome: SplitOutcome, classes: list[str], options: PackOptions, *, engine,
                  upload: ShardUpload | None = None) -> dict[str, dict]:
-    """Step 6 (and the split files of step 7): writes every split's shards, then its
-    ``splits/<split>.jsonl`` + ``.index.npz``. Returns the manifest's ``splits`` section:
-    ``{split: {"num_samples", "class_counts", "num_groups", "shards", "index_sha256",
-    "records_sha256"}}``. ``classes``: the
-    label map's class names (label ``k`` is ``classes[k]``).
+    """Step 6 (and the split files of step 7): writes every split's shards on ``engine`` (a
+    :class:`shardkit.packer.engines.Engine`), then its ``splits/<split>.jsonl`` +
+    ``.index.npz``. Returns the manifest's ``splits`` section: ``{split: {"num_samples",
+    "class_counts", "num_groups", "shards", "index_sha256", "records_sha256"}}``. ``classes``:
+    the label map's class names (label ``k`` is ``classes[k]``).
+
+    Every engine cuts a split into the shards of :func:`split_ranges` and writes each with
+    :func:`write_shard`, so the files do not depend on the engine (wds and hdf5 byte for byte;
+    LMDB files differ between any two packs, their records and values do not).
 
     ``upload`` (a pack into object storage, :mod:`shardkit.packer.outputs.remote`): every shard is
-    handed to ``upload(path, record, its split records)`` as soon as its sink closes it (the
-    sink's ``on_close``), which uploads it and deletes the local file; None keeps the shards in
-    ``out``.
-
-    ``options.engine == "ray"``: each shard is written by a Ray task
-    (:func:`shardkit.ray.engine.write_splits`) from the same :func:`shard_ranges` as the local
-    sink's rollover, so the files are the local engine's, byte for byte (wds, hdf5).
+    handed to ``upload(path, record, its split records)`` as soon as its sink closes it, which
+    uploads it and deletes the local file; None keeps the shards in ``out``.
 
     Raises:
         SourceError: a source file changed since step 3; a Ray task that died on every retry.
-        OSError: from the shard writers.
+        OSError: from the shard writers (``filename``: the shard's final name).
     """
     split_manifest: dict[str, dict] = {}
-    written = None
     splits = [(name, shuffled_members([outcome.keep[j] for j in outcome.plan.indices(name)],
                                       options.seed, pos, name))
               for pos, name in enumerate(outcome.plan.names)]
+    (out / "shards").mkdir(parents=True, exist_ok=True)  # also when every split is empty
     bar = tqdm(total=len(outcome.keep), desc="write", unit="file", disable=not options.progress)
+    written = engine.write_splits(out, splits, source.items, label_idx, checked.results,
+                                  classes, options, bar=bar, upload=upload)
     try:
-        if options.engine == "ray":  # every split's shards as Ray tasks, yielded split by split
-            from shardkit.ray import engine as ray_engine
-
-            written = ray_engine.write_splits(out, splits, source.items, label_idx,
-                                              checked.results, classes, options, bar,
-                                              upload=upload)
-        else:
-            written = (_write_split(out, name, members, source.items, label_idx,
-                                    checked.results, classes, options, bar, upload)
-                       for name, members in splits)
         for (name, members), (records, shards) in zip(splits, written):
             with naming_file(out / "splits" / f"{name}.jsonl"):
                 hashes = manifest_mod.write_split_files(out, name, records)
@@ -119,8 +113,7 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
                 **hashes}  # index_sha256 (readers check it), records_sha256 (verify does)
             logger.info("split %s: %d samples in %d shards", name, len(records), len(shards))
     finally:
-        if hasattr(written, "close"):  # the Ray writer cancels its tasks when closed early
-            written.close()
+        written.close()  # an engine stops (the Ray engine cancels its tasks) when closed early
         bar.close()
     return split_manifest
 
@@ -139,8 +132,8 @@ def shard_ranges(sizes, max_samples: int | None, max_bytes: int | None
     ranges of the split order, from the stored sizes (bytes) alone: a shard is closed before a
     sample when it already holds ``max_samples`` samples, or when the sample's bytes would take
     it past ``max_bytes`` (a sample larger than ``max_bytes`` gets a shard of its own; ``None``:
-    no limit). Empty ``sizes`` gives ``[]`` (no empty shards). The Ray engine writes each range
-    in a task of its own, so its shards are the local engine's (tests/test_ray.py)."""
+    no limit). Empty ``sizes`` gives ``[]`` (no empty shards). Every engine writes each range
+    with :func:`write_shard`, so its shards are the rolling sink's (tests/test_ray.py)."""
     ranges: list[tuple[int, int]] = []
     start = count = nbytes = 0
     for i, size in enumerate(sizes):
@@ -155,49 +148,88 @@ def shard_ranges(sizes, max_samples: int | None, max_bytes: int | None
     return ranges
 
 
+def split_ranges(members: list[int], results, options: PackOptions) -> list[tuple[int, int]]:
+    """The shards of one split: :func:`shard_ranges` of its ``members`` (item positions in
+    stored order) under the shard plan of ``options``
+    (:meth:`~shardkit.packer.options.PackOptions.shard_limits`), from the stored sizes in
+    ``results`` (a :class:`~shardkit.packer.records.CheckRecords`; no stored bytes read)."""
+    sizes = [results.stored_size(i) for i in members]
+    return shard_ranges(sizes, *options.shard_limits(len(members), sum(sizes)))
+
+
+def shard_rows(name: str, members: list[int], start: int, stop: int, items, label_idx,
+               results) -> Iterator[tuple]:
+    """The rows of the shard ``[start, stop)`` of split ``name`` (:func:`split_ranges`) for
+    :func:`write_shard`, lazily: ``(key, scanned item, check record, label)``, the key
+    ``f"{name}_{n:08d}"`` with ``n`` the sample's position in the split."""
+    for n in range(start, stop):
+        i = members[n]
+        yield f"{name}_{n:08d}", items[i], results[i], label_idx[i]
+
+
 def stored_size(res: dict) -> int:
-    """Bytes :func:`_write_one` stores for a checked file: its normalised ``data``, else the
-    source file (``size``, re-checked by sha256 when it is written)."""
+    """Bytes :func:`write_shard` stores for a checked file (its check record ``res``): its
+    normalised ``data``, else the source file (``size``, re-checked by sha256 when it is
+    written)."""
     data = res.get("data")
     return res["size"] if data is None else len(data)
 
 
-def _write_split(out: Path, name: str, members: list[int], items, label_idx, results, classes,
-                 options: PackOptions, bar, upload: ShardUpload | None = None
-                 ) -> tuple[list[dict], list[dict]]:
-    """Writes the shards of one split through :class:`shardkit.formats.ShardSink` (aborted on any
-    error; each closed shard handed to ``upload``, see :func:`write_shards`); returns
-    ``(split records, shard entries)``."""
+def write_shard(out: Path, split: str, index: int, rows: Iterable[tuple], classes: list[str],
+                fmt: str, writer_options: dict | None = None, *, reads=None,
+                concurrency: int = DEFAULT_CONCURRENCY,
+                on_close: Callable[[Path, dict, list[dict]], None] | None = None,
+                bar=None) -> tuple[list[dict], dict]:
+    """Writes shard number ``index`` of ``split`` (``OUT/shards/<split>-<index:06d><suffix>``):
+    the worker function of every engine, one call per shard of :func:`split_ranges`.
+
+    Samples are stored through a :class:`shardkit.formats.ShardSink` with that fixed index
+    (temp name, fsync, atomic rename; aborted on any error, the temp files removed): a sample's
+    normalised ``data`` from its check record, else the source bytes, re-read and re-hashed.
+
+    Args:
+        out: the dataset folder (or a staging folder of this node). split: the split's name.
+        index: the shard's number in the split (>= 0).
+        rows: ``(key, scanned item, check record, label)`` per sample, in stored order
+            (:func:`shard_rows`); at least one.
+        classes: the label map's class names. fmt, writer_options: the format and the sink's
+            writer options (:attr:`~shardkit.packer.options.PackOptions.sink_writer_options`).
+        reads: the ``(bytes, read error)`` of the rows' sources (:func:`source_reads`; an
+            iterator that may go on past this shard: one per row is taken); None: read here,
+            with up to ``concurrency`` remote reads in flight.
+        on_close: called as ``on_close(path, shard entry, split records)`` when the shard is
+            renamed (a pack into object storage uploads it there).
+        bar: a progress bar, ``bar.update()`` per sample (None: none).
+
+    Returns:
+        ``(split records, shard entry)``: the samples' records (docs/DESIGN.md) and the
+        manifest's entry of the shard (``path`` relative to ``out``, ``num_samples``,
+        ``bytes``, ``sha256``).
+
+    Raises:
+        SourceError: a source file changed since its check (sha256).
+        ConfigError: no rows. OSError: a read of a source, or from the shard writer
+            (``filename``: the shard's final name when the error named none).
+    """
     records: list[dict] = []
-    first = [0]  # records[first[0]:] are the samples of the shard being written
-
-    def on_close(path: Path, record: dict) -> None:
-        # from sink.add before the next shard's first record is appended, or from sink.close
-        upload(path, record, records[first[0]:])
-        first[0] = len(records)
-
-    max_samples, max_bytes = options.shard_limits(  # the shard plan (PackOptions)
-        len(members), sum(results.stored_size(i) for i in members))
-    sink = formats.ShardSink(out, name, options.format, max_samples=max_samples,
-                             max_bytes=max_bytes,
-                             writer_options=options.sink_writer_options,
-                             on_close=None if upload is None else on_close)
-    reads = source_reads(((items[i].path, results.meta(i)) for i in members),
-                         options.read_concurrency)
+    hook = None if on_close is None else (lambda path, entry: on_close(path, entry, records))
+    own = reads is None
+    if own:
+        rows = list(rows)
+        reads = source_reads(((it.path, res) for _, it, res, _ in rows), concurrency)
     try:
-        for n, (i, got) in enumerate(zip(members, reads)):
-            records.append(_write_one(sink, f"{name}_{n:08d}", items[i], results[i],
-                                      label_idx[i], classes, bar, got))
-        return records, sink.close()
-    except BaseException as e:
-        sink.abort()
-        if isinstance(e, OSError) and (e.filename is None or  # the shard being written
-                                       Path(str(e.filename)).name.startswith(".")):
-            e.filename = str(out / "shards" / formats.base.shard_name(
-                name, len(sink.records), sink.writer_cls.suffix))
-        raise
+        with formats.ShardSink(out, split, fmt, writer_options=writer_options, index=index,
+                               on_close=hook) as sink:
+            for (key, it, res, label), got in zip(rows, reads):
+                records.append(_store_sample(sink, key, it, res, label, classes, got))
+                if bar is not None:
+                    bar.update()
     finally:
-        reads.close()
+        if own:
+            reads.close()
+    if not sink.records:
+        raise ConfigError(f"shard {index} of split {split!r}: no rows to write")
+    return records, sink.records[0]
 
 
 def source_reads(pairs, concurrency: int = DEFAULT_CONCURRENCY):
@@ -209,7 +241,7 @@ def source_reads(pairs, concurrency: int = DEFAULT_CONCURRENCY):
                      concurrency)
 
 
-def _write_one(sink, key: str, it, res: dict, label: int, classes, bar, got=None) -> dict:
+def _store_sample(sink, key: str, it, res: dict, label: int, classes, got=None) -> dict:
     """Stores one checked sample through ``sink``; returns its split record (docs/DESIGN.md).
     ``got``: the source's ``(bytes, read error)`` from :func:`source_reads` (None: read here)."""
     data = res.get("data")
@@ -223,7 +255,6 @@ def _write_one(sink, key: str, it, res: dict, label: int, classes, bar, got=None
     shard_idx, offset = sink.add(key, data, res["ext"], int(label),
                                  {"key": key, "label": int(label), "class": classes[label],
                                   "path": it.relpath})
-    bar.update()
     return {"key": key, "path": it.relpath, "label": int(label), "group": it.group,
             "sha256": res["sha256"], "shard": shard_idx, "offset": int(offset), "size": len(data),
             "ext": res["ext"], "rule": res["rule"], "width": res["width"], "height": res["height"],

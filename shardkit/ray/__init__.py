@@ -6,7 +6,8 @@
   read by one Ray task per shard planned from the manifest and split index
   (:mod:`shardkit.ray.data`; the datasource: :mod:`shardkit.ray.datasource`).
 - ``shardkit pack --engine ray``: the per-file check and the shard writes as Ray tasks, with the
-  local engine's output (:mod:`shardkit.ray.engine`).
+  local engine's output (:class:`shardkit.packer.engines.RayEngine`, on the Ray plumbing of
+  :mod:`shardkit.ray.engine`).
 
 Importing this package does not import Ray; the functions do, and raise
 :class:`~shardkit.errors.ConfigError` naming the extra when it is missing.

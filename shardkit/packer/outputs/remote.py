@@ -42,7 +42,8 @@ disk holds about one open shard per writer. The rules mirror
   per ``OUT`` is the user's job: two packs into one URL at once can interleave their objects.
 
 With ``engine="ray"`` each shard is written and uploaded inside its Ray task, in a staging
-folder of that node (:func:`shardkit.ray.engine.write_splits`); the driver uploads the rest.
+folder of that node (:meth:`shardkit.packer.engines.RayEngine.write_splits`); the driver
+uploads the rest.
 """
 from __future__ import annotations
 
