@@ -7,6 +7,7 @@ import pickle
 import shutil
 import stat
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -303,6 +304,31 @@ def test_lmdb_tiny_map_grows_and_file_is_compacted(sample_dir, tmp_path, monkeyp
     shards = load_manifest(tmp_path / "out")["splits"]["train"]["shards"]
     assert source_bytes < shards[0]["bytes"] < 1.2 * source_bytes + (1 << 20)
     assert _read_all(tmp_path / "out") == [r["sha256"] for r in records]
+
+
+_LMDB_WRITE = """
+import sys
+from pathlib import Path
+from shardkit.formats import ShardSink
+junk = [bytes([i % 251]) * 65536 for i in range(int(sys.argv[2]))]  # a different heap per run
+del junk
+with ShardSink(Path(sys.argv[1]), "train", "lmdb") as sink:
+    for i, name in enumerate(sys.argv[3:]):
+        sink.add(f"train_{i:08d}", Path(name).read_bytes(), "jpg", i % 3)
+"""
+
+
+def test_lmdb_shards_hold_no_stale_memory_and_repeat_byte_for_byte(sample_dir, tmp_path):
+    """The LMDB writer zeroes the unused bytes of its pages (``meminit=True``): the same records
+    written by two processes whose heaps differ give identical files (with ``meminit=False``
+    the pages carry whatever the heap held, so the files differ)."""
+    files = [str(p) for p in _jpegs(sample_dir, 12)]
+    shards = []
+    for run, junk in (("a", 0), ("b", 200)):
+        subprocess.run([sys.executable, "-c", _LMDB_WRITE, str(tmp_path / run), str(junk),
+                        *files], check=True)
+        shards.append((tmp_path / run / "shards" / "train-000000.lmdb").read_bytes())
+    assert shards[0] == shards[1]
 
 
 def test_lmdb_reads_from_read_only_copy(sample_dir, tmp_path):

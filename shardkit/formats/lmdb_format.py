@@ -56,8 +56,11 @@ class Writer(FormatWriter):
         for p in (self._work, Path(str(self._work) + "-lock")):
             p.unlink(missing_ok=True)
         self._map_size = int(initial_map_size)
+        # meminit=True: LMDB zeroes a page's unused bytes before writing it. With False the
+        # file would carry whatever the packing process's heap held there (other images, paths),
+        # and two packs of one input would differ byte for byte.
         self._env = lmdb.open(str(self._work), subdir=False, map_size=self._map_size, lock=False,
-                              sync=False, metasync=False, readahead=False, meminit=False)
+                              sync=False, metasync=False, readahead=False, meminit=True)
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_bytes = 0
 
