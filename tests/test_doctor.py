@@ -554,8 +554,8 @@ def test_inspect_counts_match_manifest_and_writes_pngs(clean, tmp_path):
         counts = np.array(entry["class_counts"])
         assert got["imbalance"]["ratio"] == pytest.approx(counts.max() / counts.min())
         images = report["images"][split]
-        for kind in ("samples", "train_transform"):
-            png = tmp_path / "viz" / f"inspect_{split}_{kind}.png"
+        for kind, name in (("samples", "samples"), ("train_transform", "transformed")):
+            png = tmp_path / "viz" / f"inspect_{split}_{name}.png"
             assert images[kind] == str(png)
             with Image.open(png) as im:
                 assert im.format == "PNG" and im.width > 300 and im.height > 200
@@ -571,7 +571,7 @@ def test_inspect_cli_one_split_and_mismatch(clean, tmp_path):
                                                "--out", str(tmp_path / "v")])
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in (tmp_path / "v").iterdir()) == [
-        "inspect_val_samples.png", "inspect_val_train_transform.png"]
+        "inspect_val_samples.png", "inspect_val_transformed.png"]
     manifest = json.loads((clean / "manifest.json").read_text())
     for c, n in zip(manifest["classes"], manifest["splits"]["val"]["class_counts"]):
         assert any(line.split() == [c, str(n), str(n)] for line in res.output.splitlines()), c
@@ -595,7 +595,7 @@ def test_inspect_default_out_is_outside_the_dataset(clean, tmp_path, monkeypatch
     assert sorted(p.relative_to(clean) for p in clean.rglob("*")) == before
     assert not (clean / "inspect").exists()
     assert sorted(p.name for p in (cwd / f"inspect-{clean.name}").iterdir()) == [
-        "inspect_test_samples.png", "inspect_test_train_transform.png"]
+        "inspect_test_samples.png", "inspect_test_transformed.png"]
 
 
 # ------------------------------------------------------------------------------ transform drift

@@ -158,7 +158,7 @@ def test_reencoded_copy_joins_its_original_in_one_split(tmp_path):
         assert [c["paths"] for c in near["clusters"]] == [
             [f"daisy/{first}", "daisy/copy_of_first.jpg"]]
         assert near["num_across_splits"] == 0 and len(near["clusters"][0]["splits"]) == 1
-        assert "near-duplicates (pHash distance <= 4, merge): 1 clusters of 2 images" in \
+        assert "near-duplicates (pHash distance <= 4, merge): 1 cluster of 2 images" in \
             summary.format_text()
         rows = {r["path"]: r for s in load_manifest(out)["splits"]
                 for r in read_split_records(out, s)}

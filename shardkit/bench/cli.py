@@ -109,7 +109,8 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     rec = recommend(results, step.info(), tolerance=tolerance, threshold=threshold)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plot_files = write_plots(results, out, threshold=threshold) if plots else []
+    plot_files = (write_plots(results, out, threshold=threshold, step=step.info())
+                  if plots else [])
     config = {"data": [i["root"] for i in infos], "formats": [i["format"] for i in infos],
               "split": cfg.split, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
               "warmup": cfg.warmup, "batches": cfg.batches, "repeats": cfg.repeats,

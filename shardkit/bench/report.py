@@ -32,7 +32,7 @@ import os
 
 from shardkit.bench.augment import augment_cost_brief, augment_cost_text, augment_label
 
-__all__ = ["recommend", "format_table", "write_json", "SCHEMA_VERSION"]
+__all__ = ["recommend", "format_table", "format_not_run", "write_json", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 4
 
@@ -223,62 +223,127 @@ def _cache_advice(rec: dict, ok: list[dict]) -> list[str]:
 _SHORT_BACKEND = {"thread": "thread", "process": "proc"}
 
 
-def _fmt(rec: dict, metric: str, spec: str, scale: float = 1.0) -> str:
+def _fmt(rec: dict, metric: str, spec: str) -> str:
     m = rec.get("metrics", {}).get(metric)
-    if m is None:
-        return "-"
-    return f"{m['median'] * scale:{spec}}"
+    return "-" if m is None else f"{m['median']:{spec}}"
+
+
+def _columns(results: list[dict]) -> list[tuple[str, str, object]]:
+    """The table's columns as ``(header, format spec, cell function)``: ``cache`` only when a
+    row has a decoded cache, ``augment`` and ``x none`` only when a row augments, ``x base``
+    only with baseline rows (a column of ``none`` or ``-`` in every row tells nothing)."""
+    def setting(r):
+        return r["requested"] if r["status"] == "n/a" else r["setting"]
+
+    def spread(r):
+        thr = r.get("metrics", {}).get("throughput_img_s")
+        digits = 0 if thr and thr["max"] >= 100 else 1
+        return f"{thr['min']:.{digits}f}-{thr['max']:.{digits}f}" if thr else "-"
+
+    def decoder(r):
+        dec = setting(r)["decoder"]
+        ran = r.get("decoder_ran")
+        return (f"{dec}>{ran}" if ran and ran != dec else dec)[:14]  # requested > what ran
+
+    def ratio(key):
+        return lambda r: f"{r[key]:.2f}" if r.get(key) else "-"
+
+    cached = any(setting(r).get("cache", "none") != "none" for r in results)
+    augmented = any(setting(r).get("augment", "none") != "none" for r in results)
+    baseline = any(r["kind"] == "baseline" for r in results)
+    cols = [("id", ">3", lambda r: r["id"]), ("kind", "<8", lambda r: r["kind"]),
+            ("format", "<11", lambda r: str(setting(r)["format"])[:11]),
+            ("decoder", "<14", decoder),
+            ("backend", "<7", lambda r: _SHORT_BACKEND.get(setting(r).get("backend"), "-"))]
+    cols += [("cache", "<8", lambda r: _cache_cell(r, setting(r)))] if cached else []
+    cols += ([("augment", "<14", lambda r: augment_label(setting(r).get("augment"))[:14])]
+             if augmented else [])
+    cols += [("nw", ">2", lambda r: setting(r)["num_workers"]),
+             ("pf", ">2", lambda r: "-" if setting(r)["prefetch_factor"] is None
+              else str(setting(r)["prefetch_factor"])),
+             ("pin", "<3", lambda r: "on" if setting(r)["pin_memory"] else "off"),
+             ("pers", "<4", lambda r: "on" if setting(r)["persistent_workers"] else "off"),
+             ("status", "<6", lambda r: r["status"]),
+             ("loader ms", ">9", lambda r: _fmt(r, "loader_ms_per_batch", ".1f")),
+             ("step ms", ">8", lambda r: _fmt(r, "step_ms_per_batch", ".1f")),
+             ("img/s", ">8", lambda r: _fmt(r, "throughput_img_s", ".1f")),
+             ("img/s min-max", ">15", spread),
+             ("wait", ">5", lambda r: _fmt(r, "data_wait_fraction", ".0%")),
+             ("cpu", ">5", lambda r: _fmt(r, "cpu_util_cores", ".2f")),
+             ("MiB", ">6", lambda r: _fmt(r, "memory_mb", ".0f"))]
+    cols += [("x base", ">6", ratio("ratio_to_baseline"))] if baseline else []
+    cols += [("x none", ">6", ratio("ratio_to_none"))] if augmented else []
+    return cols
 
 
 def format_table(results: list[dict]) -> str:
-    """A fixed-width text table: one line per row, N/A and error rows with their note.
+    """A fixed-width text table of the rows that ran (measured, or failed with their note),
+    then the N/A rows in a few lines (:func:`format_not_run`; every row stays in
+    ``bench.json``).
 
     Columns: ``backend`` ("thread" / "proc"; the baseline is a DataLoader, "proc"), ``nw``
     workers (threads or processes), ``pf`` prefetch_factor ("-" = not passed), ``loader ms`` and
     ``step ms`` per batch, ``img/s`` (median, and min-max over repeats), ``wait`` (fraction of
     wall time waiting for data), ``cpu`` (cores), ``MiB`` (peak PSS), ``x base`` (throughput
-    ratio to the ImageFolder baseline at the same setting); "-" = not measured (N/A rows).
-    ``cache``: the decoded cache ("none", "ram", "disk", "auto>ram"...); a cached row gets a
-    second line with the arena's size, the timed hit rate, its fill epoch and the ratios to its
-    uncached twin (``x uncached``, ``fill x``). ``augment``: the augment spec (preset name, or
-    ``ops:`` and the op names of a list; cut at 14 characters), ``x none`` its throughput ratio
-    to the same setting with ``augment=none``.
+    ratio to the ImageFolder baseline at the same setting; only with baseline rows); "-" = not
+    measured. ``cache`` (only when a row has one): the decoded cache ("none", "ram", "disk",
+    "auto>ram"...); a cached row gets a second line with the arena's size, the timed hit rate,
+    its fill epoch and the ratios to its uncached twin (``x uncached``, ``fill x``).
+    ``augment`` (only when a row augments): the augment spec (preset name, or ``ops:`` and the
+    op names of a list; cut at 14 characters), ``x none`` its throughput ratio to the same
+    setting with ``augment=none``.
     """
-    head = (f"{'id':>3} {'kind':<8} {'format':<11} {'decoder':<14} {'backend':<7} "
-            f"{'cache':<8} {'augment':<14} {'nw':>2} {'pf':>2} {'pin':<3} "
-            f"{'pers':<4} {'status':<5} {'loader ms':>9} {'step ms':>8} {'img/s':>8} "
-            f"{'img/s min-max':>15} {'wait':>5} {'cpu':>5} {'MiB':>6} {'x base':>6} "
-            f"{'x none':>6}")
+    cols = _columns(results)
+    head = " ".join(f"{name:{spec}}" for name, spec, _ in cols)
     lines = [head, "-" * len(head)]
     for r in results:
-        s = r["requested"] if r["status"] == "n/a" else r["setting"]
-        pf = "-" if s["prefetch_factor"] is None else str(s["prefetch_factor"])
-        thr = r.get("metrics", {}).get("throughput_img_s")
-        digits = 0 if thr and thr["max"] >= 100 else 1
-        spread = f"{thr['min']:.{digits}f}-{thr['max']:.{digits}f}" if thr else "-"
-        ratio = f"{r['ratio_to_baseline']:.2f}" if r.get("ratio_to_baseline") else "-"
-        to_none = f"{r['ratio_to_none']:.2f}" if r.get("ratio_to_none") else "-"
-        dec = s["decoder"]
-        if r.get("decoder_ran") and r["decoder_ran"] != dec:
-            dec = f"{dec}>{r['decoder_ran']}"  # requested > what really ran
-        lines.append(
-            f"{r['id']:>3} {r['kind']:<8} {str(s['format'])[:11]:<11} {dec[:14]:<14} "
-            f"{_SHORT_BACKEND.get(s.get('backend'), '-'):<7} {_cache_cell(r, s):<8} "
-            f"{augment_label(s.get('augment'))[:14]:<14} "
-            f"{s['num_workers']:>2} {pf:>2} "
-            f"{'on' if s['pin_memory'] else 'off':<3} "
-            f"{'on' if s['persistent_workers'] else 'off':<4} {r['status']:<5} "
-            f"{_fmt(r, 'loader_ms_per_batch', '9.1f'):>9} "
-            f"{_fmt(r, 'step_ms_per_batch', '8.1f'):>8} "
-            f"{_fmt(r, 'throughput_img_s', '8.1f'):>8} {spread:>15} "
-            f"{_fmt(r, 'data_wait_fraction', '5.0%'):>5} {_fmt(r, 'cpu_util_cores', '5.2f'):>5} "
-            f"{_fmt(r, 'memory_mb', '6.0f'):>6} {ratio:>6} {to_none:>6}")
+        if r["status"] == "n/a":
+            continue
+        lines.append(" ".join(f"{str(cell(r)):{spec}}" for _, spec, cell in cols))
         c = r.get("cache") or {}
         if c.get("mode", "none") != "none":
             lines.append("      cache: " + _cache_line(r, c))
         if r["note"]:
             lines.append(f"      note: {r['note']}")
-    return "\n".join(lines)
+    return "\n".join(lines + format_not_run(results))
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """``[1, 2, 3, 8]`` -> ``"1-3, 8"``."""
+    out, start = [], None
+    for i, x in enumerate(ids):
+        start = x if start is None else start
+        if i + 1 == len(ids) or ids[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
+
+
+def format_not_run(results: list[dict]) -> list[str]:
+    """Lines on the N/A rows (empty without any): how many, each distinct reason once with the
+    rows it applies to, and which measured row did their work (``same_as``)."""
+    na = [r for r in results if r["status"] == "n/a"]
+    if not na:
+        return []
+    reasons: dict[str, list[int]] = {}
+    same: dict[int, list[int]] = {}
+    for r in na:
+        for part in (r["note"] or "").split("; "):
+            if part and not part.startswith(("measured as row", "duplicate of row")):
+                reasons.setdefault(part, []).append(r["id"])
+        if r.get("same_as") is not None:
+            same.setdefault(r["same_as"], []).append(r["id"])
+    n = len(na)
+    lines = [f"not run: {n} requested setting{'s' if n != 1 else ''} that do not apply here "
+             f"(every row is in bench.json):" if n != 1 else
+             "not run: 1 requested setting that does not apply here (every row is in "
+             "bench.json):"]
+    for why, ids in reasons.items():
+        lines.append(f"  {'rows' if len(ids) > 1 else 'row'} {_id_ranges(ids)}: {why}")
+    if same:
+        lines.append("  the same work as a measured row: " + "; ".join(
+            f"{_id_ranges(ids)} as row {src}" for src, ids in same.items()))
+    return lines
 
 
 def _cache_cell(rec: dict, s: dict) -> str:

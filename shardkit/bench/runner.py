@@ -247,7 +247,8 @@ def _shutdown(loader) -> None:
 
 
 def _join(a: str, b: str) -> str:
-    return f"{a}; {b}" if a else b
+    """Two notes as one, ``"; "`` between them; an empty one adds nothing (no ``"x; "``)."""
+    return "; ".join(part for part in (a, b) if part)
 
 
 def split_source_paths(root: str | Path, split: str) -> list[str]:

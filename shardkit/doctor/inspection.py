@@ -4,8 +4,9 @@ The grids are PNG files drawn through matplotlib's object-oriented API on an Agg
 (``Figure`` + ``FigureCanvasAgg``: no display needed, and the process-wide pyplot backend is
 neither read nor switched):
 ``inspect_<split>_samples.png`` shows decoded samples titled with their class name, and
-``inspect_<split>_train_transform.png`` the same samples after the train transform, so a person
-can look at what the model will see before training.
+``inspect_<split>_transformed.png`` the same samples after the train transform, so a person
+can look at what the model will see before training (no name repeats a word: the split is
+often ``train``).
 
 ``shardkit inspect OUT --augment SPEC`` draws :func:`augment_grid` instead: a row per class, K
 samples each, every sample as the loader makes it at the schedule's first and last strength.
@@ -27,6 +28,7 @@ from shardkit.doctor.leaks import class_counts, imbalance
 from shardkit.doctor.reading import (dataset_max_pixels, decode_rgb, iter_sample_bytes,
                                      load_manifest_dict, read_rows, split_names)
 from shardkit.errors import ConfigError
+from shardkit.humanize import count_text, size_text
 
 __all__ = ["split_summary", "pick_samples", "save_grid", "inspect_dataset", "format_summary",
            "default_inspect_dir", "augment_grid", "pick_per_class", "format_augment_grid"]
@@ -151,7 +153,8 @@ def inspect_dataset(root: str | Path, split: str | None = None, *,
 
     Returns:
         ``{"root", "classes", "splits": {split: split_summary(...)}, "images": {split:
-        {"samples": png path, "train_transform": png path, "keys": [...]}}}``.
+        {"samples": png path, "train_transform": png path (``inspect_<split>_transformed.png``),
+        "keys": [...]}}}``.
 
     Raises:
         ConfigError: unknown split or ``n < 1``.
@@ -183,7 +186,7 @@ def inspect_dataset(root: str | Path, split: str | None = None, *,
             "samples": str(save_grid(plain, titles, out_dir / f"inspect_{name}_samples.png",
                                      f"{name}: decoded samples")),
             "train_transform": str(save_grid(augmented, titles,
-                                             out_dir / f"inspect_{name}_train_transform.png",
+                                             out_dir / f"inspect_{name}_transformed.png",
                                              f"{name}: after the train transform")),
             "keys": [rows[p]["key"] for p in picked],
         }
@@ -192,7 +195,9 @@ def inspect_dataset(root: str | Path, split: str | None = None, *,
 
 def format_summary(report: dict[str, Any]) -> str:
     """The report of :func:`inspect_dataset` as a plain-text table (class names that are not
-    valid UTF-8 shown with their bytes as ``\\xNN``, as in the grids' titles)."""
+    valid UTF-8 shown with their bytes as ``\\xNN``, as in the grids' titles), then a line per
+    split on its shards (counts with their plural, sizes in binary units:
+    :func:`shardkit.humanize.size_text`) and the PNGs written."""
     splits = list(report["splits"])
     classes = report["classes"]
     shown = {c: printable_text(c) for c in classes}  # a non-UTF-8 folder name: \xNN escapes
@@ -216,9 +221,7 @@ def format_summary(report: dict[str, Any]) -> str:
     for s in splits:
         sh = report["splits"][s]["shards"]
         if sh["count"]:
-            lines.append(f"{s}: {sh['count']} shard(s), {sh['samples_min']}-{sh['samples_max']} "
-                         f"samples, bytes min/median/max {sh['bytes_min']}/"
-                         f"{sh['bytes_median']:.0f}/{sh['bytes_max']}")
+            lines.append(f"{s}: {_shards_text(sh)}")
         else:
             lines.append(f"{s}: no shards")
         for problem in report["splits"][s]["manifest_mismatch"]:
@@ -227,6 +230,21 @@ def format_summary(report: dict[str, Any]) -> str:
         if img["samples"]:
             lines.append(f"{s}: wrote {img['samples']} and {img['train_transform']}")
     return "\n".join(lines)
+
+
+def _shards_text(sh: dict[str, Any]) -> str:
+    """``"3 shards, 12-64 samples per shard, 510 KiB / 3.57 MiB / 3.88 MiB (min / median /
+    max)"``;
+    one shard: ``"1 shard, 32 samples, 1.21 MiB"``."""
+    if sh["count"] == 1:
+        return (f"1 shard, {count_text(sh['samples_min'], 'sample')}, "
+                f"{size_text(sh['bytes_min'])}")
+    samples = (count_text(sh["samples_min"], "sample") + " per shard"
+               if sh["samples_min"] == sh["samples_max"]
+               else f"{sh['samples_min']:,}-{sh['samples_max']:,} samples per shard")
+    return (f"{count_text(sh['count'], 'shard')}, {samples}, {size_text(sh['bytes_min'])} / "
+            f"{size_text(sh['bytes_median'])} / {size_text(sh['bytes_max'])} "
+            f"(min / median / max)")
 
 
 # ------------------------------------------------------------------------ augmentation grid
@@ -400,5 +418,6 @@ def format_augment_grid(grid: dict[str, Any]) -> str:
         values = ", ".join(f"{k}={v:.4g}" for k, v in grid["scheduled"][e].items())
         lines.append(f"  epoch {e}: {values or 'no scheduled parameter'}")
     lines.append(f"wrote {grid['path']} ({grid['size'][0]} x {grid['size'][1]} pixels, "
-                 f"{len(grid['rows'])} rows x {grid['cols']} tiles of {grid['tile']} px)")
+                 f"{count_text(len(grid['rows']), 'row')} x {count_text(grid['cols'], 'tile')} "
+                 f"of {grid['tile']} px)")
     return "\n".join(lines)

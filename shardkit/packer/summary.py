@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardkit.dataset import manifest as manifest_mod
+from shardkit.humanize import count_text
 
 __all__ = ["PackSummary", "printable", "reason_kind"]
 
@@ -79,8 +80,9 @@ class PackSummary:
         lines = [f"packed {self.out} (format {self.format}, {len(self.classes)} classes)"]
         for name, s in self.splits.items():
             counts = _class_counts_text(self.classes, s["class_counts"])
-            lines.append(f"  {name}: {s['samples']} samples ({s['fraction']:.3f}), {s['groups']} "
-                         f"groups, {s['shards']} shards [{counts}]")
+            lines.append(f"  {name}: {count_text(s['samples'], 'sample')} ({s['fraction']:.3f}), "
+                         f"{count_text(s['groups'], 'group')}, "
+                         f"{count_text(s['shards'], 'shard')} [{counts}]")
         reasons = ", ".join(f"{r}={n}" for r, n in sorted(self.quarantine_reasons.items()))
         lines.append(f"  scanned {self.num_files} = packed {self.num_packed} + quarantined "
                      f"{self.num_quarantined}" + (f" ({reasons})" if reasons else ""))
@@ -113,7 +115,7 @@ class PackSummary:
         near = self.near_duplicates
         if near and near["mode"] != "off":
             lines.append(f"  near-duplicates (pHash distance <= {near['threshold']}, "
-                         f"{near['mode']}): {near['num_clusters']} clusters of "
+                         f"{near['mode']}): {count_text(near['num_clusters'], 'cluster')} of "
                          f"{sum(len(c['paths']) for c in near['clusters'])} images, "
                          f"{near['num_across_splits']} across splits")
         elif near:
