@@ -40,7 +40,7 @@ from PIL import Image
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from shardkit.decode import choose_scale, get_decoder, resize_into, scaled_size
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, TransformInputError
 
 __all__ = [
     "TransformConfig", "CropParams", "SampleTransform", "make_transform", "sample_crop_params",
@@ -54,10 +54,6 @@ IMAGENET_MEAN: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_MEAN)
 IMAGENET_STD: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_STD)
 
 _FILTER_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "nearest": 0.5}  # Pillow Resample.c
-
-
-class TransformInputError(ConfigError):
-    """An argument handed to a transform (output buffer, batch tensor) has the wrong shape/dtype."""
 
 
 @dataclass(frozen=True)

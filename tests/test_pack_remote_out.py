@@ -21,12 +21,11 @@ from click.testing import CliRunner
 import shardkit.packer.check as pack_check
 import shardkit.packer.scan as pack_scan
 from shardkit.packer import remote_output as pack_remote_out, write as pack_write
-from shardkit.errors import ConfigError, OutputExistsError
+from shardkit.errors import ConfigError, DiskFullError, OutputExistsError, UploadError
 from shardkit.dataset.manifest import load_index, load_manifest
 from shardkit.packer.run import pack
 from shardkit.packer.cli import pack_command
-from shardkit.packer.output import DiskFullError, owned_name
-from shardkit.packer.remote_output import UploadError
+from shardkit.packer.output import owned_name
 from shardkit.stream import make_loader
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"

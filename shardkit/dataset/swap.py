@@ -63,10 +63,10 @@ import stat
 import time
 from pathlib import Path
 
-from shardkit.errors import ConfigError, ManifestError, ShardkitError
+from shardkit.errors import ConfigError, ManifestError, OutputLockedError
 from shardkit.storage.atomic import atomic_write_bytes, fsync_dir
 
-__all__ = ["DatasetLock", "OutputLockedError", "finish_swap", "roll_forward", "write_journal",
+__all__ = ["DatasetLock", "finish_swap", "roll_forward", "write_journal",
            "make_staging", "remove_staging", "staging_parts", "journal_entry_ok",
            "LOCK_NAME", "STAGING_NAME", "JOURNAL_NAME", "SWAP_WAIT_S", "BRIEF_WAIT_S"]
 
@@ -91,11 +91,6 @@ _SAFE_NAMES = {  # the non-hidden names a pack writes (shardkit.packer.output's 
     "shards": re.compile(r"[A-Za-z0-9_]+-\d{6}\.[A-Za-z0-9]+|_info\.json"),
     "splits": re.compile(r"[A-Za-z0-9_]+\.(?:jsonl|index\.npz)"),
 }
-
-
-class OutputLockedError(ShardkitError):
-    """Another shardkit command holds the lock of the dataset folder (names the command, its
-    pid, host and start time)."""
 
 
 # ----------------------------------------------------------------------------- the lock

@@ -27,8 +27,8 @@ import numpy as np
 
 from shardkit.decode import _ext
 from shardkit.decode.base import Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe
-from shardkit.errors import ConfigError, DecodeError
-from shardkit.images.sniff import PixelLimitError, check_pixels, open_image, resolve_max_pixels
+from shardkit.errors import ConfigError, DecodeError, PixelLimitError
+from shardkit.images.sniff import check_pixels, open_image, resolve_max_pixels
 
 __all__ = ["NvJPEGDecoder", "BatchProbe", "probe_batch", "decode_crop_batch"]
 

@@ -52,10 +52,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, features
 
-from shardkit.errors import ConfigError, DecodeError
+from shardkit.errors import ConfigError, DecodeError, PixelLimitError
 from shardkit.images.sniff import (
-    DEFAULT_MAX_PIXELS, MEDIA_TYPES, PIL_FORMATS, PixelLimitError, open_image, resolve_max_pixels,
-    sniff)
+    DEFAULT_MAX_PIXELS, MEDIA_TYPES, PIL_FORMATS, open_image, resolve_max_pixels, sniff)
 
 __all__ = ["DEFAULT_MAX_PIXELS", "BACKGROUND", "PNG_COMPRESS_LEVEL", "RULES", "MEDIA_TYPES",
            "DOWNSCALE_FILTER", "DOWNSCALE_REDUCING_GAP", "ImageResult", "sniff", "check_image",

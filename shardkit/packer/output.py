@@ -59,12 +59,12 @@ import shutil
 from pathlib import Path
 
 from shardkit.dataset import swap
-from shardkit.errors import ConfigError, OutputExistsError, ShardkitError
+from shardkit.errors import ConfigError, DiskFullError, OutputExistsError
 from shardkit.storage.atomic import fsync_dir
 from shardkit.dataset.manifest import is_url
-from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, DatasetLock, OutputLockedError
+from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, DatasetLock
 
-__all__ = ["PackOutput", "open_output", "OutputLockedError", "DiskFullError", "owned_entries",
+__all__ = ["PackOutput", "open_output", "owned_entries",
            "owned_name", "LOCK_NAME", "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
 
 logger = logging.getLogger("shardkit.pack")
@@ -73,14 +73,6 @@ MANIFEST_NAME = "manifest.json"
 QUARANTINE_NAME = "quarantine.jsonl"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _SPLIT = r"[A-Za-z0-9_]+"  # shardkit.packer.assign.SPLIT_NAME_RE
-
-
-class DiskFullError(ShardkitError, OSError):
-    """No space left on the device (or quota) while writing a pack; ``filename`` is the file that
-    was being written, ``errno`` is ``ENOSPC`` or ``EDQUOT``. The files of the run were removed."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
 
 
 def _shard_suffixes() -> str:

@@ -59,14 +59,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardkit.errors import ConfigError, OutputExistsError, ShardCorruptError, ShardkitError
+from shardkit.errors import (
+    ConfigError, DiskFullError, OutputExistsError, ShardCorruptError, UploadError)
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME
 from shardkit.interop.shards import ShardMembers, scan_shard
 from shardkit.dataset.manifest import MANIFEST_NAME, is_url, json_bytes
-from shardkit.packer.output import DiskFullError, OutputRun, owned_name
+from shardkit.packer.output import OutputRun, owned_name
 from shardkit.storage.procs import pid_alive
 
-__all__ = ["RemoteOutput", "ShardUpload", "UploadError", "put_shard", "remote_fs",
+__all__ = ["RemoteOutput", "ShardUpload", "put_shard", "remote_fs",
            "upload_file", "staging_folder", "PROBE_NAME", "STAGING_MARKER"]
 
 logger = logging.getLogger("shardkit.pack")
@@ -76,10 +77,6 @@ PROBE_NAME = ".shardkit-pack.probe"
 STAGING_MARKER = ".shardkit-staging.json"
 """The file :func:`staging_folder` writes into each local staging folder it creates:
 ``{"pid", "host", "token", "started"}``."""
-
-
-class UploadError(ShardkitError):
-    """An upload into the remote ``OUT`` failed, or the object's size is not the local file's."""
 
 
 def remote_fs(url: str):

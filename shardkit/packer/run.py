@@ -41,13 +41,13 @@ schema: ``docs/DESIGN.md``:
 5. **Output folder** (:mod:`shardkit.packer.output`; its rules are checked before step 1, OUT is
    written only now, so a bad option or source changes nothing on disk). ``OUT/manifest.json``
    present -> :class:`~shardkit.errors.OutputExistsError` unless ``overwrite``; one packer per
-   OUT (an exclusive lock, :class:`~shardkit.dataset.swap.OutputLockedError` for the second); OUT
+   OUT (an exclusive lock, :class:`~shardkit.errors.OutputLockedError` for the second); OUT
    that is a file or cannot be written, OUT inside the source and the source inside OUT are
    refused before the scan. Only names shardkit writes are ever deleted (leftovers of a killed
    run are removed and listed; a user's ``splits/fold0.txt`` stays). With ``overwrite`` the new
    dataset is built in ``OUT/.shardkit-new`` and swapped in at the end, so the old one stays
    valid until then. A run that fails removes what it wrote; a full disk raises
-   :class:`~shardkit.packer.output.DiskFullError` naming the file. A source where nothing can be
+   :class:`~shardkit.errors.DiskFullError` naming the file. A source where nothing can be
    packed raises :class:`~shardkit.errors.SourceError` (reasons counted) and writes nothing.
 6. **Write**: each split is shuffled with a generator seeded by ``(seed, split position, crc32 of
    the name)`` so shards are not class-sorted (field case 7); keys are ``f"{split}_{i:08d}"``;

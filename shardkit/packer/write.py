@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from shardkit import __version__, formats
 from shardkit.dataset import manifest as manifest_mod
-from shardkit.errors import ShardkitError, SourceError
+from shardkit.errors import PackInvariantError, SourceError
 from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.sources.labels import LabelMap
 from shardkit.packer.output import QUARANTINE_NAME
@@ -36,15 +36,11 @@ if TYPE_CHECKING:
     from shardkit.packer.options import PackOptions
     from shardkit.packer.remote_output import ShardUpload
 
-__all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_shards",
+__all__ = ["QUARANTINE_NAME", "write_quarantine", "write_shards",
            "shuffled_members", "shard_ranges", "stored_size", "class_warnings",
            "transcoded_counts", "build_manifest", "naming_file"]
 
 logger = logging.getLogger("shardkit.pack")
-
-
-class PackInvariantError(ShardkitError):
-    """The packer's own bookkeeping does not add up (scanned != packed + quarantined); a bug."""
 
 
 # ----------------------------------------------------------------------------- 5: quarantine

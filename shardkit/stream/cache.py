@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, ShardkitError
+from ..errors import ArenaUnavailable, ConfigError, ShardkitError
 from shardkit.dataset.manifest import read_split_records
-from .arena import Arena, ArenaUnavailable, table_layout
+from .arena import Arena, table_layout
 
 __all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
            "SHM_MARGIN", "cache_identity", "cached_size", "available_memory", "free_bytes",

@@ -25,8 +25,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from ..augment.mix import NO_MIX, BatchMix, MixDraw, apply_mix, mix_rng
 from ..augment.prims import apply_hwc
-from ..decode.base import DecodeWarningError
-from ..errors import ConfigError, ShardkitError
+from ..errors import ConfigError, DecodeWarningError, ShardkitError
 from ..sharding import EpochPlan, num_batches, sample_rng
 from .options import ON_WARNING, SamplingOptions, resolve_train
 from .source import ShardSource, worker_id_count

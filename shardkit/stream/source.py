@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
+from ..errors import ConfigError, DecodeError, PixelLimitError, ShardCorruptError, ShardkitError
 from ..formats import open_reader, resource_error
-from shardkit.images.sniff import PixelLimitError, resolve_max_pixels
+from shardkit.images.sniff import resolve_max_pixels
 from shardkit.dataset.manifest import is_url, join, load_index, load_manifest, sample_checksum
 from .options import ON_ERROR
 

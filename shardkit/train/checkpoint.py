@@ -31,20 +31,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, ConfigError, OutputExistsError
+from ..errors import CheckpointError, ConfigError, OutputExistsError, ResumeMismatchError
 from shardkit.storage.atomic import atomic_write_with
 from .config import SCHEDULE_FIELDS, TrainConfig
 
 __all__ = ["save_checkpoint", "load_checkpoint", "safe_load", "resolve_resume",
            "check_resume_config", "check_resume_classes", "rng_state", "set_rng_state",
-           "CHECKPOINT_FORMAT", "ResumeMismatchError", "check_run_folder", "RESUME_FIELDS"]
+           "CHECKPOINT_FORMAT", "check_run_folder", "RESUME_FIELDS"]
 
 CHECKPOINT_FORMAT = "shardkit-train-checkpoint"
 log = logging.getLogger(__name__)
-
-
-class ResumeMismatchError(ConfigError):
-    """``--resume`` was given a config whose schedule-defining fields differ from the checkpoint."""
 
 
 def rng_state() -> dict:
