@@ -32,6 +32,7 @@ import numpy as np
 
 from shardkit.decode.resize import resize_into
 from shardkit.errors import ConfigError, DecodeError, DecodeWarningError
+from shardkit.validate import check_int
 from shardkit.images.sniff import check_pixels, open_image, resolve_max_pixels
 
 __all__ = [
@@ -133,9 +134,8 @@ def apply_warning_policy(n_warnings: int, policy: str, what: str = "image",
     """
     if policy not in WARNING_POLICIES:
         raise ConfigError(f"warning policy {policy!r} is not one of {WARNING_POLICIES}")
-    if isinstance(n_warnings, bool) or not isinstance(n_warnings, int) or n_warnings < 0:
-        raise ConfigError(f"n_warnings must be an int >= 0 (a decoder's last_warnings), got "
-                          f"{n_warnings!r}")
+    n_warnings = check_int("n_warnings", n_warnings, 0, message="n_warnings must be an int >= 0 "
+                           "(a decoder's last_warnings), got {value!r}")
     if n_warnings == 0 or policy == "keep":
         return True
     if policy == "skip":

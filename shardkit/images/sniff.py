@@ -24,7 +24,8 @@ import io
 
 from PIL import Image
 
-from shardkit.errors import ConfigError, DecodeError, PixelLimitError
+from shardkit.errors import DecodeError, PixelLimitError
+from shardkit.validate import check_int
 
 __all__ = ["DEFAULT_MAX_PIXELS", "MEDIA_TYPES", "sniff", "resolve_max_pixels",
            "check_pixels", "open_image"]
@@ -85,9 +86,8 @@ def resolve_max_pixels(max_pixels: int | None) -> int:
     (pixels, width * height). Raises ConfigError for anything else (bool, float, <= 0)."""
     if max_pixels is None:
         return DEFAULT_MAX_PIXELS
-    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels <= 0:
-        raise ConfigError(f"max_pixels must be a positive int, got {max_pixels!r}")
-    return max_pixels
+    return check_int("max_pixels", max_pixels, 1,
+                     message="max_pixels must be a positive int, got {value!r}")
 
 
 def check_pixels(width: int, height: int, max_pixels: int) -> None:

@@ -133,12 +133,12 @@ def read_split(root, split: str, *, decode: str = "bytes", seed: int = 0, epoch:
     from shardkit.dataset.manifest import is_url, local_path
     from shardkit.stream.source import ShardSource
     from shardkit.stream.state import check_epoch
+    from shardkit.validate import check_int
     from shardkit.transforms import TransformConfig
 
     if decode not in DECODE_MODES:
         raise ConfigError(f"decode={decode!r}; expected one of {list(DECODE_MODES)}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"seed={seed!r}; expected an int >= 0")
+    seed = check_int("seed", seed, 0, message="seed={value!r}; expected an int >= 0")
     epoch = check_epoch(epoch)
     TransformConfig(image_size=image_size)  # validates image_size (ConfigError)
     try:

@@ -24,6 +24,7 @@ from typing import Iterator
 import torch
 
 from ..errors import ConfigError, LoaderError, ShardkitError
+from ..validate import check_int
 from .backends import ProcessBackend, ThreadBackend
 from .cache import make_cache, parse_cache, shm_reserve
 from .datasets import BatchDataset
@@ -266,12 +267,6 @@ def _augment_on_device(images: torch.Tensor, programs: list, device) -> torch.Te
     return apply_batch(images.to(device, non_blocking=True), programs)
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r}: expected an int >= {minimum}")
-    return value
-
-
 def _resolve_transform(transform, train: bool, image_size: int | None):
     """``(callable, S)`` from a ``TransformConfig``, a callable, or None (the default config)."""
     from ..transforms import TransformConfig, make_transform
@@ -410,11 +405,11 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             manifest (checked up front, whatever ``on_error``: a damaged dataset, not a bad
             sample).
     """
-    _check_int("batch_size", batch_size, 1)
-    _check_int("num_workers", num_workers, 0)
+    batch_size = check_int("batch_size", batch_size, 1)
+    num_workers = check_int("num_workers", num_workers, 0)
     if prefetch_factor is None:  # as DataLoader: "not given" (it does not apply to 0 workers)
         prefetch_factor = 2
-    _check_int("prefetch_factor", prefetch_factor, 1)
+    prefetch_factor = check_int("prefetch_factor", prefetch_factor, 1)
     sampling = sampling or SamplingOptions()
     workers = workers or WorkerOptions()
     if not isinstance(sampling, SamplingOptions) or not isinstance(workers, WorkerOptions):
