@@ -100,7 +100,7 @@ def is_store_error(exc: BaseException) -> bool:
 
 
 def _first_url(values: Iterable) -> str | None:
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     for value in values:
         items = value if isinstance(value, (list, tuple)) else (value,)

@@ -82,7 +82,7 @@ def test_is_url_and_local_path_agree_on_file_uris(tmp_path):
     Path.as_uri() encodes them), every other scheme is remote."""
     from pathlib import Path
 
-    from shardkit.dataset.manifest import is_url, join, local_path
+    from shardkit.storage.urls import is_url, join, local_path
 
     spaced = tmp_path / "my data" / "été"
     uri = spaced.as_uri()

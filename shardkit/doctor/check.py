@@ -32,7 +32,7 @@ from shardkit.doctor import leaks
 from shardkit.doctor.reading import (format_stored_resolution, load_manifest_dict, read_rows,
                                      stored_resolution)
 from shardkit.errors import ConfigError, ManifestError, ShardCorruptError
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.stream.source import check_shard_files
 
 __all__ = ["check_dataset", "check_shards", "format_check_report", "check_headline",
@@ -255,7 +255,7 @@ def _check_remote_shards(root: str, manifest: dict[str, Any]) -> None:
 
     import fsspec
 
-    from shardkit.dataset.manifest import join
+    from shardkit.storage.urls import join
 
     fs, base = fsspec.core.url_to_fs(root)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)

@@ -78,7 +78,7 @@ def _load_transform_config(path: Path | None, root: Path):
 def dataset_arg(ctx, param, value: str):
     """Click callback of a dataset argument (OUT, ROOT): the URL of a wds pack in object
     storage as it is, else a local folder that must exist."""
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     if is_url(value):
         return value.rstrip("/")
@@ -203,7 +203,7 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 def stats_command(out, split, max_samples, save, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
     saved in the manifest."""
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     if save and is_url(out):
         raise CommandError(ConfigError(f"--save rewrites manifest.json, which shardkit does not "

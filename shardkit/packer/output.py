@@ -61,7 +61,7 @@ from pathlib import Path
 from shardkit.dataset import swap
 from shardkit.errors import ConfigError, DiskFullError, OutputExistsError
 from shardkit.storage.atomic import fsync_dir
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, DatasetLock
 
 __all__ = ["PackOutput", "open_output", "owned_entries",

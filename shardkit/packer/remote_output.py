@@ -63,7 +63,8 @@ from shardkit.errors import (
     ConfigError, DiskFullError, OutputExistsError, ShardCorruptError, UploadError)
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME
 from shardkit.interop.shards import ShardMembers, scan_shard
-from shardkit.dataset.manifest import MANIFEST_NAME, is_url, json_bytes
+from shardkit.dataset.manifest import MANIFEST_NAME, json_bytes
+from shardkit.storage.urls import is_url
 from shardkit.packer.output import OutputRun, owned_name
 from shardkit.storage.procs import pid_alive
 

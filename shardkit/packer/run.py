@@ -83,6 +83,7 @@ from typing import Any
 
 from shardkit import interop
 from shardkit.dataset import manifest as manifest_mod
+from shardkit.storage.urls import is_url, local_path
 import shardkit.packer.check as pack_check
 import shardkit.packer.scan as pack_scan
 import shardkit.packer.shards as pack_shards
@@ -181,9 +182,9 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
 def _location(path) -> Path | str:
     """A local path, resolved, or a remote fsspec URL (``s3://``, ``gs://``, ``https://``) as
     its text without a trailing ``/``."""
-    if manifest_mod.is_url(path):
+    if is_url(path):
         return os.fspath(path).rstrip("/")
-    return Path(manifest_mod.local_path(path)).resolve()
+    return Path(local_path(path)).resolve()
 
 
 def _fail_if_nothing_to_pack(src: Path, source, keep: list[int], quarantine: list[dict]) -> None:

@@ -130,7 +130,7 @@ def read_split(root, split: str, *, decode: str = "bytes", seed: int = 0, epoch:
         ShardCorruptError: a listed shard is missing or of the wrong size.
     Errors reading a sample (ShardCorruptError naming shard and key) fail the Ray task.
     """
-    from shardkit.dataset.manifest import is_url, local_path
+    from shardkit.storage.urls import is_url, local_path
     from shardkit.stream.source import ShardSource
     from shardkit.stream.state import check_epoch
     from shardkit.validate import check_int

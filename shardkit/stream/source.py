@@ -21,7 +21,8 @@ from ..errors import ConfigError, DecodeError, PixelLimitError, ShardCorruptErro
 from ..validate import is_int
 from ..formats import open_reader, resource_error
 from shardkit.images.sniff import resolve_max_pixels
-from shardkit.dataset.manifest import is_url, join, load_index, load_manifest, sample_checksum
+from shardkit.dataset.manifest import load_index, load_manifest, sample_checksum
+from shardkit.storage.urls import is_url, join
 from .options import ON_ERROR
 
 __all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count"]
