@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shardkit.dataset.manifest import MANIFEST_NAME
 from shardkit.errors import PackFailed
 
 __all__ = ["FORMAT_NAMES", "is_packed", "pack_with_cli", "ensure_packed"]
@@ -24,7 +25,7 @@ GROUP_COLUMN = "group_flickr_user"
 
 def is_packed(path: str | os.PathLike) -> bool:
     """True when ``path`` holds a finished shardkit dataset (``manifest.json`` present)."""
-    return (Path(path) / "manifest.json").is_file()
+    return (Path(path) / MANIFEST_NAME).is_file()
 
 
 def _group_args(src: Path) -> list[str]:

@@ -29,7 +29,7 @@ import numpy as np
 import xxhash
 
 from shardkit.dataset.schema import (
-    RECORD_INDEX_FIELDS, check_manifest, check_record, check_split_name)
+    MANIFEST_NAME, RECORD_INDEX_FIELDS, check_manifest, check_record, check_split_name)
 from shardkit.errors import ManifestError
 from shardkit.storage.atomic import (  # re-exported: the one atomic writer lives in shardkit.storage.atomic
     atomic_write_bytes)
@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 INDEX_FIELDS = ("shard", "offset", "size", "label")
 #: Per-sample checksum of the stored bytes: a 16-hex-digit string in ``splits/<split>.jsonl``,
 #: a uint64 array in ``.index.npz`` (:attr:`SplitIndex.xxh3`). Absent in older datasets.

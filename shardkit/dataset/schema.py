@@ -31,10 +31,13 @@ from collections.abc import Iterable
 from shardkit.errors import ManifestError
 from shardkit.validate import is_int
 
-__all__ = ["FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "MAX_INT64",
+__all__ = ["MANIFEST_NAME", "FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "MAX_INT64",
            "RECORD_INDEX_FIELDS",
            "check_manifest", "check_split_name", "check_relative_path", "check_record"]
 
+#: The manifest's file name in a dataset folder (``OUT/manifest.json``); also
+#: :data:`shardkit.dataset.manifest.MANIFEST_NAME`.
+MANIFEST_NAME = "manifest.json"
 #: Shard formats a manifest may name (``shardkit.formats.FORMATS``; not imported here, which
 #: would be an import running back up: the formats import :mod:`shardkit.dataset.manifest`).
 FORMATS = ("hdf5", "lmdb", "wds")

@@ -62,14 +62,14 @@ from shardkit.dataset import swap
 from shardkit.errors import ConfigError, DiskFullError, OutputExistsError
 from shardkit.storage.atomic import fsync_dir
 from shardkit.storage.urls import is_url
+from shardkit.dataset.manifest import MANIFEST_NAME
 from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, DatasetLock
 
 __all__ = ["PackOutput", "open_output", "owned_entries",
-           "owned_name", "LOCK_NAME", "STAGING_NAME", "QUARANTINE_NAME", "MANIFEST_NAME"]
+           "owned_name", "LOCK_NAME", "STAGING_NAME", "QUARANTINE_NAME"]
 
 logger = logging.getLogger("shardkit.pack")
 
-MANIFEST_NAME = "manifest.json"
 QUARANTINE_NAME = "quarantine.jsonl"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _SPLIT = r"[A-Za-z0-9_]+"  # shardkit.packer.assign.SPLIT_NAME_RE

@@ -166,7 +166,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
                                         write.transcoded_counts(checked, outcome.keep))
         interop.write_pack_metadata(  # what timm / DALI / HF readers look for
             root, manifest, members=None if target.upload is None else target.upload.members)
-        with write.naming_file(root / "manifest.json"):
+        with write.naming_file(root / manifest_mod.MANIFEST_NAME):
             manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
         target.commit()
     summary = PackSummary.from_manifest(
