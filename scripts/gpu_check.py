@@ -502,7 +502,8 @@ def _until(batches, deadline: float):
 
 def _run_pipeline(name: str, spec: dict, step, device, deadline: float, cap: float) -> dict:
     """Times one pipeline: ``--warmup`` + ``--steps`` steps through DeviceNormalizer."""
-    from shardkit.bench.harness import BenchError, time_batches
+    from shardkit.bench.harness import time_batches
+    from shardkit.errors import BenchError
     from shardkit.bench.monitor import ProcessMonitor
     from shardkit.stream import DeviceNormalizer
 

@@ -111,7 +111,7 @@ def is_store_error(exc: BaseException) -> bool:
 
 
 def _first_url(values: Iterable) -> str | None:
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     for value in values:
         items = value if isinstance(value, (list, tuple)) else (value,)
@@ -174,7 +174,7 @@ def progress_default(flag: bool | None) -> bool:
 def dataset_arg(ctx, param, value: str):
     """Click callback of a dataset argument (OUT, ROOT): the URL of a wds pack in object
     storage as it is, else a local folder that must exist."""
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     if is_url(value):
         return value.rstrip("/")

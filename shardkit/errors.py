@@ -1,14 +1,45 @@
 """The one exception tree of shardkit.
 
 Every error a user can trigger with bad input derives from :class:`ShardkitError`; messages name
-the bad value (file, key, shard, option) and what was expected.
+the bad value (file, key, shard, option) and what was expected. Every exception class of shardkit
+is defined here (the CLI's ``click`` exception aside: ``shardkit.cli_common.CommandError``)::
+
+    ShardkitError
+    +-- ConfigError (also a ValueError)
+    |   +-- CheckpointError
+    |   +-- ResumeMismatchError
+    |   +-- TransformInputError
+    +-- SourceError
+    +-- LabelError
+    |   +-- UnknownLabelError
+    +-- SplitError
+    +-- OutputExistsError
+    +-- OutputLockedError
+    +-- DiskFullError (also an OSError)
+    +-- UploadError
+    +-- PackInvariantError
+    +-- ManifestError
+    +-- ShardCorruptError
+    +-- ResourceLimitError
+    +-- DecodeError
+    |   +-- PixelLimitError
+    |   +-- DecodeWarningError
+    +-- LoaderError
+    |   +-- EvalCountError
+    +-- ArenaUnavailable
+    +-- TrainingDivergedError (also a FloatingPointError)
+    +-- BenchError
+    +-- PackFailed
 """
 from __future__ import annotations
 
 __all__ = [
     "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
     "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "DecodeError",
-    "LoaderError", "SharedMemoryError", "CheckpointError", "ResourceLimitError",
+    "LoaderError", "SharedMemoryError", "CheckpointError", "ResourceLimitError", "ResumeMismatchError",
+    "TransformInputError", "OutputLockedError", "DiskFullError", "UploadError",
+    "PackInvariantError", "PixelLimitError", "DecodeWarningError", "EvalCountError",
+    "ArenaUnavailable", "TrainingDivergedError", "BenchError", "PackFailed",
 ]
 
 
@@ -46,6 +77,27 @@ class SplitError(ShardkitError):
 
 class OutputExistsError(ShardkitError):
     """The output folder already holds a dataset; pass --overwrite to replace it."""
+
+
+class OutputLockedError(ShardkitError):
+    """Another shardkit command holds the lock of the dataset folder (names the command, its
+    pid, host and start time)."""
+
+
+class DiskFullError(ShardkitError, OSError):
+    """No space left on the device (or quota) while writing a pack; ``filename`` is the file that
+    was being written, ``errno`` is ``ENOSPC`` or ``EDQUOT``. The files of the run were removed."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class UploadError(ShardkitError):
+    """An upload into the remote ``OUT`` failed, or the object's size is not the local file's."""
+
+
+class PackInvariantError(ShardkitError):
+    """The packer's own bookkeeping does not add up (scanned != packed + quarantined); a bug."""
 
 
 class ManifestError(ShardkitError):
@@ -100,6 +152,27 @@ class DecodeError(ShardkitError):
         self.key = key
 
 
+class PixelLimitError(DecodeError):
+    """An image's header size is over the pixel limit. Attributes: ``width``, ``height``,
+    ``pixels`` (= width * height) and ``max_pixels``. ``default_max_pixels``: the readers'
+    default limit, named in the message (:data:`shardkit.images.sniff.DEFAULT_MAX_PIXELS`, which
+    :func:`shardkit.images.sniff.check_pixels` passes)."""
+
+    def __init__(self, width: int, height: int, max_pixels: int,
+                 default_max_pixels: int | None = None):
+        self.width, self.height, self.max_pixels = width, height, max_pixels
+        self.pixels = width * height
+        default = "" if default_max_pixels is None else \
+            f"shardkit's default {default_max_pixels}, or "
+        super().__init__(f"image of {width}x{height} = {self.pixels} pixels is over the limit "
+                         f"max_pixels={max_pixels} (the reader's limit: {default}the max_pixels "
+                         f"its caller gave; pack --max-pixels when packing)")
+
+
+class DecodeWarningError(DecodeError):
+    """A decode produced libjpeg warnings and the warning policy is ``"raise"``."""
+
+
 class LoaderError(ShardkitError):
     """A loader option combination is invalid (for example resampling on a val/test split)."""
 
@@ -111,7 +184,36 @@ class SharedMemoryError(LoaderError):
     loader, the free room of ``/dev/shm`` and what to change."""
 
 
+class EvalCountError(LoaderError):
+    """A merged evaluation did not see every sample of the split exactly once."""
+
+
+class ArenaUnavailable(ShardkitError):
+    """The arena cannot be created or attached (no space, in use with another identity, a file
+    of another user, a symbolic link)."""
+
+
+class TrainingDivergedError(ShardkitError, FloatingPointError):
+    """The training loss became NaN or infinite (names the step and the learning rate)."""
+
+
+class BenchError(ShardkitError):
+    """A benchmark run could not produce a measurement (too few batches, a failing loader)."""
+
+
+class PackFailed(ShardkitError):
+    """``shardkit pack`` exited non-zero while preparing benchmark data (stderr in the message)."""
+
+
 class CheckpointError(ConfigError):
     """A checkpoint or weights file (``--resume``, ``--pretrained``) is missing, unreadable, not
     of the expected kind, or holds more than plain tensors and containers (a pickle that would
     run code on load is refused, never executed); the message names the file."""
+
+
+class ResumeMismatchError(ConfigError):
+    """``--resume`` was given a config whose schedule-defining fields differ from the checkpoint."""
+
+
+class TransformInputError(ConfigError):
+    """An argument handed to a transform (output buffer, batch tensor) has the wrong shape/dtype."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ConfigError
+from .validate import check_int
 
 __all__ = ["MODES", "EVEN_RULES", "BALANCE", "epoch_rng", "sample_rng", "epoch_order", "rank_count",
            "rank_plan", "num_batches", "stream_order", "EpochPlan", "plan_epoch"]
@@ -46,12 +47,6 @@ _SAMPLE_STREAM = 0x5EED1
 def _check_choice(name: str, value, allowed) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}={value!r} is not one of {list(allowed)}")
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name}={value!r}: expected an int >= {minimum}")
-    return int(value)
 
 
 def epoch_rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
@@ -114,7 +109,7 @@ def epoch_order(n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,
         ConfigError: unknown mode/balance, balance or ``samples_per_epoch`` in exact mode, missing
             or mis-sized ``labels``/``shards``, negative sizes, or draws requested from ``n == 0``.
     """
-    n = _check_int("n", n, 0)
+    n = check_int("n", n, 0)
     _check_choice("mode", mode, MODES)
     _check_choice("balance", balance, BALANCE)
     rng = epoch_rng(seed, epoch)
@@ -137,8 +132,8 @@ def epoch_order(n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,
             # primary key: shuffled shard rank; secondary: a random key inside the shard
             return np.lexsort((rng.random(n), shard_rank[shards])).astype(np.int64)
         return rng.permutation(n).astype(np.int64)
-    count = n if samples_per_epoch is None else _check_int("samples_per_epoch",
-                                                           samples_per_epoch, 0)
+    count = n if samples_per_epoch is None else check_int("samples_per_epoch",
+                                                          samples_per_epoch, 0)
     if count and not n:
         raise ConfigError(f"samples_per_epoch={count} draws requested from an empty split (n=0)")
     if balance is None:
@@ -155,9 +150,9 @@ def epoch_order(n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,
 
 def rank_count(total: int, rank: int, world_size: int, even: str | None = None) -> int:
     """Number of samples ``rank`` gets from an order of length ``total`` (see :func:`rank_plan`)."""
-    total = _check_int("total", total, 0)
-    world_size = _check_int("world_size", world_size, 1)
-    rank = _check_int("rank", rank, 0)
+    total = check_int("total", total, 0)
+    world_size = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0)
     if rank >= world_size:
         raise ConfigError(f"rank={rank} is not in [0, world_size={world_size})")
     _check_choice("even", even, EVEN_RULES)
@@ -207,7 +202,7 @@ def stream_order(count: int, batch_size: int, streams: int, drop_last: bool = Fa
         int64 ``(k,)``, a permutation of ``arange(k)`` with ``k = num_batches * batch_size``
         clipped to ``count``; ``streams == 1`` gives the identity.
     """
-    streams = _check_int("streams", streams, 1)
+    streams = check_int("streams", streams, 1)
     nb = num_batches(count, batch_size, drop_last)
     k = min(count, nb * batch_size)
     if streams == 1 or nb <= 1:
@@ -222,8 +217,8 @@ def stream_order(count: int, batch_size: int, streams: int, drop_last: bool = Fa
 
 def num_batches(count: int, batch_size: int, drop_last: bool = False) -> int:
     """Batches from ``count`` samples: ``floor`` with ``drop_last`` else ``ceil``."""
-    count = _check_int("count", count, 0)
-    batch_size = _check_int("batch_size", batch_size, 1)
+    count = check_int("count", count, 0)
+    batch_size = check_int("batch_size", batch_size, 1)
     return count // batch_size if drop_last else -(-count // batch_size)
 
 
@@ -272,11 +267,11 @@ class EpochPlan:
         """Batch numbers built by ``worker_id`` of ``num_workers``: ``start_batch + worker_id``,
         then every ``num_workers``-th. int64, possibly empty (a worker with nothing yields nothing).
         """
-        num_workers = _check_int("num_workers", num_workers, 1)
-        worker_id = _check_int("worker_id", worker_id, 0)
+        num_workers = check_int("num_workers", num_workers, 1)
+        worker_id = check_int("worker_id", worker_id, 0)
         if worker_id >= num_workers:
             raise ConfigError(f"worker_id={worker_id} is not in [0, num_workers={num_workers})")
-        start_batch = _check_int("start_batch", start_batch, 0)
+        start_batch = check_int("start_batch", start_batch, 0)
         return np.arange(start_batch + worker_id, self.num_batches, num_workers, dtype=np.int64)
 
 
@@ -300,7 +295,7 @@ def plan_epoch(n: int, *, rank: int = 0, world_size: int = 1, seed: int = 0, epo
                         balance=balance, samples_per_epoch=samples_per_epoch, shards=shards,
                         block=block)
     positions, valid = rank_plan(order, rank, world_size, even)
-    _check_int("batch_size", batch_size, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     places = None
     if streams != 1:
         places = stream_order(len(positions), batch_size, streams, drop_last)

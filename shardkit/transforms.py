@@ -40,7 +40,8 @@ from PIL import Image
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from shardkit.decode import choose_scale, get_decoder, resize_into, scaled_size
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, TransformInputError
+from shardkit.validate import check_int
 
 __all__ = [
     "TransformConfig", "CropParams", "SampleTransform", "make_transform", "sample_crop_params",
@@ -54,10 +55,6 @@ IMAGENET_MEAN: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_MEAN)
 IMAGENET_STD: tuple[float, float, float] = tuple(IMAGENET_DEFAULT_STD)
 
 _FILTER_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0, "nearest": 0.5}  # Pillow Resample.c
-
-
-class TransformInputError(ConfigError):
-    """An argument handed to a transform (output buffer, batch tensor) has the wrong shape/dtype."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +87,9 @@ class TransformConfig:
     def __post_init__(self) -> None:
         for name in ("scale", "ratio", "mean", "std"):
             object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
-        if not isinstance(self.image_size, int) or self.image_size < 1:
-            raise ConfigError(f"image_size must be a positive int, got {self.image_size!r}")
+        object.__setattr__(self, "image_size", check_int(
+            "image_size", self.image_size, 1, message="image_size must be a positive int, got "
+            "{value!r}"))
         if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
             raise ConfigError(f"scale must be (lo, hi) with 0 < lo <= hi <= 1, got {self.scale}")
         if len(self.ratio) != 2 or not 0 < self.ratio[0] <= self.ratio[1]:

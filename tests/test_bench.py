@@ -16,9 +16,8 @@ from shardkit.bench import (ProcessMonitor, SleepStep, expand_grid, measure, rec
 from shardkit.bench.env import (collect_environment, describe_pil, libjpeg_turbo_version_of,
                                 pil_mismatches)
 from shardkit.bench.grid import Setting, parse_backends, parse_caches, parse_int_list
-from shardkit.bench.harness import BenchError
 from shardkit.bench.runner import RunConfig, run_rows
-from shardkit.errors import ConfigError
+from shardkit.errors import BenchError, ConfigError
 
 
 class FixedDelayLoader:

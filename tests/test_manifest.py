@@ -82,7 +82,7 @@ def test_is_url_and_local_path_agree_on_file_uris(tmp_path):
     Path.as_uri() encodes them), every other scheme is remote."""
     from pathlib import Path
 
-    from shardkit.dataset.manifest import is_url, join, local_path
+    from shardkit.storage.urls import is_url, join, local_path
 
     spaced = tmp_path / "my data" / "été"
     uri = spaced.as_uri()
@@ -156,3 +156,26 @@ def test_failed_folder_fsync_warns_once_per_process(tmp_path, monkeypatch, caplo
     assert "Invalid argument" in warnings[0].getMessage()
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 1
     assert (tmp_path / "b.json").read_bytes() == b"[]"
+
+
+def test_the_manifest_file_name_is_written_once():
+    """``MANIFEST_NAME`` is defined in shardkit.dataset.schema only; no other module of shardkit
+    spells the file name as a string of its own (docstrings and messages built from it aside)."""
+    import ast
+    from pathlib import Path
+
+    import shardkit
+    from shardkit.dataset import manifest, schema, swap
+    from shardkit.packer import output
+
+    root = Path(shardkit.__file__).parent
+    assert manifest.MANIFEST_NAME is schema.MANIFEST_NAME == "manifest.json"
+    assert swap.MANIFEST_NAME is output.MANIFEST_NAME is schema.MANIFEST_NAME
+    spelled = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.strip(" '\"/").endswith("manifest.json") \
+                    and len(node.value) < 40:
+                spelled.append(path.relative_to(root).as_posix())
+    assert spelled == ["dataset/schema.py"]

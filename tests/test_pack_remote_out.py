@@ -22,11 +22,11 @@ import shardkit.packer.check as pack_check
 import shardkit.packer.scan as pack_scan
 from shardkit.packer import write as pack_write
 from shardkit.packer.outputs import upload as pack_upload
-from shardkit.errors import ConfigError, OutputExistsError
+from shardkit.errors import ConfigError, DiskFullError, OutputExistsError, UploadError
 from shardkit.dataset.manifest import load_index, load_manifest
 from shardkit.packer.run import pack
 from shardkit.packer.cli import pack_command
-from shardkit.packer.outputs import DiskFullError, UploadError, owned_name
+from shardkit.packer.outputs import owned_name
 from shardkit.stream import make_loader
 
 SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"

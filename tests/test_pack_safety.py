@@ -26,13 +26,13 @@ from click.testing import CliRunner
 from shardkit import formats
 import shardkit.packer.check as pack_check
 import shardkit.packer.scan as pack_scan
-from shardkit.errors import ConfigError, LabelError, OutputExistsError, SourceError
+from shardkit.errors import (
+    ConfigError, DiskFullError, LabelError, OutputExistsError, OutputLockedError, SourceError)
 from shardkit.dataset.manifest import load_manifest, read_split_records
 from shardkit.packer.options import PackOptions
 from shardkit.packer.run import pack
 from shardkit.packer.cli import pack_command
-from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME, OutputLockedError
-from shardkit.packer.outputs import DiskFullError
+from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME
 from shardkit.doctor.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -568,7 +568,8 @@ def test_second_packer_fails_before_scanning_even_into_a_new_out(sample_dir, tmp
     """The first run creates and locks OUT before its scan, so a second run into the same new
     OUT fails at once, without scanning or decoding anything (a user found it waiting through
     the whole decode-check pass first)."""
-    from shardkit.dataset.swap import LOCK_NAME, OutputLockedError
+    from shardkit.dataset.swap import LOCK_NAME
+    from shardkit.errors import OutputLockedError
     from shardkit.packer.outputs import LocalOutput
 
     src = copy_tree(tmp_path / "src", photos(sample_dir, 2))

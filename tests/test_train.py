@@ -15,10 +15,10 @@ import pytest
 import torch
 import yaml
 
-from shardkit.errors import ConfigError, LabelError, ManifestError, OutputExistsError
+from shardkit.errors import (
+    ConfigError, LabelError, ManifestError, OutputExistsError, ResumeMismatchError)
 from shardkit.train import (TrainConfig, build_model, check_labels, classification_metrics,
                             load_config, load_pretrained, topk_for, train)
-from shardkit.train.checkpoint import ResumeMismatchError
 from shardkit.train.dist import all_gather_varlen, resolve_amp
 from shardkit.train.data import resolve_mean_std
 from shardkit.train.metrics import EarlyStopping, better

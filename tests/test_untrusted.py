@@ -26,9 +26,9 @@ from click.testing import CliRunner
 
 from conftest import SAMPLE, png_chunk
 from shardkit.cli import main
-from shardkit.errors import DecodeError, ManifestError
+from shardkit.errors import DecodeError, ManifestError, PixelLimitError
 from shardkit.formats import wds
-from shardkit.images.sniff import DEFAULT_MAX_PIXELS, PixelLimitError, open_image
+from shardkit.images.sniff import DEFAULT_MAX_PIXELS, open_image
 from shardkit.dataset.manifest import (
     load_index, load_manifest, read_split_records, sample_checksum, write_manifest,
     write_split_files)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from shardkit.bench.env import collect_environment, describe_pil, pil_mismatches
 from shardkit.bench.grid import GridRow, Setting, expand_grid
-from shardkit.bench.harness import BenchError, RunResult, measure, summarize, time_batches
+from shardkit.bench.harness import RunResult, measure, summarize, time_batches
 from shardkit.bench.monitor import ProcessMonitor
 from shardkit.bench.plots import write_plots
 from shardkit.bench.report import format_table, recommend
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step
+from shardkit.errors import BenchError
 
 __all__ = ["collect_environment", "describe_pil", "pil_mismatches", "GridRow", "Setting",
            "expand_grid", "BenchError", "RunResult", "measure", "summarize", "time_batches",

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from shardkit.bench.monitor import ProcessMonitor
 from shardkit.bench.steps import NoStep, Step, batch_images
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import BenchError, ConfigError
 
-__all__ = ["RunResult", "BenchError", "time_batches", "measure", "summarize", "METRICS"]
+__all__ = ["RunResult", "time_batches", "measure", "summarize", "METRICS"]
 
 # Metrics summarised over repeats (name -> unit), in table order.
 METRICS = {
@@ -29,10 +29,6 @@ METRICS = {
     "memory_mb": "MiB", "loader_ms_p90": "ms", "system_cpu_percent": "%",
     "img_per_cpu_s": "img/CPU-s",
 }
-
-
-class BenchError(ShardkitError):
-    """A benchmark run could not produce a measurement (too few batches, a failing loader)."""
 
 
 @dataclass

@@ -14,21 +14,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardkit.errors import ShardkitError
+from shardkit.dataset.manifest import MANIFEST_NAME
+from shardkit.errors import PackFailed
 
-__all__ = ["FORMAT_NAMES", "PackFailed", "is_packed", "pack_with_cli", "ensure_packed"]
+__all__ = ["FORMAT_NAMES", "is_packed", "pack_with_cli", "ensure_packed"]
 
 FORMAT_NAMES = ("wds", "lmdb", "hdf5")
 GROUP_COLUMN = "group_flickr_user"
 
 
-class PackFailed(ShardkitError):
-    """``shardkit pack`` exited non-zero while preparing benchmark data (stderr in the message)."""
-
-
 def is_packed(path: str | os.PathLike) -> bool:
     """True when ``path`` holds a finished shardkit dataset (``manifest.json`` present)."""
-    return (Path(path) / "manifest.json").is_file()
+    return (Path(path) / MANIFEST_NAME).is_file()
 
 
 def _group_args(src: Path) -> list[str]:

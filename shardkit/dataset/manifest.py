@@ -8,12 +8,11 @@ Layout (schema version 1; the full schema is in ``docs/DESIGN.md``)::
 
 Readers take class names, counts and sample locations from here only, never by opening a shard
 in the parent process (field cases 8 and 10). ``root`` may be a local folder, a ``file://`` URL
-of one (any format; :func:`local_path`), or a remote fsspec URL (``http://``, ``https://``,
-``s3://``; tar shards only). :func:`is_url` is the one test of "remote URL or local".
+of one (any format), or a remote fsspec URL (``http://``, ``https://``, ``s3://``; tar shards
+only): :mod:`shardkit.storage.urls` tells which.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import json
@@ -25,27 +24,26 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 import numpy as np
 import xxhash
 
 from shardkit.dataset.schema import (
-    RECORD_INDEX_FIELDS, check_manifest, check_record, check_split_name)
+    MANIFEST_NAME, RECORD_INDEX_FIELDS, check_manifest, check_record, check_split_name)
 from shardkit.errors import ManifestError
 from shardkit.storage.atomic import (  # re-exported: the one atomic writer lives in shardkit.storage.atomic
     atomic_write_bytes)
 from shardkit.dataset.swap import finish_swap
+from shardkit.storage.urls import is_url, join, local_path, read_location
 
 __all__ = [
-    "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "is_url", "local_path", "join",
-    "load_manifest", "write_manifest", "write_split_files", "load_index", "read_split_records",
+    "SCHEMA_VERSION", "MANIFEST_NAME", "SplitIndex", "load_manifest", "write_manifest",
+    "write_split_files", "load_index", "read_split_records",
     "atomic_write_bytes", "json_bytes", "CHECKSUM_FIELD", "sample_checksum", "INDEX_HASH_FIELD",
     "RECORDS_HASH_FIELD", "MAX_MANIFEST_BYTES", "MAX_RECORD_LINE", "split_file_hash",
 ]
 
 SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 INDEX_FIELDS = ("shard", "offset", "size", "label")
 #: Per-sample checksum of the stored bytes: a 16-hex-digit string in ``splits/<split>.jsonl``,
 #: a uint64 array in ``.index.npz`` (:attr:`SplitIndex.xxh3`). Absent in older datasets.
@@ -73,92 +71,6 @@ def sample_checksum(data) -> int:
     sample), not tampering (the shards' sha256 in the manifest does that).
     """
     return xxhash.xxh3_64_intdigest(data)
-
-
-def is_url(root: str | os.PathLike) -> bool:
-    """True when ``root`` is a remote fsspec URL (``scheme://...`` with a scheme other than
-    ``file``, e.g. ``https://``, ``s3://``); False for a local path or a ``file://`` URL.
-
-    The one test of "local or remote" in shardkit: only ``wds`` tar shards can be read from a
-    remote URL; a ``file://`` root is local for every format (see :func:`local_path`).
-    """
-    text = os.fspath(root)
-    if not isinstance(text, str):
-        text = os.fsdecode(text)
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and bool(scheme) and "/" not in scheme and scheme.lower() != "file"
-
-
-def local_path(root: str | os.PathLike) -> str:
-    """``root`` as a local path: a plain path unchanged, a ``file://`` URL decoded.
-
-    ``file:`` URLs are read as :meth:`pathlib.Path.as_uri` writes them: ``file:///abs/path``
-    (also ``file://localhost/abs/path``) with percent-encoded characters, so
-    ``Path("/tmp/my data").as_uri() == "file:///tmp/my%20data"`` gives ``/tmp/my data``
-    (:func:`urllib.parse.unquote`, surrogate-escaped like ``os.fsdecode`` for non-UTF-8 bytes).
-
-    Raises:
-        ManifestError: ``root`` is a remote URL (see :func:`is_url`) or a ``file://`` URL with
-            a host other than ``localhost`` or without an absolute path.
-    """
-    text = os.fspath(root)
-    if not isinstance(text, str):
-        text = os.fsdecode(text)
-    if is_url(text):
-        raise ManifestError(f"{text} is a remote URL, not a local path")
-    if text[:7].lower() != "file://":
-        return text
-    parts = urlsplit(text)
-    if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
-        raise ManifestError(f"{text}: expected a local file URL file:///absolute/path (as "
-                            "Path.as_uri() writes it)")
-    return unquote(parts.path, errors="surrogateescape")
-
-
-def join(root: str | os.PathLike, rel: str) -> str:
-    """Joins a relative (posix) path onto a local folder, a ``file://`` URL (the result is a
-    local path, see :func:`local_path`) or a remote URL (the result is a URL)."""
-    if is_url(root):
-        return os.fspath(root).rstrip("/") + "/" + rel
-    return str(Path(local_path(root)) / rel)
-
-
-def read_location(location: str) -> bytes:
-    """The bytes of a local path or of a remote fsspec URL (``https://``, ``s3://``, ...; the
-    filesystem's own package must be installed, e.g. s3fs). A remote object is read with one
-    GET (``cat_file``; ``fsspec.open`` would first send a HEAD for the size, and s3fs's
-    ``cat_file`` does too unless ``max_concurrency=1``: a second round trip per file). Raises
-    OSError (FileNotFoundError for a missing object) or the filesystem's own error."""
-    return _read_bytes(location)
-
-
-@functools.lru_cache(maxsize=None)
-def _one_request(protocol: str) -> dict:
-    """Storage options under which ``cat_file`` of a whole object is one GET: s3fs's
-    ``max_concurrency=1`` (when its version has the option), else none."""
-    if protocol not in ("s3", "s3a"):
-        return {}
-    import inspect
-
-    import fsspec
-
-    try:
-        init = fsspec.get_filesystem_class(protocol).__init__
-    except ImportError:
-        return {}  # url_to_fs names the missing package
-    return {"max_concurrency": 1} if "max_concurrency" in inspect.signature(init).parameters \
-        else {}
-
-
-def _read_bytes(location: str) -> bytes:
-    if is_url(location):
-        import fsspec
-
-        protocol = location.partition("://")[0].lower()
-        fs, path = fsspec.core.url_to_fs(location, **_one_request(protocol))
-        return fs.cat_file(path)
-    with open(location, "rb") as f:
-        return f.read()
 
 
 def json_bytes(obj, **kwargs) -> bytes:
@@ -223,7 +135,7 @@ def _read_bounded(location: str, limit: int) -> bytes:
         ManifestError: over the bound. OSError: from reading.
     """
     if is_url(location):
-        data = _read_bytes(location)
+        data = read_location(location)
     else:
         with open(location, "rb") as f:  # read(n) allocates n bytes first: n from the size
             data = f.read(min(os.fstat(f.fileno()).st_size, limit) + 1)

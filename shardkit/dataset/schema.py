@@ -33,11 +33,15 @@ from collections.abc import Iterable
 
 from shardkit.dataset.writer_config import WDS_MEMBER_OPTIONS
 from shardkit.errors import ManifestError
+from shardkit.validate import is_int
 
-__all__ = ["FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "MAX_INT64",
+__all__ = ["MANIFEST_NAME", "FORMATS", "SPLIT_NAME", "KEY", "MAX_SAMPLES", "MAX_DIMENSION", "MAX_INT64",
            "RECORD_INDEX_FIELDS", "WRITER_REQUIRED_OPTIONS",
            "check_manifest", "check_split_name", "check_relative_path", "check_record"]
 
+#: The manifest's file name in a dataset folder (``OUT/manifest.json``); also
+#: :data:`shardkit.dataset.manifest.MANIFEST_NAME`.
+MANIFEST_NAME = "manifest.json"
 #: Shard formats a manifest may name (``shardkit.formats.FORMATS``; not imported here, which
 #: would be an import running back up: the formats import :mod:`shardkit.dataset.manifest`).
 FORMATS = ("hdf5", "lmdb", "wds")
@@ -79,12 +83,8 @@ def _missing(where: str, field: str, expected: str):
     raise ManifestError(f"{where}: required field {field} is missing; expected {expected}")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _int(where, field, value, lo: int = 0, hi: int | None = None) -> int:
-    if not _is_int(value) or value < lo or (hi is not None and value > hi):
+    if not is_int(value) or value < lo or (hi is not None and value > hi):
         _fail(where, field, value, f"an int >= {lo}" if hi is None else
               f"an int in [{lo}, {hi}]")
     return value
@@ -361,11 +361,11 @@ def check_record(record, where: str, num_classes: int, num_shards: int,
         check = _RECORD_CHECKS.get(name)
         if check is not None:
             check(where, name, value)
-    if "label" in record and not (_is_int(record["label"]) and 0 <= record["label"] < num_classes):
+    if "label" in record and not (is_int(record["label"]) and 0 <= record["label"] < num_classes):
         _fail(where, "label", record["label"], f"a class number in [0, {num_classes}) (the "
               "manifest's classes)")
     if "shard" in record:
-        if num_shards == 0 or not _is_int(record["shard"]) or not \
+        if num_shards == 0 or not is_int(record["shard"]) or not \
                 0 <= record["shard"] < num_shards:
             _fail(where, "shard", record["shard"], f"a shard number in [0, {num_shards}) (the "
                   "split's shards in the manifest)")

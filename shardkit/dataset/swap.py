@@ -63,10 +63,11 @@ import stat
 import time
 from pathlib import Path
 
-from shardkit.errors import ConfigError, ManifestError, ShardkitError
+from shardkit.dataset.schema import MANIFEST_NAME
+from shardkit.errors import ConfigError, ManifestError, OutputLockedError
 from shardkit.storage.atomic import atomic_write_bytes, fsync_dir
 
-__all__ = ["DatasetLock", "OutputLockedError", "finish_swap", "roll_forward", "write_journal",
+__all__ = ["DatasetLock", "finish_swap", "roll_forward", "write_journal",
            "make_staging", "remove_staging", "staging_parts", "journal_entry_ok",
            "LOCK_NAME", "STAGING_NAME", "JOURNAL_NAME", "SWAP_WAIT_S", "BRIEF_WAIT_S"]
 
@@ -75,7 +76,6 @@ logger = logging.getLogger("shardkit.swap")
 LOCK_NAME = ".shardkit-pack.lock"
 STAGING_NAME = ".shardkit-new"
 JOURNAL_NAME = ".shardkit-swap.json"
-_MANIFEST = "manifest.json"  # shardkit.dataset.manifest.MANIFEST_NAME (that module imports this one)
 STAGED_FOLDERS = ("shards", "splits")
 SWAP_WAIT_S = 60.0
 """Seconds :func:`finish_swap` waits for the lock held by a pack that is still swapping (the
@@ -91,11 +91,6 @@ _SAFE_NAMES = {  # the non-hidden names a pack writes (shardkit.packer.outputs.o
     "shards": re.compile(r"[A-Za-z0-9_]+-\d{6}\.[A-Za-z0-9]+|_info\.json"),
     "splits": re.compile(r"[A-Za-z0-9_]+\.(?:jsonl|index\.npz)"),
 }
-
-
-class OutputLockedError(ShardkitError):
-    """Another shardkit command holds the lock of the dataset folder (names the command, its
-    pid, host and start time)."""
 
 
 # ----------------------------------------------------------------------------- the lock
@@ -356,11 +351,11 @@ def roll_forward(out: str | os.PathLike, resumed: bool = False) -> int:
     """
     out = Path(out)
     moves, removes = _read_journal(out)
-    staged_manifest = out / STAGING_NAME / _MANIFEST
+    staged_manifest = out / STAGING_NAME / MANIFEST_NAME
     moved = 0
     try:
         if _regular(staged_manifest):  # the old manifest goes first: OUT is visibly unfinished
-            (out / _MANIFEST).unlink(missing_ok=True)
+            (out / MANIFEST_NAME).unlink(missing_ok=True)
             fsync_dir(out)
         for rel in removes:
             target = out / rel
@@ -382,9 +377,9 @@ def roll_forward(out: str | os.PathLike, resumed: bool = False) -> int:
         for folder in {rel.rpartition("/")[0] for rel in [*moves, *removes]}:
             fsync_dir(out / folder if folder else out)
         if _regular(staged_manifest):
-            os.replace(staged_manifest, out / _MANIFEST)  # LAST: OUT is the new dataset
+            os.replace(staged_manifest, out / MANIFEST_NAME)  # LAST: OUT is the new dataset
             fsync_dir(out)
-        elif not _regular(out / _MANIFEST):
+        elif not _regular(out / MANIFEST_NAME):
             raise ManifestError(f"the swap in {out} lost its manifest.json (neither staged nor "
                                 "in place); repack the dataset")
         remove_staging(out)

@@ -19,7 +19,7 @@ import logging
 
 from shardkit.decode import extensions as _ext
 from shardkit.decode.base import (
-    DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, WARNING_POLICIES, Decoder, DecodeWarningError, ImageProbe,
+    DCT_REDUCTIONS, FAST_DCT_REDUCTIONS, WARNING_POLICIES, Decoder, ImageProbe,
     apply_warning_policy, choose_scale, is_jpeg, scaled_size,
 )
 from shardkit.decode.nvjpeg import NvJPEGDecoder, decode_crop_batch, probe_batch
@@ -27,8 +27,8 @@ from shardkit.decode.pil import PILDecoder, pil_flavor, pil_info
 from shardkit.decode.resize import RESIZE_FILTERS, resize_into, simd_level
 from shardkit.decode.roi import ROIDecoder
 from shardkit.decode.turbo import TurboJPEGDecoder
-from shardkit.errors import ConfigError
-from shardkit.images.sniff import DEFAULT_MAX_PIXELS, PixelLimitError
+from shardkit.errors import ConfigError, DecodeWarningError, PixelLimitError
+from shardkit.images.sniff import DEFAULT_MAX_PIXELS
 
 __all__ = [
     "DECODERS", "AUTO_ORDER", "get_decoder", "available_decoders", "decoder_environment",
@@ -88,7 +88,7 @@ def get_decoder(name: str = "auto", *, fast_dct: bool = False, fast_upsample: bo
             default (see benchmarks/bench_decode.py for the measured pixel difference).
         fast_upsample: no fancy (triangle) chroma upsampling; off by default.
         max_pixels: refuse images over this many pixels (width * height of the header) with a
-            :class:`~shardkit.images.sniff.PixelLimitError`; None = :data:`DEFAULT_MAX_PIXELS`.
+            :class:`~shardkit.errors.PixelLimitError`; None = :data:`DEFAULT_MAX_PIXELS`.
             The reader's own limit, never the manifest's (see :mod:`shardkit.images.sniff`).
     Raises:
         ConfigError: unknown name, the named backend is unavailable here (says why), or a bad

@@ -19,7 +19,7 @@ policy with :func:`apply_warning_policy` (field case 12).
 
 Pixel limit: every decoder refuses images whose header size is over ``max_pixels`` (constructor
 option; None = ``shardkit.images.sniff.DEFAULT_MAX_PIXELS``) with a
-:class:`~shardkit.images.sniff.PixelLimitError`, whatever the format or backend, and opens
+:class:`~shardkit.errors.PixelLimitError`, whatever the format or backend, and opens
 non-JPEG data with :func:`shardkit.images.sniff.open_image`: the function and limit the packer
 uses, never Pillow's process-wide ``Image.MAX_IMAGE_PIXELS``.
 """
@@ -31,11 +31,12 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from shardkit.decode.resize import resize_into
-from shardkit.errors import ConfigError, DecodeError
+from shardkit.errors import ConfigError, DecodeError, DecodeWarningError
+from shardkit.validate import check_int
 from shardkit.images.sniff import check_pixels, open_image, resolve_max_pixels
 
 __all__ = [
-    "Decoder", "ImageProbe", "DecodeWarningError", "WARNING_POLICIES", "apply_warning_policy",
+    "Decoder", "ImageProbe", "WARNING_POLICIES", "apply_warning_policy",
     "choose_scale", "scaled_size", "is_jpeg", "pil_decode_rgb", "pil_probe", "DCT_REDUCTIONS",
     "FAST_DCT_REDUCTIONS", "loaded_library_path",
 ]
@@ -55,10 +56,6 @@ FAST_DCT_REDUCTIONS: tuple[Fraction, ...] = (Fraction(1, 8), Fraction(1, 4), Fra
 
 #: Policies for decoder warnings: keep the image, skip the sample, or raise.
 WARNING_POLICIES = ("keep", "skip", "raise")
-
-
-class DecodeWarningError(DecodeError):
-    """A decode produced libjpeg warnings and the warning policy is ``"raise"``."""
 
 
 class ImageProbe(NamedTuple):
@@ -137,9 +134,8 @@ def apply_warning_policy(n_warnings: int, policy: str, what: str = "image",
     """
     if policy not in WARNING_POLICIES:
         raise ConfigError(f"warning policy {policy!r} is not one of {WARNING_POLICIES}")
-    if isinstance(n_warnings, bool) or not isinstance(n_warnings, int) or n_warnings < 0:
-        raise ConfigError(f"n_warnings must be an int >= 0 (a decoder's last_warnings), got "
-                          f"{n_warnings!r}")
+    n_warnings = check_int("n_warnings", n_warnings, 0, message="n_warnings must be an int >= 0 "
+                           "(a decoder's last_warnings), got {value!r}")
     if n_warnings == 0 or policy == "keep":
         return True
     if policy == "skip":

@@ -27,8 +27,9 @@ import numpy as np
 
 from shardkit.decode import extensions as _ext
 from shardkit.decode.base import Decoder, ImageProbe, is_jpeg, pil_decode_rgb, pil_probe
-from shardkit.errors import ConfigError, DecodeError
-from shardkit.images.sniff import PixelLimitError, check_pixels, open_image, resolve_max_pixels
+from shardkit.errors import ConfigError, DecodeError, PixelLimitError
+from shardkit.validate import check_int
+from shardkit.images.sniff import check_pixels, open_image, resolve_max_pixels
 
 __all__ = ["NvJPEGDecoder", "BatchProbe", "probe_batch", "decode_crop_batch"]
 
@@ -164,8 +165,7 @@ def decode_crop_batch(datas: Sequence, boxes: Sequence, flips: Sequence, size: i
     if len(boxes) != n or len(flips) != n:
         raise ConfigError(f"decode_crop_batch needs one box and one flip per image: {n} "
                           f"images, {len(boxes)} boxes, {len(flips)} flips")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"size must be a positive int, got {size!r}")
+    size = check_int("size", size, 1, message="size must be a positive int, got {value!r}")
     if interpolation not in _INTERPOLATIONS:
         raise ConfigError(f"interpolation {interpolation!r} is not one of {_INTERPOLATIONS}")
     device = torch.device(device)

@@ -172,7 +172,8 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 def stats_command(out, split, max_samples, save, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
     saved in the manifest."""
-    from shardkit.dataset.manifest import is_url
+    from shardkit.dataset.manifest import MANIFEST_NAME
+    from shardkit.storage.urls import is_url
 
     if save and is_url(out):
         raise CommandError(ConfigError(f"--save rewrites manifest.json, which shardkit does not "
@@ -189,7 +190,7 @@ def stats_command(out, split, max_samples, save, progress, decoder):
     click.echo("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))
     click.echo(format_class_hues(result["hue"]))
     if save:
-        click.echo(f"saved to {Path(out) / 'manifest.json'} under stats/{split}"
+        click.echo(f"saved to {Path(out) / MANIFEST_NAME} under stats/{split}"
                    if result.not_saved is None else f"not saved in "
-                   f"{Path(out) / 'manifest.json'}: {result.not_saved}")
+                   f"{Path(out) / MANIFEST_NAME}: {result.not_saved}")
     click.echo(json.dumps(result))

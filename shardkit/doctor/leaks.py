@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from shardkit.doctor.reading import dataset_max_pixels, decode_rgb, iter_sample_bytes
 from shardkit.errors import ConfigError
+from shardkit.validate import check_int, is_int
 from shardkit.images.neardup import PHASH_THRESHOLD, degenerate_reason, near_pairs, phash64
 
 __all__ = ["PHASH_THRESHOLD", "IMBALANCE_THRESHOLD", "phash64", "group_overlap", "sha_overlap",
@@ -165,10 +166,8 @@ def near_duplicate_pairs(hashes: dict[str, np.ndarray], rows: dict[str, list[dic
     Raises:
         ConfigError: ``threshold`` outside 0-64, or a hash array and its rows differ in length.
     """
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, np.integer)) \
-            or not 0 <= threshold <= 64:
-        raise ConfigError(f"near-duplicate threshold must be a Hamming distance in 0-64; "
-                          f"got {threshold!r}")
+    threshold = check_int("threshold", threshold, 0, 64, message="near-duplicate threshold "
+                          "must be a Hamming distance in 0-64; got {value!r}")
     names = list(hashes)
     where_split, where_pos, parts = [], [], []
     for s, name in enumerate(names):
@@ -205,7 +204,7 @@ def class_counts(rows: Iterable[dict[str, Any]], num_classes: int) -> np.ndarray
     counts = np.zeros(num_classes, dtype=np.int64)
     for row in rows:
         label = row["label"]
-        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_classes:
+        if not is_int(label) or not 0 <= label < num_classes:
             raise ConfigError(f"sample {row['key']!r} has label {label!r}; expected an int in "
                               f"[0, {num_classes})")
         counts[label] += 1

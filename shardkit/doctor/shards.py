@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.errors import ShardCorruptError
 from shardkit.stream.source import check_shard_files
 
@@ -52,7 +52,7 @@ def _check_remote_shards(root: str, manifest: dict[str, Any]) -> None:
 
     import fsspec
 
-    from shardkit.dataset.manifest import join
+    from shardkit.storage.urls import join
 
     fs, base = fsspec.core.url_to_fs(root)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)

@@ -300,7 +300,8 @@ def save_stats(root: str | Path, split: str, result: dict[str, Any],
     dataset's lock (see the module doc). ``computed_on``: the manifest the statistics were
     computed from. Returns None when saved, else the reason it was not (nothing was written
     then); never raises for a dataset that cannot take the result."""
-    from shardkit.dataset.manifest import MANIFEST_NAME, local_path
+    from shardkit.dataset.manifest import MANIFEST_NAME
+    from shardkit.storage.urls import local_path
     from shardkit.dataset.swap import BRIEF_WAIT_S, DatasetLock
 
     root = Path(local_path(root))

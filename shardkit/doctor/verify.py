@@ -52,6 +52,7 @@ import click
 import numpy as np
 
 from shardkit.dataset import manifest as manifest_mod
+from shardkit.storage.urls import is_url, join, local_path
 from shardkit.cli_common import one_line_errors
 from shardkit.errors import ManifestError, ShardkitError
 from shardkit.images.sniff import open_image, resolve_max_pixels
@@ -146,8 +147,8 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
     from shardkit.doctor.reading import load_manifest_dict, stored_resolution
 
     limit = resolve_max_pixels(max_pixels)
-    remote = manifest_mod.is_url(root)  # a wds pack in object storage: shards fetched one by one
-    root = os.fspath(root).rstrip("/") if remote else Path(manifest_mod.local_path(root))
+    remote = is_url(root)  # a wds pack in object storage: shards fetched one by one
+    root = os.fspath(root).rstrip("/") if remote else Path(local_path(root))
     man = load_manifest_dict(root)
     if remote and man["format"] != "wds":
         raise ManifestError(f"{root}: a {man['format']} dataset cannot be verified from a URL "
@@ -309,7 +310,7 @@ def _verify_remote_shard(report, root: str, man, split, idx, shard, recs, decode
     (one GET; the shards are checked one at a time, so the disk holds one), then checked there."""
     import fsspec
 
-    url = manifest_mod.join(root, shard["path"])
+    url = join(root, shard["path"])
     with tempfile.TemporaryDirectory(prefix="shardkit-verify-") as tmp:
         local = Path(tmp) / shard["path"]
         local.parent.mkdir(parents=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..errors import ConfigError, ManifestError
-from shardkit.dataset.manifest import is_url, join
+from shardkit.storage.urls import is_url, join
 from . import hdf5, lmdb_format, wds
 from .base import FormatReader
 
@@ -34,7 +34,7 @@ def open_reader(root, manifest: dict, split: str, shard_idx: int) -> FormatReade
     """A lazy reader for shard ``shard_idx`` of ``split`` (nothing is opened until the first read).
 
     ``root``: a local folder, a ``file://`` URL of one (all formats), or a remote fsspec URL
-    (``wds`` only); :func:`shardkit.dataset.manifest.is_url` decides which.
+    (``wds`` only); :func:`shardkit.storage.urls.is_url` decides which.
 
     Raises:
         ManifestError: the split or shard index is not in the manifest.

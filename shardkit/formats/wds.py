@@ -26,7 +26,8 @@ import os
 import tarfile
 
 from ..errors import ShardCorruptError
-from shardkit.dataset.manifest import is_url, json_bytes
+from shardkit.dataset.manifest import json_bytes
+from shardkit.storage.urls import is_url
 from .base import FormatReader, FormatWriter
 
 __all__ = ["Writer", "Reader", "suffix", "sample_members"]

@@ -23,6 +23,7 @@ import numpy as np
 from shardkit.errors import ConfigError
 from shardkit.images.phash import (FLAT_FRACTION, FLAT_LEVELS, MIN_SIDE, degenerate_reason,
                                    phash64, thumbnail32)
+from shardkit.validate import check_int
 
 __all__ = ["PHASH_THRESHOLD", "MIN_SIDE", "FLAT_LEVELS", "FLAT_FRACTION", "phash64",
            "thumbnail32", "degenerate_reason", "near_pairs", "plan_blocks", "clusters"]
@@ -53,11 +54,8 @@ def _hash_array(hashes) -> np.ndarray:
 
 
 def _threshold(threshold) -> int:
-    if isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, (int, np.integer)) \
-            or not 0 <= threshold <= 64:
-        raise ConfigError(f"near-duplicate threshold must be a Hamming distance, an int in 0-64; "
-                          f"got {threshold!r}")
-    return int(threshold)
+    return check_int("threshold", threshold, 0, 64, message="near-duplicate threshold must be a "
+                     "Hamming distance, an int in 0-64; got {value!r}")
 
 
 def _layout(m: int, t: int) -> list[tuple[int, int, int]]:
@@ -263,12 +261,9 @@ def near_pairs(hashes: np.ndarray, threshold: int = PHASH_THRESHOLD, *,
     n = h.size
     if blocks is None:
         m = plan_blocks(n, t) if n > 1 else 0
-    elif isinstance(blocks, (bool, np.bool_)) or not isinstance(blocks, (int, np.integer)) \
-            or not 0 <= blocks <= min(t + 1, 64):
-        raise ConfigError(f"blocks must be 0 (all pairs) or a number of blocks in 1..{t + 1}; "
-                          f"got {blocks!r}")
     else:
-        m = int(blocks)
+        m = check_int("blocks", blocks, 0, min(t + 1, 64), message=f"blocks must be 0 (all pairs) "
+                      f"or a number of blocks in 1..{t + 1}; got {{value!r}}")
         if m and _cost(n, _layout(m, t)) == math.inf:
             raise ConfigError(f"blocks={m} at threshold {t} needs over {_MAX_FLIPS} bit-flip "
                               "probes per block; use more blocks")
@@ -331,8 +326,7 @@ def clusters(n: int, i: np.ndarray, j: np.ndarray) -> list[list[int]]:
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ConfigError(f"clusters needs a node count n >= 0; got {n!r}")
+    n = check_int("n", n, 0, message="clusters needs a node count n >= 0; got {value!r}")
     i, j = np.asarray(i), np.asarray(j)
     if i.ndim != 1 or j.ndim != 1 or i.shape != j.shape or (
             i.size and (i.dtype.kind not in "iu" or j.dtype.kind not in "iu")):

@@ -52,10 +52,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, features
 
-from shardkit.errors import ConfigError, DecodeError
+from shardkit.errors import ConfigError, DecodeError, PixelLimitError
+from shardkit.validate import check_int
 from shardkit.images.sniff import (
-    DEFAULT_MAX_PIXELS, MEDIA_TYPES, PIL_FORMATS, PixelLimitError, open_image, resolve_max_pixels,
-    sniff)
+    DEFAULT_MAX_PIXELS, MEDIA_TYPES, PIL_FORMATS, open_image, resolve_max_pixels, sniff)
 
 __all__ = ["DEFAULT_MAX_PIXELS", "BACKGROUND", "PNG_COMPRESS_LEVEL", "RULES", "MEDIA_TYPES",
            "DOWNSCALE_FILTER", "DOWNSCALE_REDUCING_GAP", "ImageResult", "sniff", "check_image",
@@ -395,12 +395,10 @@ def check_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS,
         DecodeError: PyTurboJPEG cannot find the libjpeg-turbo library.
     """
     resolve_max_pixels(max_pixels)  # ConfigError unless a positive int
-    if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
-                                 or max_side < 1):
-        raise ConfigError(f"max_side={max_side!r}: expected None or an int >= 1 (pixels)")
-    if isinstance(jpeg_quality, bool) or not isinstance(jpeg_quality, int) \
-            or not 1 <= jpeg_quality <= 100:
-        raise ConfigError(f"jpeg_quality={jpeg_quality!r}: expected an int from 1 to 100")
+    max_side = check_int("max_side", max_side, 1, optional=True,
+                         message="max_side={value!r}: expected None or an int >= 1 (pixels)")
+    jpeg_quality = check_int("jpeg_quality", jpeg_quality, 1, 100,
+                             message="jpeg_quality={value!r}: expected an int from 1 to 100")
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         raise ConfigError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True (set by other code in this "
                           "process); it makes Pillow pad truncated images silently, so shardkit "

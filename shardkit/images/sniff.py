@@ -24,9 +24,10 @@ import io
 
 from PIL import Image
 
-from shardkit.errors import ConfigError, DecodeError
+from shardkit.errors import DecodeError, PixelLimitError
+from shardkit.validate import check_int
 
-__all__ = ["DEFAULT_MAX_PIXELS", "MEDIA_TYPES", "PixelLimitError", "sniff", "resolve_max_pixels",
+__all__ = ["DEFAULT_MAX_PIXELS", "MEDIA_TYPES", "sniff", "resolve_max_pixels",
            "check_pixels", "open_image"]
 
 #: Default pixel limit (width * height): Pillow's own ``PIL.Image.MAX_IMAGE_PIXELS``,
@@ -45,19 +46,6 @@ PIL_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "gif": "GIF", "tiff
 _HEIF_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"hevm", b"hevs",
                 b"mif1", b"msf1"}
 _BMP_DIB_SIZES = {12, 16, 40, 52, 56, 64, 108, 124}
-
-
-class PixelLimitError(DecodeError):
-    """An image's header size is over the pixel limit. Attributes: ``width``, ``height``,
-    ``pixels`` (= width * height) and ``max_pixels``."""
-
-    def __init__(self, width: int, height: int, max_pixels: int):
-        self.width, self.height, self.max_pixels = width, height, max_pixels
-        self.pixels = width * height
-        super().__init__(f"image of {width}x{height} = {self.pixels} pixels is over the limit "
-                         f"max_pixels={max_pixels} (the reader's limit: shardkit's default "
-                         f"{DEFAULT_MAX_PIXELS}, or the max_pixels its caller gave; pack "
-                         f"--max-pixels when packing)")
 
 
 def sniff(data: bytes | memoryview) -> str:
@@ -98,16 +86,15 @@ def resolve_max_pixels(max_pixels: int | None) -> int:
     (pixels, width * height). Raises ConfigError for anything else (bool, float, <= 0)."""
     if max_pixels is None:
         return DEFAULT_MAX_PIXELS
-    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels <= 0:
-        raise ConfigError(f"max_pixels must be a positive int, got {max_pixels!r}")
-    return max_pixels
+    return check_int("max_pixels", max_pixels, 1,
+                     message="max_pixels must be a positive int, got {value!r}")
 
 
 def check_pixels(width: int, height: int, max_pixels: int) -> None:
     """Raise :class:`PixelLimitError` when ``width * height > max_pixels`` (a resolved limit,
     see :func:`resolve_max_pixels`)."""
     if width * height > max_pixels:
-        raise PixelLimitError(width, height, max_pixels)
+        raise PixelLimitError(width, height, max_pixels, default_max_pixels=DEFAULT_MAX_PIXELS)
 
 
 def open_image(data: bytes | memoryview, max_pixels: int | None = None,

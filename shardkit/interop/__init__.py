@@ -46,6 +46,7 @@ from typing import Any, Iterable
 
 from shardkit.dataset import manifest as manifest_mod
 from shardkit.dataset.writer_config import WDS_MEMBER_OPTIONS, WriterConfig
+from shardkit.storage.urls import local_path
 from shardkit.errors import ConfigError, ShardCorruptError
 from shardkit.storage.atomic import atomic_write_bytes
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
@@ -157,7 +158,7 @@ def export(root: str | Path, tools: Iterable[str] = TOOLS) -> list[Path]:
     unknown = [t for t in tools if t not in TOOLS]
     if unknown or not tools:
         raise ConfigError(f"tools {list(tools)}: expected one or more of {list(TOOLS)}")
-    root = Path(manifest_mod.local_path(root))
+    root = Path(local_path(root))
     manifest = manifest_mod.load_manifest(root)
     if manifest["format"] != "wds":
         raise ConfigError(f"{root} holds {manifest['format']!r} shards; only 'wds' (tar) shards "

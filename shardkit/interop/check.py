@@ -32,6 +32,7 @@ import yaml
 
 from shardkit.dataset import manifest as manifest_mod
 from shardkit.dataset.writer_config import WriterConfig
+from shardkit.storage.urls import is_url, join, local_path, read_location
 from shardkit.errors import ShardkitError
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME, card_text
 from shardkit.interop.shards import (DALI_INDEX_NAME, DALI_INDEX_VERSION, ShardMembers,
@@ -46,8 +47,8 @@ class _Store:
     """Reads the dataset's small files, local or in object storage."""
 
     def __init__(self, root):
-        self.remote = manifest_mod.is_url(root)
-        self.root = str(root).rstrip("/") if self.remote else Path(manifest_mod.local_path(root))
+        self.remote = is_url(root)
+        self.root = str(root).rstrip("/") if self.remote else Path(local_path(root))
         self.fs = self.base = None
         self.listable = True
         if self.remote:
@@ -68,7 +69,7 @@ class _Store:
     def read_text(self, rel: str) -> str | None:
         """The file's text (undecodable bytes replaced), None when it does not exist."""
         try:
-            data = manifest_mod.read_location(manifest_mod.join(self.root, rel))
+            data = read_location(join(self.root, rel))
         except FileNotFoundError:
             return None
         return data.decode("utf-8", "replace")

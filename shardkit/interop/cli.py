@@ -21,7 +21,7 @@ def _local_dataset(ctx, param, value: str) -> Path:
     """OUT: a local dataset folder; a URL is refused in one line (export writes files beside
     the shards, which shardkit does not do in object storage)."""
     from shardkit.errors import ConfigError
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     if is_url(value):
         raise CommandError(ConfigError(

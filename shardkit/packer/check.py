@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 from shardkit.images import neardup
 from shardkit.errors import SourceError
 from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url, url_protocol
 from shardkit.packer.records import CheckRecords
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def _unreadable(e: BaseException, location: str) -> str:
         cause = e.__cause__ or e.__context__
         if cause is not None and not isinstance(cause, FileNotFoundError):
             return f"unreadable: {type(cause).__name__}: {cause}"
-        if e.strerror is None and location.lower().startswith(("http://", "https://")):
+        if e.strerror is None and url_protocol(location) in ("http", "https"):
             return "unreadable: not found (HTTP 404)"  # fsspec's HTTP: a bare one is a 404
         return f"unreadable: {e.strerror or 'not found'}"
     if isinstance(e, OSError) and type(e).__module__ == "builtins" and e.strerror:

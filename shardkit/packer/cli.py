@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.errors import ShardkitError
 from shardkit.formats import FORMATS  # the registry decides the --format choices
 from shardkit.packer.assign import SPLIT_METHODS

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from shardkit.sources import csvlist, layouts as layout
 from shardkit.errors import ConfigError, ShardkitError
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.packer.assign import SplitPlan, given_splits
 
 if TYPE_CHECKING:

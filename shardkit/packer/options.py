@@ -4,13 +4,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import shardkit.packer.shards as pack_shards
 from shardkit.errors import ConfigError
+from shardkit.validate import check_int, is_int
 from shardkit.sources.layouts import LAYOUTS
 from shardkit.sources.groups import compile_group_regex
 from shardkit.packer.assign import SPLIT_METHODS, parse_split_spec, validate_ratios
@@ -244,9 +244,8 @@ def _unitless_size_note(text: Any) -> str | None:
 
 def _integer(name: str, value: Any, minimum: int, what: str = "an integer") -> int:
     """``value`` as an int >= ``minimum``; ConfigError naming ``name`` otherwise (bools too)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ConfigError(f"{name}={value!r}; expected {what} >= {minimum}")
-    return int(value)
+    return check_int(name, value, minimum, message=f"{{name}}={{value!r}}; expected {what} >= "
+                     "{minimum}")
 
 
 def _writer_options(fmt: str, given: Any) -> dict:
@@ -294,10 +293,10 @@ def parse_size(text: str | int | None) -> int | None:
     Units (case-insensitive): B, K/KB, M/MB, G/GB, T/TB (powers of 1000); KiB, MiB, GiB, TiB
     (powers of 1024). Returns an int >= 1 or None for None. Raises ConfigError naming the text.
     """
-    if text is None or isinstance(text, int):
-        if isinstance(text, int) and text < 1:
-            raise ConfigError(f"size {text} must be >= 1 byte")
-        return text
+    if text is None:
+        return None
+    if is_int(text):
+        return check_int("size", text, 1, message="size {value} must be >= 1 byte")
     s = str(text).strip().lower().replace(" ", "")
     units = {"tib": 1 << 40, "gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "tb": 10**12,
              "gb": 10**9, "mb": 10**6, "kb": 10**3, "t": 10**12, "g": 10**9, "m": 10**6,

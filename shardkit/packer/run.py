@@ -42,13 +42,13 @@ schema: ``docs/DESIGN.md``:
 5. **Output folder** (:mod:`shardkit.packer.outputs`; its rules are checked before step 1, OUT is
    written only now, so a bad option or source changes nothing on disk). ``OUT/manifest.json``
    present -> :class:`~shardkit.errors.OutputExistsError` unless ``overwrite``; one packer per
-   OUT (an exclusive lock, :class:`~shardkit.dataset.swap.OutputLockedError` for the second); OUT
+   OUT (an exclusive lock, :class:`~shardkit.errors.OutputLockedError` for the second); OUT
    that is a file or cannot be written, OUT inside the source and the source inside OUT are
    refused before the scan. Only names shardkit writes are ever deleted (leftovers of a killed
    run are removed and listed; a user's ``splits/fold0.txt`` stays). With ``overwrite`` the new
    dataset is built in ``OUT/.shardkit-new`` and swapped in at the end, so the old one stays
    valid until then. A run that fails removes what it wrote; a full disk raises
-   :class:`~shardkit.packer.outputs.DiskFullError` naming the file. A source where nothing can be
+   :class:`~shardkit.errors.DiskFullError` naming the file. A source where nothing can be
    packed raises :class:`~shardkit.errors.SourceError` (reasons counted) and writes nothing.
 6. **Write**: each split is shuffled with a generator seeded by ``(seed, split position, crc32 of
    the name)`` so shards are not class-sorted (field case 7); keys are ``f"{split}_{i:08d}"``;
@@ -84,6 +84,7 @@ from typing import Any
 
 from shardkit import interop
 from shardkit.dataset import manifest as manifest_mod
+from shardkit.storage.urls import is_url, local_path
 import shardkit.packer.check as pack_check
 import shardkit.packer.scan as pack_scan
 import shardkit.packer.shards as pack_shards
@@ -169,7 +170,7 @@ def pack(src, out, *, options: PackOptions | None = None, **kwargs: Any) -> Pack
                                         write.transcoded_counts(checked, outcome.keep))
         interop.write_pack_metadata(  # what timm / DALI / HF readers look for
             root, manifest, members=target.shard_members)
-        with write.naming_file(root / "manifest.json"):
+        with write.naming_file(root / manifest_mod.MANIFEST_NAME):
             manifest_mod.write_manifest(root, manifest)  # LAST: its presence means "finished"
         target.commit()
     summary = PackSummary.from_manifest(
@@ -194,9 +195,9 @@ def _engine(opts: PackOptions) -> Engine:
 def _location(path) -> Path | str:
     """A local path, resolved, or a remote fsspec URL (``s3://``, ``gs://``, ``https://``) as
     its text without a trailing ``/``."""
-    if manifest_mod.is_url(path):
+    if is_url(path):
         return os.fspath(path).rstrip("/")
-    return Path(manifest_mod.local_path(path)).resolve()
+    return Path(local_path(path)).resolve()
 
 
 def _fail_if_nothing_to_pack(src: Path, source, keep: list[int], quarantine: list[dict]) -> None:

@@ -18,7 +18,7 @@ import shardkit.sources.folder as folder_scan
 import shardkit.sources.groups as group_rules
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.sources.labels import LabelMap
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 
 if TYPE_CHECKING:
     from shardkit.packer.options import PackOptions

@@ -6,8 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardkit.dataset import manifest as manifest_mod
 from shardkit.humanize import count_text
+from shardkit.storage.urls import join
 
 __all__ = ["PackSummary", "printable", "reason_kind"]
 
@@ -87,7 +87,7 @@ class PackSummary:
         lines.append(f"  scanned {self.num_files} = packed {self.num_packed} + quarantined "
                      f"{self.num_quarantined}" + (f" ({reasons})" if reasons else ""))
         if self.num_quarantined:
-            lines.append(f"    rejected files, one reason each: {manifest_mod.join(self.out, 'quarantine.jsonl')}")
+            lines.append(f"    rejected files, one reason each: {join(self.out, 'quarantine.jsonl')}")
         rules = ", ".join(f"{r}={n}" for r, n in self.transcoded.items())
         lines.append(f"  transcoded: {sum(self.transcoded.values())} samples"
                      + (f" ({rules})" if rules else "") + "; the others are stored as the "

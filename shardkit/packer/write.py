@@ -27,7 +27,7 @@ from tqdm import tqdm
 from shardkit import __version__, formats
 from shardkit.dataset import manifest as manifest_mod
 from shardkit.dataset.writer_config import WRITER_FIELD, WriterConfig
-from shardkit.errors import ConfigError, ShardkitError, SourceError
+from shardkit.errors import ConfigError, PackInvariantError, SourceError
 from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.sources.labels import LabelMap
 from shardkit.packer.outputs.owned import QUARANTINE_NAME
@@ -45,10 +45,6 @@ __all__ = ["PackInvariantError", "QUARANTINE_NAME", "write_quarantine", "write_s
            "build_manifest", "naming_file"]
 
 logger = logging.getLogger("shardkit.pack")
-
-
-class PackInvariantError(ShardkitError):
-    """The packer's own bookkeeping does not add up (scanned != packed + quarantined); a bug."""
 
 
 # ----------------------------------------------------------------------------- 5: quarantine

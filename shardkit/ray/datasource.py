@@ -110,6 +110,6 @@ class SplitDatasource(ray.data.Datasource):
 
 
 def _shard_location(root: str, path: str) -> str:
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     return f"{root.rstrip('/')}/{path}" if is_url(root) else os.path.join(root, path)

@@ -84,7 +84,7 @@ def make_spec(root, split: str, *, decode: str = "bytes", transform=None,
             with ``decode="eval"``, the batch ops ``mixup`` / ``cutmix``).
     """
     from shardkit.images.sniff import resolve_max_pixels
-    from shardkit.dataset.manifest import is_url, local_path
+    from shardkit.storage.urls import is_url, local_path
     from shardkit.stream.options import ON_ERROR, ON_WARNING
     from shardkit.stream.state import check_epoch
 

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from shardkit.sources import layouts as layout_mod
 from shardkit.errors import ConfigError, SourceError
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.sources.items import (
     ScanResult, SourceItem, check_unique, path_kind, listing, nfc, unreachable_reason)
 
@@ -43,7 +43,7 @@ def _read_csv(csv_path: str) -> tuple[list[str], list[dict[str, str]]]:
     """``(header, rows)`` of a local CSV file, or of an object-store URL (one GET)."""
     try:
         if is_url(csv_path):
-            from shardkit.dataset.manifest import read_location
+            from shardkit.storage.urls import read_location
 
             text = read_location(csv_path).decode("utf-8-sig")
             return parse_csv(io.StringIO(text, newline=""), csv_path)

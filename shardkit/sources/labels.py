@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 import yaml
 
 from shardkit.errors import LabelError, UnknownLabelError
+from shardkit.validate import is_int
 
 __all__ = ["normalize_label", "LabelMap"]
 
@@ -58,7 +59,7 @@ def _name(value: object, where: str) -> str:
     """A class or alias name from YAML: a string, or an int (folder names like ``0``..``9``)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         return str(value)
     raise LabelError(f"label map {where!r}: name {value!r} ({type(value).__name__}) is not a "
                      f"string; quote it in the YAML (yes/no/on/off/null and decimals are not "

@@ -150,7 +150,7 @@ def two_level_error(root: str, shape: Mapping[str, Counter]) -> SourceError:
         root: the source folder, or the URL of an object-store prefix.
         shape: top folder -> Counter of files per sub-folder.
     """
-    from shardkit.dataset.manifest import is_url
+    from shardkit.storage.urls import is_url
 
     parts = []
     for top, subs in list(shape.items())[:_SHOWN]:

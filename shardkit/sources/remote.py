@@ -20,7 +20,7 @@
   exists only through its marker. Symbolic-link rules are local-only.
 
 Item ``path`` is the object's full URL with its protocol (what
-:func:`shardkit.dataset.manifest.read_location` and ``fsspec.open`` take), ``relpath`` is relative to
+:func:`shardkit.storage.urls.read_location` and ``fsspec.open`` take), ``relpath`` is relative to
 the prefix, ``ScanResult.root`` is the URL (without a trailing ``/``), ``kind`` is ``"folder"``
 (``"csv"`` for a list).
 
@@ -54,6 +54,7 @@ import shardkit.sources.folder as folder_scan
 import shardkit.sources.items as source_items
 from shardkit.errors import ConfigError, SourceError
 from shardkit.sources.items import ScanResult, SourceItem
+from shardkit.storage.urls import split_url, url_protocol
 
 __all__ = ["scan_url"]
 
@@ -103,7 +104,7 @@ def _filesystem(url: str):
     unknown or its package missing."""
     import fsspec
 
-    protocol = url.split("::")[-1].partition("://")[0].lower()
+    protocol = url_protocol(url)
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as e:
@@ -309,7 +310,7 @@ def _scan_csv_url(fs, path: str, url: str, split_column: str | None) -> ScanResu
 def _url_row(base: str):
     """The row rule of a remote CSV (``base``: its URL folder) for a cell that is not a URL: a
     relative path becomes a URL under ``base``; an absolute local path is a local file."""
-    protocol, _, folder = base.partition("://")
+    protocol, folder = split_url(base)
     local = csvlist._local_row(base)  # an absolute path ignores base (and is its own relpath)
 
     def locate(raw: str, item: SourceItem, out: ScanResult) -> bool:

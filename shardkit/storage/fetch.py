@@ -7,7 +7,7 @@ reads in flight in a thread pool while the caller works on the files already rea
 the results in input order, so a check task decodes file ``i`` while files ``i+1 ..
 i+concurrency`` are on the wire. fsspec's own filesystems do the I/O (s3fs, gcsfs and HTTP run
 their requests on fsspec's event loop thread; the pool threads only wait), so this is the same
-read as :func:`shardkit.dataset.manifest.read_location`, concurrently.
+read as :func:`shardkit.storage.urls.read_location`, concurrently.
 
 Local paths are read one after the other in the caller's thread, as before: the page cache and
 the disk's own read-ahead serve them, and the order of reads stays the one the pack documents.
@@ -20,7 +20,7 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Iterator
 
-from shardkit.dataset.manifest import is_url, read_location
+from shardkit.storage.urls import is_url, read_location
 
 __all__ = ["iter_read", "read_one", "DEFAULT_CONCURRENCY"]
 

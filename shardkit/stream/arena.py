@@ -64,10 +64,10 @@ import weakref
 
 import numpy as np
 
-from ..errors import ShardkitError
+from ..errors import ArenaUnavailable
 from shardkit.dataset.manifest import sample_checksum
 
-__all__ = ["Arena", "ArenaUnavailable", "HEADER_BYTES", "TABLE", "table_layout", "untrusted"]
+__all__ = ["Arena", "HEADER_BYTES", "TABLE", "table_layout", "untrusted"]
 
 log = logging.getLogger("shardkit.stream.cache")
 
@@ -81,11 +81,6 @@ TABLE = (("offset", np.int64), ("width", np.int32), ("height", np.int32), ("cw",
           ("ch", np.int32), ("xxh3", np.uint64), ("warnings", np.uint16), ("state", np.uint8))
 _GEOMETRY = ("offset", "width", "height", "cw", "ch")
 _OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class ArenaUnavailable(ShardkitError):
-    """The arena cannot be created or attached (no space, in use with another identity, a file
-    of another user, a symbolic link)."""
 
 
 def _align(x: int, a: int) -> int:

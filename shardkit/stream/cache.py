@@ -43,9 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError, ShardkitError
+from ..errors import ArenaUnavailable, ConfigError, ShardkitError
+from ..validate import check_int
 from shardkit.dataset.manifest import read_split_records
-from .arena import Arena, ArenaUnavailable, table_layout
+from .arena import Arena, table_layout
 
 __all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
            "SHM_MARGIN", "cache_identity", "cached_size", "available_memory", "free_bytes",
@@ -216,9 +217,7 @@ class DecodedCache:
     def __init__(self, source, transform, mode: str, directory: str | None,
                  max_side: int | None = None, kind: str = "pixels", verify: bool = True,
                  image_size: int | None = None, transport_bytes: int = 0):
-        if max_side is not None and (isinstance(max_side, bool) or not isinstance(max_side, int)
-                                     or max_side < 1):
-            raise ConfigError(f"cache_max_side={max_side!r}: expected None or an int >= 1")
+        max_side = check_int("cache_max_side", max_side, 1, optional=True)
         if kind not in CACHE_EVAL:
             raise ConfigError(f"cache_eval={kind!r}: expected one of {list(CACHE_EVAL)}")
         self.mode, self.kind, self.max_side = mode, kind, max_side

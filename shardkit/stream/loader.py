@@ -24,6 +24,7 @@ from typing import Iterator
 import torch
 
 from ..errors import ConfigError, LoaderError, ShardkitError
+from ..validate import check_int
 from .backends import ProcessBackend, ThreadBackend
 from .cache import make_cache, parse_cache, shm_reserve
 from .datasets import BatchDataset
@@ -266,12 +267,6 @@ def _augment_on_device(images: torch.Tensor, programs: list, device) -> torch.Te
     return apply_batch(images.to(device, non_blocking=True), programs)
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r}: expected an int >= {minimum}")
-    return value
-
-
 def _resolve_transform(transform, train: bool, image_size: int | None):
     """``(callable, S)`` from a ``TransformConfig``, a callable, or None (the default config)."""
     from ..transforms import TransformConfig, make_transform
@@ -449,11 +444,11 @@ def _check_sizes(batch_size, num_workers, prefetch_factor) -> int:
     Raises:
         ConfigError: a count that is not an int (bools refused) of at least 1 (0 workers).
     """
-    _check_int("batch_size", batch_size, 1)
-    _check_int("num_workers", num_workers, 0)
+    check_int("batch_size", batch_size, 1)
+    check_int("num_workers", num_workers, 0)
     if prefetch_factor is None:
         prefetch_factor = 2
-    return _check_int("prefetch_factor", prefetch_factor, 1)
+    return check_int("prefetch_factor", prefetch_factor, 1)
 
 
 def _check_options(sampling, workers) -> tuple[SamplingOptions, WorkerOptions]:

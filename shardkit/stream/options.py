@@ -13,6 +13,7 @@ import multiprocessing
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..validate import check_int
 from ..sharding import BALANCE, EVEN_RULES, MODES
 
 __all__ = ["SamplingOptions", "WorkerOptions", "BACKENDS", "ON_ERROR", "ON_WARNING",
@@ -66,12 +67,6 @@ def resolve_train(train, split: str, what: str = "loader") -> bool:
     return train
 
 
-def _opt_int(name: str, value, minimum: int) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < minimum):
-        raise ConfigError(f"{name}={value!r}: expected None or an int >= {minimum}")
-
-
 @dataclass(frozen=True)
 class SamplingOptions:
     """Which samples each rank reads in an epoch, in which order (see :mod:`shardkit.sharding`).
@@ -111,9 +106,9 @@ class SamplingOptions:
         for name, allowed in (("even", EVEN_RULES), ("mode", MODES), ("balance", BALANCE)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}")
-        _opt_int("samples_per_epoch", self.samples_per_epoch, 1)
-        _opt_int("rank", self.rank, 0)
-        _opt_int("world_size", self.world_size, 1)
+        for name, minimum in (("samples_per_epoch", 1), ("rank", 0), ("world_size", 1)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum,
+                                                     optional=True))
         if (self.rank is None) != (self.world_size is None):
             raise ConfigError(f"give both rank and world_size or neither (got rank={self.rank!r}, "
                               f"world_size={self.world_size!r})")

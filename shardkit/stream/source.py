@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import get_worker_info
 
-from ..errors import ConfigError, DecodeError, ShardCorruptError
+from ..errors import ConfigError, DecodeError, PixelLimitError, ShardCorruptError
+from ..validate import is_int
 from ..formats import open_reader
-from shardkit.images.sniff import PixelLimitError, resolve_max_pixels
-from shardkit.dataset.manifest import is_url, join, load_index, load_manifest, sample_checksum
+from shardkit.images.sniff import resolve_max_pixels
+from shardkit.dataset.manifest import load_index, load_manifest, sample_checksum
+from shardkit.storage.urls import is_url, join
 from .options import ON_ERROR
 
 __all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count"]
@@ -45,11 +47,10 @@ def dist_rank_world(rank: int | None = None, world_size: int | None = None) -> t
             rank, world_size = dist.get_rank(), dist.get_world_size()
         else:
             rank, world_size = 0, 1
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
-            and 0 <= rank < world_size):
+    if not (is_int(world_size) and world_size >= 1 and is_int(rank) and 0 <= rank < world_size):
         raise ConfigError(f"rank={rank!r}, world_size={world_size!r}: expected ints with "
                           "0 <= rank < world_size")
-    return rank, world_size
+    return int(rank), int(world_size)
 
 
 def worker_id_count() -> tuple[int, int]:

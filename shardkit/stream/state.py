@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 
-from ..errors import ConfigError, LoaderError
+from ..errors import LoaderError
 from ..sharding import EpochPlan, plan_epoch, rank_count
+from ..validate import check_int
 from .options import SamplingOptions, is_eval_split
 from .source import ShardSource, dist_rank_world
 
@@ -26,9 +26,7 @@ log = logging.getLogger("shardkit.stream")
 
 def check_epoch(epoch) -> int:
     """``epoch`` as an int; ConfigError unless it is an int >= 0 (bools refused)."""
-    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-        raise ConfigError(f"epoch={epoch!r}: expected an int >= 0")
-    return int(epoch)
+    return check_int("epoch", epoch, 0)
 
 
 class EpochState:
@@ -119,9 +117,7 @@ class Sampling:
     def set_streams(self, streams: int) -> None:
         """How many contiguous ranges a rank's epoch is cut into (see
         :func:`shardkit.sharding.stream_order`); part of the plan, so keep it when resuming."""
-        if isinstance(streams, bool) or not isinstance(streams, (int, np.integer)) or streams < 1:
-            raise ConfigError(f"streams={streams!r}: expected an int >= 1")
-        self.state.streams = int(streams)
+        self.state.streams = check_int("streams", streams, 1)
 
     def rank_samples(self) -> int:
         """Samples (pad repeats included) this rank reads per epoch, from manifest counts."""

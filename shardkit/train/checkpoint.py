@@ -31,20 +31,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, ConfigError, OutputExistsError
+from ..errors import CheckpointError, ConfigError, OutputExistsError, ResumeMismatchError
+from ..validate import is_int
 from shardkit.storage.atomic import atomic_write_with
 from .config import SCHEDULE_FIELDS, TrainConfig
 
 __all__ = ["save_checkpoint", "load_checkpoint", "safe_load", "resolve_resume",
            "check_resume_config", "check_resume_classes", "rng_state", "set_rng_state",
-           "CHECKPOINT_FORMAT", "ResumeMismatchError", "check_run_folder", "RESUME_FIELDS"]
+           "CHECKPOINT_FORMAT", "check_run_folder", "RESUME_FIELDS"]
 
 CHECKPOINT_FORMAT = "shardkit-train-checkpoint"
 log = logging.getLogger(__name__)
-
-
-class ResumeMismatchError(ConfigError):
-    """``--resume`` was given a config whose schedule-defining fields differ from the checkpoint."""
 
 
 def rng_state() -> dict:
@@ -113,10 +110,6 @@ def safe_load(path: str | Path, what: str = "checkpoint"):
                               f"({type(e).__name__}: {detail[:160]})") from None
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _optional_dict(value) -> bool:
     return value is None or isinstance(value, dict)
 
@@ -127,10 +120,10 @@ RESUME_FIELDS = {
     "optimizer": ("an optimizer state_dict (dict)", lambda v: isinstance(v, dict)),
     "scheduler": ("a scheduler state_dict (dict)", lambda v: isinstance(v, dict)),
     "scaler": ("a GradScaler state_dict or None", _optional_dict),
-    "epoch": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "epoch": ("an int >= 0", lambda v: is_int(v) and v >= 0),
     "epoch_done": ("a bool", lambda v: isinstance(v, bool)),
-    "epoch_batches": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
-    "step": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "epoch_batches": ("an int >= 0", lambda v: is_int(v) and v >= 0),
+    "step": ("an int >= 0", lambda v: is_int(v) and v >= 0),
     "loader": ("a loader state (dict) or None", _optional_dict),
     "config": ("the run's TrainConfig (dict)", lambda v: isinstance(v, dict)),
     "classes": ("a list of class names (str)", lambda v: isinstance(v, (list, tuple)) and bool(v)
@@ -138,7 +131,7 @@ RESUME_FIELDS = {
     "best": ("a dict with monitor/value/epoch/step, or None",
              lambda v: v is None or (isinstance(v, dict)
                                      and {"monitor", "value", "epoch", "step"} <= set(v))),
-    "bad_evals": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "bad_evals": ("an int >= 0", lambda v: is_int(v) and v >= 0),
     "history": ("a list of metrics entries", lambda v: isinstance(v, (list, tuple))),
     "rng": ("RNG states with python, numpy and torch", lambda v: isinstance(v, dict)
             and {"python", "numpy", "torch"} <= set(v)),

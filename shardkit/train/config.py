@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..validate import check_int
 
 __all__ = ["TrainConfig", "CONFIG_DIR", "DEFAULT_WARMUP_EPOCHS", "DEFAULT_WARMUP_MAX_FRACTION",
            "CHOICES", "load_config", "resolve_config_path", "save_config", "SCHEDULE_FIELDS"]
@@ -119,28 +120,26 @@ class TrainConfig:
                     "checkpoint_every")
         for name in positive:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name}={value!r}: expected an integer >= 1")
+            object.__setattr__(self, name, check_int(name, value, 1,
+                                                     message="{name}={value!r}: expected an "
+                                                     "integer >= 1"))
         non_negative = ("num_workers", "overfit_batches", "seed")
         for name in non_negative:
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{name}={value!r}: expected an integer >= 0")
-        if self.warmup_steps is not None and (not isinstance(self.warmup_steps, int)
-                                              or isinstance(self.warmup_steps, bool)
-                                              or self.warmup_steps < 0):
-            raise ConfigError(f"warmup_steps={self.warmup_steps!r}: expected an integer >= 0 "
-                              "or null")
+            object.__setattr__(self, name, check_int(name, value, 0,
+                                                     message="{name}={value!r}: expected an "
+                                                     "integer >= 0"))
+        object.__setattr__(self, "warmup_steps", check_int(
+            "warmup_steps", self.warmup_steps, 0, optional=True,
+            message="{name}={value!r}: expected an integer >= 0 or null"))
         from ..stream.cache import CACHE_EVAL, parse_cache
 
         parse_cache(self.cache)  # ConfigError naming the value
         if self.cache_eval not in CACHE_EVAL:
             raise ConfigError(f"cache_eval={self.cache_eval!r} is not one of {list(CACHE_EVAL)}")
-        if self.cache_max_side is not None and (isinstance(self.cache_max_side, bool) or not
-                                                isinstance(self.cache_max_side, int)
-                                                or self.cache_max_side < 1):
-            raise ConfigError(f"cache_max_side={self.cache_max_side!r}: expected an integer "
-                              ">= 1 or null")
+        object.__setattr__(self, "cache_max_side", check_int(
+            "cache_max_side", self.cache_max_side, 1, optional=True,
+            message="{name}={value!r}: expected an integer >= 1 or null"))
         from ..augment import AugmentSpec
 
         spec = AugmentSpec.parse(self.augment)  # ConfigError naming the op or parameter
@@ -159,8 +158,9 @@ class TrainConfig:
                 raise ConfigError(f"{name}={value!r}: expected a split name")
         for name in ("max_steps", "patience", "samples_per_epoch"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name}={value!r}: expected an integer >= 1 or null")
+            object.__setattr__(self, name, check_int(name, value, 1, optional=True,
+                                                     message="{name}={value!r}: expected an "
+                                                     "integer >= 1 or null"))
         for name in ("lr", "momentum", "weight_decay", "warmup_epochs", "min_lr", "focal_gamma"):
             value = getattr(self, name)
             if value is None and name == "warmup_epochs":

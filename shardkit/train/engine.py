@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..augment import AugmentSpec
-from ..errors import CheckpointError, ConfigError, LoaderError, ShardkitError
+from ..errors import CheckpointError, ConfigError, EvalCountError, TrainingDivergedError
 from shardkit.storage.atomic import atomic_write_bytes
 from .checkpoint import (RESUME_FIELDS, check_resume_classes, check_resume_config,
                          check_run_folder, load_checkpoint, resolve_resume,
@@ -40,18 +40,9 @@ from .model import build_model, check_labels, load_pretrained, probe_model, unwr
 from .optim import build_loss, build_optimizer, build_scheduler, resolve_warmup
 from .run_setup import resolve_splits, setup_process
 
-__all__ = ["train", "Trainer", "resolve_splits", "setup_process", "EvalCountError",
-           "TrainingDivergedError"]
+__all__ = ["train", "Trainer", "resolve_splits", "setup_process"]
 
 log = logging.getLogger("shardkit.train")
-
-
-class EvalCountError(LoaderError):
-    """A merged evaluation did not see every sample of the split exactly once."""
-
-
-class TrainingDivergedError(ShardkitError, FloatingPointError):
-    """The training loss became NaN or infinite (names the step and the learning rate)."""
 
 
 def train(config: TrainConfig) -> dict:

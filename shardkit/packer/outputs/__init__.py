@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.dataset.swap import OutputLockedError
 from shardkit.packer.outputs.base import PackOutput
 from shardkit.packer.outputs.local import LocalOutput

@@ -47,7 +47,7 @@ import os
 from pathlib import Path
 
 from shardkit.dataset import swap
-from shardkit.dataset.manifest import is_url
+from shardkit.storage.urls import is_url
 from shardkit.dataset.swap import DatasetLock, OutputLockedError
 from shardkit.errors import ConfigError
 from shardkit.packer.outputs.base import PackOutput

@@ -33,7 +33,7 @@ from pathlib import Path
 from shardkit.dataset import swap
 from shardkit.dataset.manifest import MANIFEST_NAME
 from shardkit.dataset.swap import LOCK_NAME, STAGING_NAME
-from shardkit.errors import ShardkitError
+from shardkit.errors import DiskFullError
 from shardkit.formats import FORMATS
 from shardkit.interop.hf_card import CARD_MARKER, CARD_NAME
 from shardkit.storage.atomic import fsync_dir
@@ -47,14 +47,6 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """The ``errno`` values of a full disk (or quota) that become :class:`DiskFullError`."""
 _SPLIT = r"[A-Za-z0-9_]+"  # shardkit.packer.assign.SPLIT_NAME_RE
 _CARD_HEAD = 1 << 16  # the card's marker line is in its first 64 KiB
-
-
-class DiskFullError(ShardkitError, OSError):
-    """No space left on the device (or quota) while writing a pack; ``filename`` is the file that
-    was being written, ``errno`` is ``ENOSPC`` or ``EDQUOT``. The files of the run were removed."""
-
-    def __str__(self) -> str:
-        return str(self.strerror)
 
 
 def _owned_patterns() -> dict[str, re.Pattern]:

@@ -55,14 +55,14 @@ import socket
 import time
 from pathlib import Path
 
-from shardkit.dataset.manifest import is_url, json_bytes
-from shardkit.errors import ConfigError
+from shardkit.dataset.manifest import json_bytes
+from shardkit.errors import ConfigError, DiskFullError, UploadError
+from shardkit.storage.urls import is_url
 from shardkit.packer.outputs import upload as uploads
 from shardkit.packer.outputs.base import PackOutput
-from shardkit.packer.outputs.owned import (CARD_NAME, MANIFEST_NAME, DiskFullError,
-                                           is_our_card_head, manifest_first, owned_entries,
+from shardkit.packer.outputs.owned import (CARD_NAME, MANIFEST_NAME, is_our_card_head, manifest_first, owned_entries,
                                            owned_name)
-from shardkit.packer.outputs.upload import UploadError, remote_fs, staging_folder
+from shardkit.packer.outputs.upload import remote_fs, staging_folder
 
 __all__ = ["RemoteOutput", "UploadError", "PROBE_NAME", "REMOTE_FORMATS"]
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardkit.dataset.manifest import json_bytes
-from shardkit.errors import ConfigError, ShardCorruptError, ShardkitError
+from shardkit.errors import ConfigError, ShardCorruptError, UploadError
 from shardkit.interop.shards import ShardMembers, scan_shard
 from shardkit.storage.procs import pid_alive
 
@@ -39,10 +39,6 @@ logger = logging.getLogger("shardkit.pack")
 STAGING_MARKER = ".shardkit-staging.json"
 """The file :func:`staging_folder` writes into each local staging folder it creates:
 ``{"pid", "host", "token", "started"}``."""
-
-
-class UploadError(ShardkitError):
-    """An upload into the remote ``OUT`` failed, or the object's size is not the local file's."""
 
 
 def remote_fs(url: str):
