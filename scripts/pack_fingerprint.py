@@ -13,7 +13,9 @@ The configurations cover the three formats, both engines, both split methods, gi
 and an object-store ``OUT`` (a local moto S3 server; skipped with a note when moto is missing).
 Exit 0 when the files are identical, 1 listing each configuration and file that differs. An LMDB
 shard is compared by its records (its free pages hold arbitrary bytes, so two packs of one input
-differ there), and the manifest with LMDB shards' file sha256 left out.
+differ there; packs since the writer zeroes them are byte-identical), and the manifest with LMDB
+shards' file sha256 left out. ``manifest.json without writer`` compares the manifest without its
+``writer`` section (the writer's options, recorded since that section was added).
 """
 from __future__ import annotations
 
@@ -106,9 +108,36 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _manifest_without_writer(path: Path) -> str:
+    """The manifest's digest without its ``writer`` section (the record of the writer's options
+    that packs made before it was added do not have)."""
+    manifest = json.loads(path.read_text())
+    manifest.pop("writer", None)
+    tmp = path.with_name(".fingerprint-manifest.json")
+    tmp.write_text(json.dumps(manifest))
+    try:
+        return _digest_named(tmp, "manifest.json")
+    finally:
+        tmp.unlink()
+
+
+def _digest_named(path: Path, name: str) -> str:
+    if name == "manifest.json":
+        manifest = json.loads(path.read_text())
+        for split in manifest.get("splits", {}).values():
+            for shard in split.get("shards", []):
+                if shard.get("path", "").endswith(".lmdb"):
+                    shard["sha256"] = "(lmdb file bytes)"
+        return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    return _digest(path)
+
+
 def _digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): _digest(p)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    out = {str(p.relative_to(root)): _digest(p)
+           for p in sorted(root.rglob("*")) if p.is_file()}
+    if (root / "manifest.json").is_file():
+        out["manifest.json without writer"] = _manifest_without_writer(root / "manifest.json")
+    return out
 
 
 def _pack(args: list[str], out: str, env: dict | None = None) -> str:
@@ -147,6 +176,11 @@ def _s3(src: dict[str, Path]) -> dict[str, str] | str:
             for obj in page.get("Contents", []):
                 body = client.get_object(Bucket="fingerprint", Key=obj["Key"])["Body"].read()
                 out[obj["Key"][len("ds/"):]] = hashlib.sha256(body).hexdigest()
+                if obj["Key"] == "ds/manifest.json":
+                    manifest = json.loads(body)
+                    manifest.pop("writer", None)
+                    out["manifest.json without writer"] = hashlib.sha256(
+                        json.dumps(manifest, sort_keys=True).encode()).hexdigest()
         return out
     finally:
         server.stop()
