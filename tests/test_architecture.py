@@ -173,6 +173,36 @@ def test_no_private_name_crosses_a_module():
     assert not found, "\n".join(found)
 
 
+def _private_attribute_uses(module: str) -> list[str]:
+    """``alias._name`` where ``alias`` is another shardkit module bound by an import."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in MODULES:
+                    aliases[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(node, module, path.name == "__init__.py")
+            for a in node.names:
+                if f"{source}.{a.name}" in MODULES:
+                    aliases[a.asname or a.name] = f"{source}.{a.name}"
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and aliases[node.value.id] != module
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            out.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: "
+                       f"{aliases[node.value.id]}.{node.attr}")
+    return out
+
+
+def test_no_private_attribute_of_another_module_is_used():
+    found = [use for module in MODULES for use in _private_attribute_uses(module)]
+    assert not found, "\n".join(found)
+
+
 @pytest.mark.parametrize("name", ["pack", "verify"])
 def test_public_functions_stay_functions_after_any_import(name):
     """Importing a submodule binds its name on the parent package; no submodule of shardkit

@@ -28,7 +28,7 @@ from shardkit.storage.urls import is_url
 from shardkit.sources.items import (
     ScanResult, SourceItem, check_unique, path_kind, listing, nfc, unreachable_reason)
 
-__all__ = ["scan_csv", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
+__all__ = ["scan_csv", "local_row", "match_group_metadata", "match_split_metadata", "lacking_metadata_error",
            "csv_location"]
 
 
@@ -109,10 +109,10 @@ def scan_csv(csv_path: str | os.PathLike, root: str | os.PathLike | None = None,
     csv_s = csv_location(csv_path)
     base = os.path.abspath(os.fspath(root)) if root is not None else os.path.dirname(csv_s)
     header, rows = _read_csv(csv_s)
-    return scan_rows(csv_s, header, rows, base, _local_row(base), split_column)
+    return scan_rows(csv_s, header, rows, base, local_row(base), split_column)
 
 
-def _local_row(base: str):
+def local_row(base: str):
     """The row rule of :func:`scan_csv` for a path that is not a URL: ``locate(raw, item)`` adds
     ``item`` (path and relpath from ``raw``) to the scan; returns False for a folder."""
     def locate(raw: str, item: SourceItem, out: ScanResult) -> bool:
@@ -137,7 +137,7 @@ def scan_rows(csv_s: str, header: list[str], rows: list[dict[str, str]], base: s
               split_column: str | None) -> ScanResult:
     """The rules of :func:`scan_csv` over parsed rows (:func:`parse_csv`) of the CSV named
     ``csv_s`` (a path or URL), ``base`` its root; ``locate(raw, item, out)`` resolves a path
-    cell that is not a URL (:func:`_local_row`; :mod:`shardkit.sources.remote` has the remote
+    cell that is not a URL (:func:`local_row`; :mod:`shardkit.sources.remote` has the remote
     one) and returns False when it names a folder. Errors: as :func:`scan_csv`."""
     lacking = [c for c in ("path", "label") if c not in header]
     if lacking:

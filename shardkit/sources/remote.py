@@ -311,7 +311,7 @@ def _url_row(base: str):
     """The row rule of a remote CSV (``base``: its URL folder) for a cell that is not a URL: a
     relative path becomes a URL under ``base``; an absolute local path is a local file."""
     protocol, folder = split_url(base)
-    local = csvlist._local_row(base)  # an absolute path ignores base (and is its own relpath)
+    local = csvlist.local_row(base)  # an absolute path ignores base (and is its own relpath)
 
     def locate(raw: str, item: SourceItem, out: ScanResult) -> bool:
         if os.path.isabs(raw):
