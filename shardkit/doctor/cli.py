@@ -158,8 +158,9 @@ def check_command(dataset, strict, json_path, near_threshold, imbalance_threshol
     read exits 2 with one "Error: ..." line on stderr.
     """
     if no_near_duplicates and near_duplicates == "report":
-        raise click.UsageError("--no-near-duplicates (the old spelling of --near-duplicates off) "
-                               "contradicts --near-duplicates report: give one")
+        raise CommandError(ConfigError("--no-near-duplicates (the old spelling of "
+                                       "--near-duplicates off) contradicts --near-duplicates "
+                                       "report: give one"))
     near = "off" if no_near_duplicates else (near_duplicates or "report")
     report = run_command(check_dataset, dataset, strict=strict, near_duplicates=near == "report",
                          phash_threshold=near_threshold,
