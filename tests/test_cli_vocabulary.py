@@ -176,8 +176,7 @@ def test_pack_and_check_share_the_near_duplicate_names():
 def _check_report(dataset, tmp_path, *flags) -> dict:
     path = tmp_path / f"check{len(list(tmp_path.iterdir()))}.json"
     _run("check", dataset, "--no-transforms", "--json", path, *flags)
-    report = json.loads(path.read_text())
-    return report
+    return json.loads(path.read_text())
 
 
 def test_check_near_threshold_and_its_old_spelling_agree(dataset, tmp_path):
@@ -193,8 +192,9 @@ def test_check_near_duplicates_off_and_its_old_spelling_agree(dataset, tmp_path)
     off = _check_report(dataset, tmp_path, "--near-duplicates", "off")
     assert off["near_duplicates"] is None
     assert off == _check_report(dataset, tmp_path, "--no-near-duplicates")
-    assert _check_report(dataset, tmp_path, "--near-duplicates", "report")["near_duplicates"] \
-        == _check_report(dataset, tmp_path)["near_duplicates"] != None  # noqa: E711
+    report = _check_report(dataset, tmp_path, "--near-duplicates", "report")
+    assert report["near_duplicates"] is not None  # searched: a list of pairs
+    assert report == _check_report(dataset, tmp_path)  # report is the default
     both = CliRunner().invoke(main, ["check", str(dataset), "--no-near-duplicates",
                                      "--near-duplicates", "report"])
     assert both.exit_code == 2

@@ -61,7 +61,7 @@ _DECODER = click.option("--decoder", type=decoder_choice(), default="auto", show
                         help="Decoder (shardkit.decode registry; auto: the fastest that runs "
                         "here).")
 _SEED = click.option("--seed", type=int, default=0, show_default=True,
-                     help="Seed of the samples drawn.")
+                     help="Seed of the samples drawn and of the train crops' randomness.")
 _TCFG = click.option("--transform-config", type=click.Path(exists=True, path_type=Path),
                      default=None, help="YAML file of TransformConfig fields (top level or under "
                      "'transform'), or a `shardkit train` run folder / its config.yaml (the "
