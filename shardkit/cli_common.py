@@ -25,9 +25,22 @@ collapsed) and printable (lone surrogates of file names that are not UTF-8 as ``
 applies the same mapping to every command it runs, as a backstop. :func:`run_command` turns a
 :class:`~shardkit.errors.ShardkitError` of one call into a :class:`CommandError`.
 
-The dataset argument of a command (:func:`dataset_arg`) takes a local folder that must exist or
-an object-store URL. Progress bars (tqdm, on stderr) are on by default when stderr is a terminal
-and off otherwise (pipes, CI logs; :func:`progress_default`); ``--progress`` / ``--no-progress``
+The flag vocabulary every command shares:
+
+- the dataset is the positional ``DATASET`` argument (:func:`dataset_argument`): a local folder,
+  or the URL of a wds dataset in object storage wherever the readers take one (``shardkit pack
+  SRC DATASET`` writes it);
+- ``--out DIR`` is where a command writes its results (``inspect``'s PNG grids, ``bench``'s
+  ``bench.json`` and plots, ``train``'s run folder), never the dataset;
+- ``--split NAME`` is a split name (``pack``'s ratios are ``--split-ratios``);
+- ``--decoder`` is a choice of :func:`decoder_choice`: ``auto`` or a name of the
+  :data:`shardkit.decode.DECODERS` registry;
+- a list option takes a comma list and may be repeated (:class:`CommaList`, :func:`joined`);
+- an old spelling kept for a release is a second name of the same option, or an option whose
+  help starts with :func:`alias_help`'s text; it works as before (never reinterpreted).
+
+Progress bars (tqdm, on stderr) are on by default when stderr is a terminal and off otherwise
+(pipes, CI logs; :func:`progress_default`); ``--progress`` / ``--no-progress``
 (:data:`PROGRESS_OPTION`) force them.
 """
 from __future__ import annotations
@@ -43,7 +56,9 @@ import click
 from shardkit.errors import ShardkitError
 
 __all__ = ["CommandError", "is_store_error", "cannot_run", "one_line_errors", "printable_text",
-           "STORE_PACKAGES", "run_command", "progress_default", "dataset_arg", "PROGRESS_OPTION"]
+           "STORE_PACKAGES", "run_command", "progress_default", "dataset_arg", "PROGRESS_OPTION",
+           "dataset_argument", "new_dataset_arg", "decoder_choice", "CommaList", "joined",
+           "flattened", "alias_help"]
 
 STORE_PACKAGES = ("botocore", "aiobotocore", "boto3", "s3transfer", "s3fs", "gcsfs", "adlfs",
                   "fsspec", "aiohttp", "google.auth", "google.api_core", "google.cloud",
@@ -172,13 +187,87 @@ def progress_default(flag: bool | None) -> bool:
 
 
 def dataset_arg(ctx, param, value: str):
-    """Click callback of a dataset argument (OUT, ROOT): the URL of a wds pack in object
-    storage as it is, else a local folder that must exist."""
+    """Click callback of a dataset argument (DATASET): the URL of a wds pack in object
+    storage as it is, else a local folder that must exist (a ``Path``)."""
     from shardkit.storage.urls import is_url
 
     if is_url(value):
         return value.rstrip("/")
     return click.Path(exists=True, file_okay=False, path_type=Path).convert(value, param, ctx)
+
+
+def new_dataset_arg(ctx, param, value: str):
+    """Click callback of the dataset a command writes (``shardkit pack SRC DATASET``): a URL as
+    it is, else a local ``Path`` (which need not exist yet)."""
+    from shardkit.dataset.manifest import is_url
+
+    return value if is_url(value) else Path(value)
+
+
+def dataset_argument(*, exists: bool = True, nargs: int = 1):
+    """The positional ``DATASET`` argument of a command (its parameter is ``dataset``):
+    :func:`dataset_arg` when ``exists`` (a dataset the command reads), else
+    :func:`new_dataset_arg`. ``nargs=-1``: one or more datasets, given as a tuple (not required
+    by click, so that a command can merge an old option spelling into it)."""
+    check = dataset_arg if exists else new_dataset_arg
+    if nargs == 1:
+        return click.argument("dataset", metavar="DATASET", callback=check)
+
+    def each(ctx, param, values):
+        return tuple(check(ctx, param, v) for v in values)
+
+    return click.argument("dataset", metavar="DATASET...", nargs=nargs, required=False,
+                          callback=each)
+
+
+def decoder_choice() -> click.Choice:
+    """``--decoder``'s type: ``auto`` or a name of :data:`shardkit.decode.DECODERS` (whether
+    that decoder runs here is checked when it is opened)."""
+    from shardkit.decode import DECODERS
+
+    return click.Choice(["auto", *DECODERS])
+
+
+class CommaList(click.ParamType):
+    """A list option's value: items separated by commas (``roi,pil``), each converted by
+    ``item`` (a click type, e.g. a :class:`click.Choice`); gives a tuple. With ``multiple=True``
+    the repeated values are flattened by :func:`flattened`, so ``--decoder roi,pil`` and
+    ``--decoder roi --decoder pil`` are the same."""
+
+    def __init__(self, item: click.ParamType):
+        self.item = item
+        self.name = f"list of {item.name}"
+
+    def get_metavar(self, param, *args, **kwargs):
+        inner = self.item.get_metavar(param, *args, **kwargs) if isinstance(
+            self.item, click.Choice) else None
+        return f"{inner or self.item.name.upper()},..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        items = [v.strip() for v in str(value).split(",")]
+        if any(not v for v in items):
+            self.fail(f"{value!r} has an empty item; expected a comma list such as a,b", param,
+                      ctx)
+        return tuple(self.item.convert(v, param, ctx) for v in items)
+
+
+def flattened(ctx, param, values) -> tuple:
+    """Click callback of a ``multiple=True`` :class:`CommaList` option: the items of every
+    occurrence in order, duplicates dropped."""
+    return tuple(dict.fromkeys(v for group in values for v in group))
+
+
+def joined(ctx, param, values) -> str:
+    """Click callback of a ``multiple=True`` text list option: the occurrences joined with
+    commas (``--cache none --cache ram`` is ``--cache none,ram``), parsed by the command."""
+    return ",".join(values)
+
+
+def alias_help(new: str) -> str:
+    """The help of an option kept as the old spelling of ``new``."""
+    return f"Alias of {new}, the old spelling (kept for one release)."
 
 
 PROGRESS_OPTION = click.option("--progress/--no-progress", default=None,

@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         timings[f"pack_{fmt}"] = _run(f"pack ({fmt})", [
             "pack", str(SAMPLE), str(out / fmt), "--format", fmt,
             "--metadata", str(SAMPLE / "metadata.csv"), "--group-column", "group_flickr_user",
-            "--split", "train=0.7,val=0.15,test=0.15", "--seed", "0", "--shard-samples", "64",
-            "--workers", "2"])
+            "--split-ratios", "train=0.7,val=0.15,test=0.15", "--seed", "0", "--shard-samples",
+            "64", "--workers", "2"])
         _run(f"verify ({fmt})", ["verify", str(out / fmt)])
     data = out / "wds"
     _run("leakage check", ["check", str(data)])
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         "--warmup-steps", "3", "--no-progress"])
     bench = out / "bench"
     _run("loader benchmark", [
-        "bench", "--data", str(data), "--split", "train", "--num-workers", "0,2",
+        "bench", str(data), "--split", "train", "--num-workers", "0,2",
         "--prefetch-factor", "2", "--pin-memory", "off", "--batch-size", "32",
         "--step-ms", "100", "--repeats", "1", "--warmup", "1", "--baseline", "imagefolder",
         "--out", str(bench)])

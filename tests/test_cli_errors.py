@@ -58,7 +58,8 @@ def _commands(tmp_path: Path) -> dict[str, list[str]]:
         "inspect": ["inspect", URL, "--out", str(tmp_path / "grids"), "--no-progress"],
         "train": ["train", "--data", URL, "--out", str(tmp_path / "run"), "--config",
                   "cpu-smoke"],
-        "bench": ["bench", "--data", URL, "--out", str(tmp_path / "bench")],
+        "bench": ["bench", URL, "--out", str(tmp_path / "bench")],
+        "bench --data": ["bench", "--data", URL, "--out", str(tmp_path / "bench")],  # old name
         "cache": ["cache", "build", URL, "--cache", f"disk:{tmp_path / 'cache'}"],
     }
 
@@ -71,7 +72,7 @@ def _one_error_line(result) -> str:
 
 
 @pytest.mark.parametrize("command", ["verify", "check", "stats", "inspect", "train", "bench",
-                                     "cache"])
+                                     "bench --data", "cache"])
 def test_an_unreachable_endpoint_is_exit_2_with_one_line(dead_endpoint, tmp_path, command):
     result = CliRunner().invoke(main, ["-q", *_commands(tmp_path)[command]])
     assert result.exit_code == 2, result.output

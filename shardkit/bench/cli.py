@@ -23,7 +23,10 @@ from shardkit.bench.report import format_table, recommend, write_json
 from shardkit.bench.runner import (RunConfig, add_augment_ratios, add_baseline_rows,
                                    add_cache_ratios, dataset_info, run_rows)
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
-from shardkit.cli_common import one_line_errors
+from shardkit.cli_common import (PROGRESS_OPTION, CommaList, alias_help, dataset_arg,
+                                 dataset_argument, decoder_choice, flattened, joined,
+                                 one_line_errors, progress_default)
+from shardkit.formats import FORMATS
 from shardkit.errors import ConfigError, ShardkitError
 
 __all__ = ["bench_command", "run_bench", "decoder_availability"]
@@ -77,7 +80,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               step_ms: float | None = None,
               model: str | None = None, device: str = "auto", baseline: str = "none",
               expect_pil: str = "any", tolerance: float = 0.05, threshold: float = 0.10,
-              plots: bool = True, echo=click.echo) -> dict:
+              plots: bool = True, echo=click.echo, progress: bool = False) -> dict:
     """The whole ``shardkit bench`` run; returns the ``bench.json`` payload (also written).
 
     ``backends``: comma list of ``make_loader`` backends (``"thread"``, ``"process"``), each run
@@ -88,6 +91,8 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     ``augments``: the ``--augment`` value (:func:`shardkit.bench.augment.parse_augments`: presets
     and spec files comma-separated, or one inline YAML op list alone), each run over the same
     grid; augmented rows get ``ratio_to_none``, the baseline the matching torchvision pipeline.
+    ``echo``: prints the summary, and a line on stderr per row as it starts (None: silent).
+    ``progress``: also a tqdm bar of the rows done, on stderr.
 
     Raises:
         ConfigError: bad option values (named in the message).
@@ -104,8 +109,12 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     rows = grid.rows(infos, decoders, unavailable)
     ran = _decoders_ran(env, decoders)
     t0 = time.perf_counter()
-    progress = (lambda msg: echo(msg, err=True)) if echo else None
-    results = _measure(rows, infos[0], cfg, step, baseline, ran, progress)
+    lines = _RowLines(echo, sum(r.status == "run" for r in rows), progress) if echo else None
+    try:
+        results = _measure(rows, infos[0], cfg, step, baseline, ran, lines)
+    finally:
+        if lines is not None:
+            lines.close()
     rec = recommend(results, step.info(), tolerance=tolerance, threshold=threshold)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -225,6 +234,37 @@ def _decoders_ran(env: dict, decoders: tuple[str, ...]) -> dict:
     return ran
 
 
+class _RowLines:
+    """The ``progress`` callback of :func:`shardkit.bench.runner.run_rows`: each row's line on
+    stderr as it starts, and with ``bar`` a tqdm bar (on stderr) of the rows done; ``total``
+    counts the grid's rows to run (baseline rows, known later, are added as they start)."""
+
+    def __init__(self, echo, total: int, bar: bool):
+        from tqdm import tqdm
+
+        self.echo = echo
+        self.started = 0
+        self.bar = tqdm(total=total, desc="bench", unit="row", file=sys.stderr) if bar else None
+
+    def __call__(self, message: str) -> None:
+        if self.bar is None:
+            self.echo(message, err=True)
+        else:
+            if self.started:
+                self.bar.update(1)  # the previous row is done
+            if self.started >= self.bar.total:
+                self.bar.total = self.started + 1
+                self.bar.refresh()
+            self.bar.write(message, file=sys.stderr)
+        self.started += 1
+
+    def close(self) -> None:
+        if self.bar is not None:
+            if self.started:
+                self.bar.update(1)
+            self.bar.close()
+
+
 def _measure(rows: list, info: dict, cfg: RunConfig, step: Step, baseline: str, ran: dict,
              progress) -> list[dict]:
     """Times every row, then the ImageFolder baseline rows of ``info``'s dataset (``baseline``
@@ -258,76 +298,101 @@ def _echo_summary(echo, results: list[dict], env: dict, rec: dict, out: Path,
          + (f" and {', '.join(plot_files)}" if plot_files else ""))
 
 
-def _data_arg(ctx, param, values):
-    """``--data`` values: URLs of wds datasets in object storage as they are (the loader reads
-    them), else folders that must exist."""
-    from shardkit.cli_common import dataset_arg
+def _data_arg(ctx, param, values) -> tuple:
+    """``--data`` values (the old spelling of DATASET), each as :func:`dataset_arg` takes it."""
+    return tuple(dataset_arg(ctx, param, v) for v in values)
 
-    return tuple(str(dataset_arg(ctx, param, v)) for v in values)
+
+_LIST = dict(multiple=True, metavar="LIST")
+"""A list option: a comma list, repeatable (the occurrences are joined)."""
 
 
 @click.command("bench")
-@click.option("--data", "data", multiple=True, required=True, callback=_data_arg,
-              help="Packed dataset folder, or the URL of a wds dataset in object storage "
-                   "(s3://, gs://, https://); repeat for several formats.")
-@click.option("--split", default="train", show_default=True)
+@dataset_argument(nargs=-1)
+@click.option("--data", "data", multiple=True, callback=_data_arg, metavar="DATASET",
+              help=alias_help("the DATASET argument") + " Repeatable.")
+@click.option("--split", default="train", show_default=True, help="The split read.")
 @click.option("--out", default="bench-results", show_default=True, type=click.Path(file_okay=False),
-              help="Output folder for bench.json and plots.")
-@click.option("--format", "formats", multiple=True,
-              help="Only the --data folders of these formats (repeatable).")
-@click.option("--decoder", "decoders", multiple=True, default=("auto",), show_default=True,
-              help="Decoder name from the registry (repeatable).")
-@click.option("--backend", "backends", default="thread", show_default=True,
-              help="Comma list of loader backends: thread (decoding threads in this process), "
-                   "process (DataLoader worker processes); e.g. thread,process compares them.")
-@click.option("--cache", "caches", default="none", show_default=True,
-              help="Comma list of decoded-cache modes: none, ram, auto, disk:DIR (e.g. none,ram "
-                   "compares them). A cached row is timed after one untimed epoch that fills "
-                   "it; its size, hit rate and fill time are in the table and bench.json.")
-@click.option("--augment", "augments", default="none", show_default=True,
-              help="Comma list of augment presets or spec files: none, light, standard, "
-                   "randaugment, trivialaugment, FILE.yaml (e.g. none,randaugment compares "
-                   "them); or one inline YAML op list, alone. Each augmented row gets its ratio "
-                   "to augment=none and its own recommendation; the ImageFolder baseline runs "
-                   "the matching torchvision transforms (none for an op list).")
-@click.option("--num-workers", default="0,1,2,4", show_default=True,
-              help="Comma list: decoding threads or worker processes (see --backend).")
-@click.option("--prefetch-factor", default="2,4,8", show_default=True,
-              help="Comma list, batches in flight per worker or thread; 'none' = the default (2). "
-                   "N/A with num_workers=0.")
+              help="Folder the results are written to: bench.json and the plots.")
+@click.option("--format", "formats", type=CommaList(click.Choice(sorted(FORMATS))),
+              callback=flattened, multiple=True,
+              help="Only the datasets of these formats [default: every DATASET].")
+@click.option("--decoder", "decoders", type=CommaList(decoder_choice()), callback=flattened,
+              default=("auto",), show_default=True, multiple=True,
+              help="Decoders, each run over the grid (auto: the fastest that runs here).")
+@click.option("--backend", "backends", default=("thread",), show_default=True, callback=joined,
+              **_LIST,
+              help="Loader backends: thread (decoding threads in this process), process "
+                   "(DataLoader worker processes); e.g. thread,process compares them.")
+@click.option("--cache", "caches", default=("none",), show_default=True, callback=joined,
+              **_LIST,
+              help="Decoded-cache modes: none, ram, auto, disk:DIR (e.g. none,ram compares "
+                   "them). A cached row is timed after one untimed epoch that fills it; its "
+                   "size, hit rate and fill time are in the table and bench.json.")
+@click.option("--augment", "augments", default=("none",), show_default=True, callback=joined,
+              **_LIST,
+              help="Augment presets or spec files: none, light, standard, randaugment, "
+                   "trivialaugment, FILE.yaml (e.g. none,randaugment compares them); or one "
+                   "inline YAML op list, alone. Each augmented row gets its ratio to "
+                   "augment=none and its own recommendation; the ImageFolder baseline runs the "
+                   "matching torchvision transforms (none for an op list).")
+@click.option("--num-workers", default=("0,1,2,4",), show_default=True, callback=joined, **_LIST,
+              help="Decoding threads or worker processes (see --backend).")
+@click.option("--prefetch-factor", default=("2,4,8",), show_default=True, callback=joined,
+              **_LIST,
+              help="Batches in flight per worker or thread; 'none' = the default (2). N/A with "
+                   "num_workers=0.")
 @click.option("--pin-memory", type=click.Choice(["on", "off", "both"]), default="both",
-              show_default=True, help="N/A without a CUDA device.")
+              show_default=True, help="Pinned host memory for the transfer: on, off or both "
+              "(N/A without a CUDA device).")
 @click.option("--persistent-workers", type=click.Choice(["on", "off", "both"]), default="off",
               show_default=True, is_flag=False, flag_value="on",
-              help="Bare flag = on. N/A with num_workers=0 and with the thread backend.")
-@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1))
-@click.option("--image-size", default=224, show_default=True, type=click.IntRange(min=8))
+              help="Keep worker processes between epochs: on, off or both (bare flag = on). "
+                   "N/A with num_workers=0 and with the thread backend.")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Images per batch.")
+@click.option("--image-size", default=224, show_default=True, type=click.IntRange(min=8),
+              help="Square output side in pixels.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0),
               help="Batches per repeat excluded from timing.")
 @click.option("--batches", default=20, show_default=True, type=click.IntRange(min=1),
               help="Timed batches per repeat (at most).")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Timed repeats of each row (the table shows their median).")
 @click.option("--step-ms", type=click.FloatRange(min=0), default=None,
               help="Simulate a training step of this many ms (CPU sleep, GPU sleep on CUDA).")
 @click.option("--model", default=None, help="Real timm model step instead, e.g. hrnet_w18_small.")
-@click.option("--device", default="auto", show_default=True)
+@click.option("--device", default="auto", show_default=True,
+              help="Device of the step: auto, cpu, cuda or cuda:N.")
 @click.option("--baseline", type=click.Choice(["none", "imagefolder"]), default="none",
               show_default=True, help="Also time torchvision ImageFolder+PIL on the source files.")
 @click.option("--expect-pil", type=click.Choice(EXPECT_PIL_CHOICES), default="any",
               show_default=True, help="Flag a mismatch when another PIL is loaded.")
 @click.option("--tolerance", default=0.05, show_default=True, type=float,
               help="Recommend the cheapest setting within this fraction of the best throughput.")
-@click.option("--data-bound-threshold", default=0.10, show_default=True, type=float)
+@click.option("--data-bound-threshold", default=0.10, show_default=True, type=float,
+              help="A setting is data-bound when the step waits for data at least this fraction "
+                   "of the time.")
 @click.option("--eval", "eval_mode", is_flag=True, help="Time the eval transform (train=False).")
+@PROGRESS_OPTION
 @one_line_errors
-def bench_command(data, split, out, formats, decoders, backends, caches, augments, num_workers,
-                  prefetch_factor, pin_memory, persistent_workers, batch_size, image_size, warmup,
-                  batches, repeats, step_ms, model, device, baseline, expect_pil, tolerance,
-                  data_bound_threshold, eval_mode):
-    """Benchmark the loader over a settings grid: is training data-bound, and what to change.
+def bench_command(dataset, data, split, out, formats, decoders, backends, caches, augments,
+                  num_workers, prefetch_factor, pin_memory, persistent_workers, batch_size,
+                  image_size, warmup, batches, repeats, step_ms, model, device, baseline,
+                  expect_pil, tolerance, data_bound_threshold, eval_mode, progress):
+    """Benchmark the loader over a settings grid on each DATASET (a packed folder, or the URL
+    of a wds dataset in object storage; several for several formats): is training data-bound,
+    and what to change.
+
+    A LIST option takes a comma list and may be repeated: --decoder roi,pil is --decoder roi
+    --decoder pil. Every combination of the lists is a row. A line on stderr names each row as
+    it starts; a bar counts the rows when stderr is a terminal (--progress / --no-progress).
 
     Exit 1 when a row errored; 2 with one "Error: ..." line when the bench cannot run (a bad
     option, a folder that is no dataset, a store that cannot be reached)."""
+    data = tuple(str(d) for d in dataset + data)
+    if not data:
+        raise click.UsageError("Missing argument 'DATASET...': the packed dataset to read.")
     cfg = RunConfig(split=split, batch_size=batch_size, image_size=image_size, warmup=warmup,
                     batches=batches, repeats=repeats, train=not eval_mode)
     payload = run_bench(list(data), out, formats=formats, decoders=decoders,
@@ -336,7 +401,7 @@ def bench_command(data, split, out, formats, decoders, backends, caches, augment
                         backends=backends, caches=caches, augments=augments, cfg=cfg,
                         step_ms=step_ms, model=model, device=device, baseline=baseline,
                         expect_pil=expect_pil, tolerance=tolerance,
-                        threshold=data_bound_threshold)
+                        threshold=data_bound_threshold, progress=progress_default(progress))
     errors = [r["id"] for r in payload["rows"] if r["status"] == "error"]
     if errors:
         raise click.ClickException(f"{len(errors)} row(s) failed: {errors} (see the notes above "

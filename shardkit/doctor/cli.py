@@ -26,8 +26,9 @@ from pathlib import Path
 
 import click
 
-from shardkit.cli_common import (PROGRESS_OPTION, CommandError, dataset_arg, one_line_errors,
-                                 printable_text, progress_default, run_command)
+from shardkit.cli_common import (PROGRESS_OPTION, CommandError, alias_help, dataset_argument,
+                                 decoder_choice, one_line_errors, printable_text,
+                                 progress_default, run_command)
 from shardkit.doctor.check import check_dataset, format_check_report, write_json_report
 from shardkit.doctor.inspection import (augment_grid, format_augment_grid, format_summary,
                                         inspect_dataset)
@@ -55,9 +56,12 @@ def _load_transform_config(path: Path | None, root: Path):
     return run_command(load_transform_config, path, run_command(load_manifest_dict, root))
 
 
-_OUT = click.argument("out", callback=dataset_arg)
-_DECODER = click.option("--decoder", default="auto", show_default=True,
-                        help="Decoder registry name (shardkit.decode).")
+_DATASET = dataset_argument()
+_DECODER = click.option("--decoder", type=decoder_choice(), default="auto", show_default=True,
+                        help="Decoder (shardkit.decode registry; auto: the fastest that runs "
+                        "here).")
+_SEED = click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the samples drawn and of the train crops' randomness.")
 _TCFG = click.option("--transform-config", type=click.Path(exists=True, path_type=Path),
                      default=None, help="YAML file of TransformConfig fields (top level or under "
                      "'transform'), or a `shardkit train` run folder / its config.yaml (the "
@@ -66,12 +70,13 @@ _PROGRESS = PROGRESS_OPTION
 
 
 @click.command("inspect")
-@_OUT
+@_DATASET
 @click.option("--split", default=None, help="Only this split (default: all; with --augment: "
               "train).")
 @click.option("--out", "--out-dir", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help="Folder for the PNG grids (default: ./inspect-<OUT folder "
-              "name> in the current directory; never inside OUT, which stays immutable).")
+              default=None, help="Folder for the PNG grids (default: ./inspect-<DATASET folder "
+              "name> in the current directory; never inside DATASET, which stays immutable). "
+              "--out-dir is the old spelling, kept for one release.")
 @click.option("--n", "n", type=click.IntRange(min=1), default=16, show_default=True,
               help="Samples per grid (every class shown in turn).")
 @click.option("--augment", "augment", default=None, metavar="SPEC",
@@ -80,54 +85,59 @@ _PROGRESS = PROGRESS_OPTION
               "schedules' first and last epoch, next to its plain crop.")
 @click.option("--per-class", "per_class", type=click.IntRange(min=1), default=4,
               show_default=True, help="Samples per class in the --augment grid.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@_SEED
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the summary as JSON.")
 @_PROGRESS
 @_DECODER
 @_TCFG
 @one_line_errors
-def inspect_command(out, split, out_dir, n, augment, per_class, seed, json_path, progress, decoder,
-                    transform_config):
-    """Counts per class and split, imbalance, groups, shard sizes and sample grids of OUT.
+def inspect_command(dataset, split, out_dir, n, augment, per_class, seed, json_path, progress,
+                    decoder, transform_config):
+    """Counts per class and split, imbalance, groups, shard sizes and sample grids of DATASET
+    (the PNG grids in --out).
 
     With --augment SPEC: only the augmentation grid of one split (default train), its PNG path
     printed (--decoder and --n do not apply: the grid decodes as the loader does, with the
     --transform-config decoder).
     """
     if augment is not None:
-        grid = run_command(augment_grid, out, augment, split or "train", per_class=per_class,
-                           out_dir=out_dir, seed=seed,
-                           transform_config=_load_transform_config(transform_config, out),
+        grid = run_command(augment_grid, dataset, augment, split or "train",
+                           per_class=per_class, out_dir=out_dir, seed=seed,
+                           transform_config=_load_transform_config(transform_config, dataset),
                            progress=progress_default(progress))
         _echo_report(format_augment_grid(grid), grid, json_path)
         return
-    report = run_command(inspect_dataset, out, split, out_dir=out_dir, n=n, seed=seed,
+    report = run_command(inspect_dataset, dataset, split, out_dir=out_dir, n=n, seed=seed,
                          decoder=decoder,
-                         transform_config=_load_transform_config(transform_config, out),
+                         transform_config=_load_transform_config(transform_config, dataset),
                          progress=progress_default(progress))
     _echo_report(format_summary(report), report, json_path)
 
 
 @click.command("check")
-@_OUT
+@_DATASET
 @click.option("--strict", is_flag=True, help="Fail on warnings too (near-duplicates, degenerate "
               "images, missing classes, imbalance).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the full report as JSON.")
-@click.option("--phash-threshold", type=click.IntRange(0, 64), default=None,
-              help="Max pHash Hamming distance of a near-duplicate pair (default 4).")
+@click.option("--near-threshold", "--phash-threshold", "near_threshold",
+              type=click.IntRange(0, 64), default=None, metavar="BITS",
+              help="Largest pHash Hamming distance of near-duplicates (of 64) [default: 4]. "
+              "--phash-threshold is the old spelling, kept for one release.")
 @click.option("--imbalance-threshold", type=click.FloatRange(min=1.0), default=None,
               help="Max/min class-count ratio flagged as extreme (default 10).")
-@click.option("--no-near-duplicates", is_flag=True,
-              help="Skip the pHash search and the degenerate-image test (they decode every "
-              "sample); reported as not run.")
+@click.option("--near-duplicates", type=click.Choice(["report", "off"]), default=None,
+              help="report: list near-duplicate pairs across splits and degenerate images "
+              "(decoding the samples whose pHash the pack did not record); off: skip the pHash "
+              "search and the degenerate-image test, reported as not run [default: report].")
+@click.option("--no-near-duplicates", is_flag=True, help=alias_help("--near-duplicates off"))
 @click.option("--recompute-hashes", is_flag=True,
               help="Decode every sample for its pHash even where the pack recorded them (by "
               "default recorded hashes are used and nothing is decoded).")
 @click.option("--no-transforms", is_flag=True,
               help="Skip the transform drift check; reported as not run.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@_SEED
 @click.option("--augment", "augment", default=None, metavar="SPEC",
               help="The augmentation spec training will use (preset, YAML list of ops or a "
               ".yaml file): warn when its hue jitter is on and the train classes differ in hue "
@@ -136,10 +146,10 @@ def inspect_command(out, split, out_dir, n, augment, per_class, seed, json_path,
 @_DECODER
 @_TCFG
 @one_line_errors
-def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, no_near_duplicates,
-                  recompute_hashes, no_transforms, seed, augment, progress, decoder,
-                  transform_config):
-    """Check OUT's splits for leakage and its transforms for drift; exit 1 on a leak.
+def check_command(dataset, strict, json_path, near_threshold, imbalance_threshold,
+                  near_duplicates, no_near_duplicates, recompute_hashes, no_transforms, seed,
+                  augment, progress, decoder, transform_config):
+    """Check DATASET's splits for leakage and its transforms for drift; exit 1 on a leak.
 
     The last line is the verdict: FAILED (exit 1) on shared groups, identical bytes or transform
     drift; "OK: no leak found" only when nothing was flagged; otherwise "NO EXACT LEAK ..." with
@@ -147,10 +157,15 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
     placeholders, missing classes, imbalance), exit 0 unless --strict. A dataset that cannot be
     read exits 2 with one "Error: ..." line on stderr.
     """
-    report = run_command(check_dataset, out, strict=strict,
-                         near_duplicates=not no_near_duplicates, phash_threshold=phash_threshold,
+    if no_near_duplicates and near_duplicates == "report":
+        raise CommandError(ConfigError("--no-near-duplicates (the old spelling of "
+                                       "--near-duplicates off) contradicts --near-duplicates "
+                                       "report: give one"))
+    near = "off" if no_near_duplicates else (near_duplicates or "report")
+    report = run_command(check_dataset, dataset, strict=strict, near_duplicates=near == "report",
+                         phash_threshold=near_threshold,
                          imbalance_threshold=imbalance_threshold, transforms=not no_transforms,
-                         transform_config=_load_transform_config(transform_config, out),
+                         transform_config=_load_transform_config(transform_config, dataset),
                          decoder=decoder, seed=seed, progress=progress_default(progress),
                          recompute_hashes=recompute_hashes, augment=augment)
     _echo_report(format_check_report(report), report, json_path)
@@ -159,8 +174,8 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 
 
 @click.command("stats")
-@_OUT
-@click.option("--split", default="train", show_default=True)
+@_DATASET
+@click.option("--split", default="train", show_default=True, help="The split measured.")
 @click.option("--max-samples", type=click.IntRange(min=1), default=None,
               help="Use only the first N samples of the split (pack-time shuffled order).")
 @click.option("--save/--no-save", default=None,
@@ -169,18 +184,18 @@ def check_command(out, strict, json_path, phash_threshold, imbalance_threshold, 
 @_PROGRESS
 @_DECODER
 @one_line_errors
-def stats_command(out, split, max_samples, save, progress, decoder):
+def stats_command(dataset, split, max_samples, save, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
     saved in the manifest."""
     from shardkit.dataset.manifest import MANIFEST_NAME
     from shardkit.storage.urls import is_url
 
-    if save and is_url(out):
+    if save and is_url(dataset):
         raise CommandError(ConfigError(f"--save rewrites manifest.json, which shardkit does not "
-                                       f"do in object storage ({out}): drop --save (the "
+                                       f"do in object storage ({dataset}): drop --save (the "
                                        "statistics are printed)"))
-    save = not is_url(out) if save is None else save
-    result = run_command(compute_stats, out, split, max_samples=max_samples, decoder=decoder,
+    save = not is_url(dataset) if save is None else save
+    result = run_command(compute_stats, dataset, split, max_samples=max_samples, decoder=decoder,
                          save=save, progress=progress_default(progress))
     click.echo(f"{split}: {result['num_samples']} samples")
     if "max_side" in result:
@@ -190,7 +205,7 @@ def stats_command(out, split, max_samples, save, progress, decoder):
     click.echo("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))
     click.echo(format_class_hues(result["hue"]))
     if save:
-        click.echo(f"saved to {Path(out) / MANIFEST_NAME} under stats/{split}"
+        click.echo(f"saved to {Path(dataset) / MANIFEST_NAME} under stats/{split}"
                    if result.not_saved is None else f"not saved in "
-                   f"{Path(out) / MANIFEST_NAME}: {result.not_saved}")
+                   f"{Path(dataset) / MANIFEST_NAME}: {result.not_saved}")
     click.echo(json.dumps(result))

@@ -53,7 +53,7 @@ import numpy as np
 
 from shardkit.dataset import manifest as manifest_mod
 from shardkit.storage.urls import is_url, join, local_path
-from shardkit.cli_common import one_line_errors
+from shardkit.cli_common import PROGRESS_OPTION, dataset_argument, one_line_errors, progress_default
 from shardkit.errors import ManifestError, ShardkitError
 from shardkit.images.sniff import open_image, resolve_max_pixels
 from shardkit.dataset.manifest import CHECKSUM_FIELD, sample_checksum
@@ -124,7 +124,8 @@ def _decodes(data: bytes, limit: int) -> tuple[str | None, tuple[int, int]]:
         return f"{type(e).__name__}: {e}", (0, 0)
 
 
-def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> VerifyReport:
+def verify(root, *, decode: bool = True, max_pixels: int | None = None,
+           progress: bool = False) -> VerifyReport:
     """Verifies a packed dataset against its manifest (see the module docstring for the checks).
 
     Args:
@@ -134,6 +135,7 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
         decode: also decode the normalised (non-``original``) samples with Pillow.
         max_pixels: the pixel limit of that decoding (None: shardkit's default,
             :data:`shardkit.images.sniff.DEFAULT_MAX_PIXELS`); an image over it is a finding.
+        progress: a tqdm bar of the shards checked, on stderr.
 
     Returns:
         a :class:`VerifyReport`; ``report.ok`` is True when every check holds.
@@ -143,7 +145,8 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
             schema version or breaks the schema (nothing can be verified).
         ConfigError: a bad ``max_pixels``.
     """
-    from shardkit import formats
+    from tqdm import tqdm
+
     from shardkit.doctor.reading import load_manifest_dict, stored_resolution
 
     limit = resolve_max_pixels(max_pixels)
@@ -155,12 +158,15 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
                             "(only wds tar shards are read remotely); download it first")
     report = VerifyReport(root=root)
     read: dict[str, list[dict]] = {}
+    bar = tqdm(total=sum(len(i["shards"]) for i in man["splits"].values()), desc="verify",
+               unit="shard", disable=not progress)
     for split, info in man["splits"].items():
         shards = info["shards"]
         try:
             records = manifest_mod.read_split_records(root, split, man, required=RECORD_FIELDS)
         except ShardkitError as e:
             report._fail(f"split {split!r}: {e}")
+            bar.update(len(shards))  # not read: nothing to check them against
             continue
         read[split] = records
         try:  # the hash is compared below, and the index with the records
@@ -181,23 +187,31 @@ def verify(root, *, decode: bool = True, max_pixels: int | None = None) -> Verif
         if sum(s["num_samples"] for s in shards) != info["num_samples"]:
             report._fail(f"split {split!r}: shards hold {sum(s['num_samples'] for s in shards)} "
                          f"samples, the manifest says {info['num_samples']}")
-        per_shard: dict[int, list[dict]] = {}
-        for rec in records:
-            per_shard.setdefault(rec["shard"], []).append(rec)
-        for idx, shard in enumerate(shards):
-            report.num_shards += 1
-            if remote:
-                _verify_remote_shard(report, root, man, split, idx, shard,
-                                     per_shard.get(idx, []), decode, formats, limit)
-            else:
-                _verify_shard(report, root, man, split, idx, shard, per_shard.get(idx, []),
-                              decode, formats, limit)
+        _verify_shards(report, root, man, split, records, remote, decode, limit, bar)
         # last: a file changed after pack is named by what is wrong in it first
         _check_split_file_hashes(report, root, man, split, index is not None)
+    bar.close()
     if not remote:
         _check_stray_shards(report, root, man)
     report.stored = stored_resolution(man, read)
     return report
+
+
+def _verify_shards(report, root, man, split: str, records: list[dict], remote: bool,
+                   decode: bool, limit: int, bar) -> None:
+    """Checks every shard of ``split`` against ``records`` (a shard in object storage fetched
+    first), one tick of the tqdm ``bar`` each."""
+    from shardkit import formats
+
+    per_shard: dict[int, list[dict]] = {}
+    for rec in records:
+        per_shard.setdefault(rec["shard"], []).append(rec)
+    check = _verify_remote_shard if remote else _verify_shard
+    for idx, shard in enumerate(man["splits"][split]["shards"]):
+        report.num_shards += 1
+        check(report, root, man, split, idx, shard, per_shard.get(idx, []), decode, formats,
+              limit)
+        bar.update(1)
 
 
 SHARD_FILE = re.compile(r"[A-Za-z0-9_]+-\d{6}\.(tar|lmdb|h5)")
@@ -440,33 +454,30 @@ def _downscale_problem(rec: dict, size: tuple[int, int], man: dict) -> str | Non
     return None
 
 
-def _dataset_arg(ctx, param, value):
-    from shardkit.cli_common import dataset_arg
-
-    return dataset_arg(ctx, param, value)
-
-
 @click.command("verify")
-@click.argument("root", callback=_dataset_arg)
+@dataset_argument()
 @click.option("--no-decode", is_flag=True, help="Skip decoding the normalised samples.")
 @click.option("--max-pixels", type=click.IntRange(min=1), default=None, metavar="N",
               help="Pixel limit of that decoding [default: shardkit's, 89478485; a dataset "
               "packed with a larger --max-pixels needs it].")
+@PROGRESS_OPTION
 @one_line_errors
-def verify_command(root: Path, no_decode: bool, max_pixels: int | None) -> None:
-    """Re-hash the shards of ROOT (a folder, or the URL of a wds pack in object storage) and
-    check every sample against the manifest, and the timm, DALI and Hugging Face files beside
-    the shards against them (shardkit.interop.check).
+def verify_command(dataset: Path | str, no_decode: bool, max_pixels: int | None,
+                   progress: bool | None) -> None:
+    """Re-hash the shards of DATASET (a folder, or the URL of a wds pack in object storage)
+    and check every sample against the manifest, and the timm, DALI and Hugging Face files
+    beside the shards against them (shardkit.interop.check).
 
     Exit 0 when every check holds; 1 when damage was found (one FAIL line per problem); 2 when
-    ROOT is not a readable dataset or its store cannot be reached (one "Error: ..." line on
+    DATASET is not a readable dataset or its store cannot be reached (one "Error: ..." line on
     stderr).
     """
     from shardkit.cli_common import run_command
     from shardkit.interop.check import check_reader_files
 
-    report = run_command(verify, root, decode=not no_decode, max_pixels=max_pixels)
-    report.problems.extend(run_command(check_reader_files, root))  # stale reader files: damage
+    report = run_command(verify, dataset, decode=not no_decode, max_pixels=max_pixels,
+                         progress=progress_default(progress))
+    report.problems.extend(run_command(check_reader_files, dataset))  # stale reader files: damage
     click.echo(report.format_text())
     if not report.ok:
         raise SystemExit(1)

@@ -1,4 +1,5 @@
-"""``shardkit export OUT --to {timm,dali,hf,all}``: other readers' files for an existing dataset.
+"""``shardkit export DATASET --to {timm,dali,hf,all}``: other readers' files for an existing
+dataset.
 
 Exit codes (:mod:`shardkit.doctor.cli`): 0 with the written files on stdout, one per line; 2 with
 one stderr line ``Error: <ErrorType>: <message>`` when it cannot run: no finished dataset, an
@@ -18,7 +19,7 @@ __all__ = ["export_command"]
 
 
 def _local_dataset(ctx, param, value: str) -> Path:
-    """OUT: a local dataset folder; a URL is refused in one line (export writes files beside
+    """DATASET: a local dataset folder; a URL is refused in one line (export writes files beside
     the shards, which shardkit does not do in object storage)."""
     from shardkit.errors import ConfigError
     from shardkit.storage.urls import is_url
@@ -32,21 +33,22 @@ def _local_dataset(ctx, param, value: str) -> Path:
 
 
 @click.command("export")
-@click.argument("out", callback=_local_dataset)
+@click.argument("dataset", metavar="DATASET", callback=_local_dataset)
 @click.option("--to", "tools", multiple=True, default=("all",), show_default=True,
               type=click.Choice(["timm", "dali", "hf", "all"]),
               help="Tool whose files to write (repeat for several): timm -> "
                    "shards/_info.json, dali -> shards/<shard>.idx, hf -> README.md.")
 @one_line_errors
-def export_command(out: Path, tools: tuple[str, ...]):
+def export_command(dataset: Path, tools: tuple[str, ...]):
     """Write or refresh the files timm, DALI and Hugging Face datasets need to read the wds
-    shards in OUT (derived from OUT/manifest.json); `shardkit pack --format wds` writes them
-    too. Exit 2 with one line when the dataset cannot serve a tool (e.g. no .cls members)."""
+    shards in DATASET, a local folder (derived from DATASET/manifest.json); `shardkit pack
+    --format wds` writes them too. Exit 2 with one line when the dataset cannot serve a tool
+    (e.g. no .cls members)."""
     from shardkit import interop
 
     chosen = interop.TOOLS if "all" in tools else tools
-    written = interop.export(out, chosen)
-    root = out.resolve()
+    written = interop.export(dataset, chosen)
+    root = dataset.resolve()
     for path in written:
         click.echo(path.resolve().relative_to(root).as_posix())
-    click.echo(f"export {out}: {len(written)} file(s) written for {', '.join(chosen)}")
+    click.echo(f"export {dataset}: {len(written)} file(s) written for {', '.join(chosen)}")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from shardkit.cli_common import PROGRESS_OPTION, dataset_argument, progress_default
 from shardkit.storage.urls import is_url
 from shardkit.errors import ShardkitError
 from shardkit.formats import FORMATS  # the registry decides the --format choices
@@ -35,14 +36,16 @@ def _metadata_arg(ctx, param, value: str | None) -> Path | str | None:
 
 @click.command("pack")
 @click.argument("src", callback=_source_arg)
-@click.argument("out", callback=lambda ctx, param, v: v if is_url(v) else Path(v))
+@dataset_argument(exists=False)
 @click.option("--format", "fmt", type=click.Choice(sorted(FORMATS)), default="wds",
               show_default=True, help="Shard format.")
-@click.option("--split", "split_spec", default=None, metavar="given|NAME=FRACTION,...",
+@click.option("--split-ratios", "--split", "split_spec", default=None,
+              metavar="given|NAME=FRACTION,...",
               help="'given' keeps the splits of a split-first SRC (train/, val/, ...) or of "
                    "--split-column; fractions (train=0.8,val=0.2) pool every file and re-split "
                    "by group [default: given when SRC has given splits, else "
-                   "train=0.8,val=0.1,test=0.1].")
+                   "train=0.8,val=0.1,test=0.1]. --split is the old spelling, kept for one "
+                   "release (elsewhere --split names one split).")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
               help="Folder layout: SRC/<class>/... or SRC/<split>/<class>/...; auto detects "
                    "split folders (train, val, valid, validation, dev, test, testing, eval).")
@@ -57,9 +60,10 @@ def _metadata_arg(ctx, param, value: str | None) -> Path | str | None:
                    "grown source moves no old group; balanced: closest to the ratios, but "
                    "added data can move old groups.")
 @click.option("--split-from", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              metavar="PREV_OUT",
-              help="Keep every group where the earlier pack PREV_OUT put it; only new groups "
-                   "are assigned (balanced toward the ratios; without --split, PREV_OUT's).")
+              metavar="PREV_DATASET",
+              help="Keep every group where the earlier pack PREV_DATASET put it; only new groups "
+                   "are assigned (balanced toward the ratios; without --split-ratios, "
+                   "PREV_DATASET's).")
 @click.option("--near-duplicates", type=click.Choice(NEAR_DUPLICATE_MODES), default="merge",
               show_default=True,
               help="merge: images whose pHashes differ in <= --near-threshold bits share a "
@@ -107,10 +111,10 @@ def _metadata_arg(ctx, param, value: str | None) -> Path | str | None:
               help="Reads of remote files (s3://, gs://, https:// rows or prefixes) kept in "
                    "flight per check process or Ray task, while earlier files are checked.")
 @click.option("--overwrite", is_flag=True,
-              help="Replace a finished dataset in OUT: the new one is built beside it (in "
-                   "OUT/.shardkit-new, so the disk needs room for both) and swapped in at the "
-                   "end; until then the old one stays valid. An OUT in object storage has no "
-                   "swap: its old manifest.json is deleted when writing starts.")
+              help="Replace a finished dataset in DATASET: the new one is built beside it (in "
+                   "DATASET/.shardkit-new, so the disk needs room for both) and swapped in at "
+                   "the end; until then the old one stays valid. A DATASET in object storage has "
+                   "no swap: its old manifest.json is deleted when writing starts.")
 @click.option("--wds-cls/--no-wds-cls", default=True, show_default=True,
               help="Write a '<key>.cls' tar member (the label) beside each image (wds), as "
                    "timm, DALI and webdataset readers expect.")
@@ -124,33 +128,34 @@ def _metadata_arg(ctx, param, value: str | None) -> Path | str | None:
                    "--on-label-conflict quarantine): exit 2 with its path and reason, nothing "
                    "written. Files are checked in scan order and the check stops there (checks "
                    "already running in other --workers finish).")
-@click.option("--no-progress", is_flag=True,
-              help="No progress bars (the summary is still printed).")
-def pack_command(src, out, fmt, split_spec, layout, split_column, seed, split_method, split_from,
-                 near_duplicates, near_threshold, group_by, metadata,
+@PROGRESS_OPTION
+def pack_command(src, dataset, fmt, split_spec, layout, split_column, seed, split_method,
+                 split_from, near_duplicates, near_threshold, group_by, metadata,
                  group_column, labels,
                  shard_samples, shard_bytes, workers, strict, max_pixels, max_side, jpeg_quality,
                  engine, ray_address, read_concurrency, overwrite, wds_cls, wds_json,
                  on_label_conflict, fail_fast,
-                 no_progress):
+                 progress):
     """Pack SRC (an ImageFolder tree or a .csv list; local, or an s3:// / gs:// / https://
-    prefix or .csv) into shards in OUT (a folder, or an object-store URL for wds).
+    prefix or .csv) into the dataset DATASET (a folder, or an object-store URL for wds).
 
-    Exit 0 with the summary on stdout; 2 with one "Error: <ErrorType>: <message>" line on
-    stderr when the pack cannot run or nothing could be packed (OUT is left as it was)."""
+    Progress bars on stderr (the summary is printed either way) are on when stderr is a
+    terminal. Exit 0 with the summary on stdout; 2 with one "Error: <ErrorType>: <message>" line
+    on stderr when the pack cannot run or nothing could be packed (DATASET is left as it was)."""
     try:
         options = PackOptions(
             format=fmt, split=split_spec, seed=seed, group_by=group_by, metadata=metadata,
             group_column=group_column, labels=labels, shard_samples=shard_samples,
             shard_bytes=shard_bytes, workers=workers, strict=strict, max_pixels=max_pixels,
-            overwrite=overwrite, progress=not no_progress, wds_cls=wds_cls, wds_json=wds_json,
+            overwrite=overwrite, progress=progress_default(progress), wds_cls=wds_cls,
+            wds_json=wds_json,
             on_label_conflict=on_label_conflict, fail_fast=fail_fast, layout=layout,
             split_column=split_column, split_method=split_method, split_from=split_from,
             near_duplicates=near_duplicates, near_threshold=near_threshold, max_side=max_side,
             jpeg_quality=jpeg_quality, engine=engine, ray_address=ray_address,
             read_concurrency=read_concurrency)
-        summary = pack(src, out, options=options)
-    except (ShardkitError, OSError) as e:  # bad input, unwritable OUT, full disk: no traceback
+        summary = pack(src, dataset, options=options)
+    except (ShardkitError, OSError) as e:  # bad input, unwritable DATASET, full disk: no traceback
         raise command_error(e) from None
     click.echo(summary.format_text())
 

@@ -1,10 +1,12 @@
-"""``shardkit cache build OUT --split train --cache disk:DIR``: fill a decoded cache ahead of
+"""``shardkit cache build DATASET --split train --cache disk:DIR``: fill a decoded cache ahead of
 time (:mod:`shardkit.stream.cache`), with a progress bar; prints the cache's stats as JSON."""
 from __future__ import annotations
 
 import json
 
 import click
+
+from shardkit.cli_common import PROGRESS_OPTION, dataset_argument, progress_default
 
 __all__ = ["cache_command", "build_cache"]
 
@@ -54,19 +56,21 @@ def cache_command():
 
 
 @cache_command.command("build")
-@click.argument("out", type=click.Path(file_okay=False))
-@click.option("--split", default="train", show_default=True)
+@dataset_argument()
+@click.option("--split", default="train", show_default=True, help="The split cached.")
 @click.option("--cache", "cache", required=True, help="disk:DIR (the folder of the arena file).")
 @click.option("--max-side", type=click.IntRange(min=1), default=None,
               help="Cache images resized so that the longer side is at most N px.")
-@click.option("--num-workers", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option("--progress/--no-progress", default=True, show_default=True)
-def build_command(out, split, cache, max_side, num_workers, progress):
-    """Decode every image of SPLIT of the dataset OUT into the cache (a progress bar on
-    stderr); prints the cache's stats as JSON. A run with the same --cache and resolution then
-    starts with every sample cached."""
+@click.option("--num-workers", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Decoding workers of the loader that fills the cache.")
+@PROGRESS_OPTION
+def build_command(dataset, split, cache, max_side, num_workers, progress):
+    """Decode every image of SPLIT of DATASET (a folder, or the URL of a wds dataset in object
+    storage) into the cache (a progress bar on stderr when it is a terminal); prints the
+    cache's stats as JSON. A run with the same --cache and resolution then starts with every
+    sample cached."""
     from shardkit.cli_common import run_command
 
-    stats = run_command(build_cache, out, split, cache, max_side=max_side,
-                        num_workers=num_workers, progress=progress)
+    stats = run_command(build_cache, dataset, split, cache, max_side=max_side,
+                        num_workers=num_workers, progress=progress_default(progress))
     click.echo(json.dumps(stats, indent=2))
