@@ -130,7 +130,7 @@ class Trainer:
         self.eval_splits = [s for s in (self.val_split, self.test_split) if s is not None]
         self.process_settings = setup_process(config, device, announce=info.is_main)
         self.amp_dtype = resolve_amp(config.amp, device)
-        self.augment = AugmentSpec.parse(config.augment)
+        self.augment, given = AugmentSpec.parse(config.augment), config.augment
         # the config as it runs and as config.yaml records it
         config = self.config = config.replace(**resolve_data_fields(config, self.manifest),
                                               augment=augment_ops(self.augment))
@@ -173,8 +173,8 @@ class Trainer:
         if info.is_main:
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
             save_config(config, self.out / "config.yaml", (
-                "shardkit train: the resolved config of this run (--config reads it back);",
-                f"augment spec as given: {self.augment.describe()}"))
+                "shardkit train: the config of this run as resolved (--config reads it back)",
+                *([f"augment as given: {given}"] if isinstance(given, str) else [])))
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.out / "tb"))

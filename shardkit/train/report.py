@@ -54,12 +54,16 @@ def _scores(result: dict) -> str:
     return ", ".join(parts)
 
 
+def _where(entry: dict) -> str:
+    return f"step {entry['step']}" + (", partial" if entry.get("partial") else "")
+
+
 def epoch_line(entry: dict, monitor: str, new_best: bool = False) -> str:
     """One line for a history entry (see metrics.json ``history``): the epoch (0-based, as the
     ``eval/val_epochNNN`` files), the step, the val scores when it was evaluated, the train
     loss, img/s and data-wait fraction, and ``new best <monitor>`` when it improved."""
     train = entry["train"]
-    head = f"epoch {entry['epoch']} (step {entry['step']}{', partial' if entry.get('partial') else ''})"
+    head = f"epoch {entry['epoch']} ({_where(entry)})"
     parts = [f"val {_scores(entry['val'])}"] if "val" in entry else []
     img_s = train.get("images_per_s")
     parts.append(f"train loss {_num(train.get('loss'))}, "
@@ -119,7 +123,8 @@ def final_lines(metrics: dict, monitor: str) -> list[str]:
         last = history[-1]
         val = last.get("val")
         scored = f": val {_scores(val)}" if val else " (not evaluated)"
-        lines.append(f"last: epoch {last['epoch']} (step {last['step']}{', partial' if last.get('partial') else ''}){scored}: checkpoints/last.pt")
+        lines.append(f"last: epoch {last['epoch']} ({_where(last)}){scored}: "
+                     "checkpoints/last.pt")
     if "test" in metrics:
         lines.append(test_line(metrics["test"]))
     return lines
