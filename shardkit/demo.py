@@ -131,9 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"outputs: {out}  (shards: {', '.join(str(out / f) for f in FORMATS)}; "
           f"run: {run}; benchmark: {bench})")
     val = last.get("val", {})
+    best = metrics.get("best") or {}
     print(f"training: {epochs} epochs of hrnet_w18_small at {image_size}px on "
-          f"{'GPU' if gpu else 'CPU'}; val top1 {val.get('top1', float('nan')):.3f}, "
-          f"macro-F1 {val.get('macro_f1', float('nan')):.3f}; "
+          f"{'GPU' if gpu else 'CPU'}; last epoch ({last['epoch']}): val top1 "
+          f"{val.get('top1', float('nan')):.3f}, macro-F1 {val.get('macro_f1', float('nan')):.3f}; "
+          f"best epoch: {best.get('epoch', 'none')} by {best.get('monitor', '-')} "
+          f"{best.get('value', float('nan')):.3f}; "
           f"data-wait fraction {last.get('train', {}).get('data_wait_fraction', float('nan')):.2f}")
     print(f"loader: {bench_json['recommendation']['text']}")
     for name, seconds in timings.items():

@@ -38,7 +38,7 @@ from .config import SCHEDULE_FIELDS, TrainConfig
 
 __all__ = ["save_checkpoint", "load_checkpoint", "safe_load", "resolve_resume",
            "check_resume_config", "check_resume_classes", "rng_state", "set_rng_state",
-           "CHECKPOINT_FORMAT", "check_run_folder", "RESUME_FIELDS"]
+           "CHECKPOINT_FORMAT", "check_run_folder", "RESUME_FIELDS", "load_parts"]
 
 CHECKPOINT_FORMAT = "shardkit-train-checkpoint"
 log = logging.getLogger(__name__)
@@ -242,3 +242,22 @@ def check_run_folder(out: Path, resuming: bool) -> None:
     if not resuming and (out / "config.yaml").exists():
         raise OutputExistsError(f"run folder {out} already holds a run (config.yaml); pass "
                                 f"--resume {out} to continue it or choose another --out")
+
+
+def load_parts(ckpt: dict, parts: list, where) -> None:
+    """Loads ``ckpt[name]`` into each ``(name, target)`` of ``parts`` (``target.load_state_dict``),
+    then the global RNG states from ``ckpt["rng"]`` (:func:`set_rng_state`).
+
+    Raises:
+        CheckpointError: a part does not fit (names the checkpoint ``where`` and the part).
+    """
+    for name, target in list(parts) + [("rng", None)]:
+        try:  # load_state_dict raises RuntimeError / KeyError / ValueError on a bad dict
+            if target is None:
+                set_rng_state(ckpt["rng"])
+            else:
+                target.load_state_dict(ckpt[name])
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(f"checkpoint {where}: its {name!r} does not fit this run "
+                                  f"({type(e).__name__}: {first[:200]})") from None

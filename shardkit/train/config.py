@@ -8,6 +8,7 @@ training engine never sees an invalid combination.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,7 +20,10 @@ from ..errors import ConfigError
 from ..validate import check_int
 
 __all__ = ["TrainConfig", "CONFIG_DIR", "DEFAULT_WARMUP_EPOCHS", "DEFAULT_WARMUP_MAX_FRACTION",
-           "CHOICES", "load_config", "resolve_config_path", "save_config", "SCHEDULE_FIELDS"]
+           "CHOICES", "INTERPOLATIONS", "load_config", "resolve_config_path", "save_config",
+           "SCHEDULE_FIELDS"]
+
+log = logging.getLogger("shardkit.train")
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "train"
 
@@ -32,8 +36,9 @@ CHOICES = {
     "balance": ("none", "class"),
     "amp": ("auto", "bf16", "fp16", "off"),
     "monitor": ("macro_f1", "top1", "loss"),
-    "mean_std": ("imagenet", "dataset"),
+    "mean_std": ("auto", "imagenet", "dataset", "model"),
 }
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # the resize filters of shardkit.transforms
 
 # Fields that define the step count, the LR schedule and "best": a resumed run must keep them.
 SCHEDULE_FIELDS = ("model", "epochs", "batch_size", "image_size", "lr", "opt", "momentum",
@@ -56,7 +61,10 @@ class TrainConfig:
     data: str | None = None               # packed dataset root (folder with manifest.json)
     out: str | None = None                # run folder: config.yaml, metrics.json, checkpoints/...
     model: str = "hrnet_w18_small"        # any timm model name
-    pretrained: str | None = None         # local checkpoint path; mismatched shapes are skipped
+    pretrained: bool = False              # timm's pretrained weights of `model` (timm fetches)
+    initial_checkpoint: str | None = None # local checkpoint loaded after init (shapes checked)
+    # a string `pretrained` (the earlier spelling of initial_checkpoint) is moved there, with a
+    # deprecation warning.
     epochs: int = 30                      # planned epochs; defines the LR schedule length
     max_steps: int | None = None          # cut the run short after this many steps (0/None: never)
     batch_size: int = 64                  # per rank
@@ -82,7 +90,16 @@ class TrainConfig:
     channels_last: bool = True            # NHWC memory format for model and inputs
     patience: int | None = None           # early stop after N evals without gain (0/None: off)
     monitor: str = "macro_f1"             # macro_f1 | top1 | loss
-    mean_std: str = "imagenet"            # imagenet | dataset (manifest stats of the train split)
+    mean_std: str = "auto"                # auto | imagenet | dataset | model (see below)
+    mean: list[float] | None = None       # explicit RGB mean, 0-1 scale (wins over mean_std)
+    std: list[float] | None = None        # explicit RGB std, 0-1 scale (given with mean)
+    interpolation: str | None = None      # bilinear | bicubic | nearest; None: see below
+    crop_pct: float | None = None         # eval center-crop fraction in (0, 1]; None: see below
+    # mean_std: imagenet (timm's constants), dataset (the manifest stats of the train split),
+    # model (the model's pretrained config, timm.data.resolve_data_config), auto: model with
+    # pretrained / initial_checkpoint, else imagenet. interpolation / crop_pct None: the model's
+    # pretrained config with pretrained / initial_checkpoint, else bilinear / 0.875. The run
+    # saves the values it resolved (shardkit.train.data.resolve_data_fields) in config.yaml.
     seed: int = 0
     device: str = "auto"                  # auto | cpu | cuda | cuda:N
     num_workers: int = 4                  # DataLoader workers per rank
@@ -109,6 +126,7 @@ class TrainConfig:
     # exactly, at the cost of that overlap (slower steps). No effect on the CPU.
 
     def __post_init__(self) -> None:
+        self._move_legacy_pretrained()
         for name in ("max_steps", "patience"):  # 0 means "no limit" (lets a flag undo a YAML value)
             if getattr(self, name) == 0:
                 object.__setattr__(self, name, None)
@@ -180,6 +198,57 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: expected true or false")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ConfigError(f"device={self.device!r}: expected auto, cpu, cuda or cuda:N")
+        self._check_data_fields()
+
+    def _move_legacy_pretrained(self) -> None:
+        """``pretrained: PATH`` (the earlier meaning) -> ``initial_checkpoint: PATH``, warned."""
+        if self.pretrained is None:
+            object.__setattr__(self, "pretrained", False)
+        if not isinstance(self.pretrained, (str, Path)):
+            return
+        path = str(self.pretrained)
+        if self.initial_checkpoint not in (None, path):
+            raise ConfigError(f"pretrained={path!r} (a checkpoint path, the earlier spelling) "
+                              f"and initial_checkpoint={self.initial_checkpoint!r}: give one")
+        log.warning("pretrained: %s (a checkpoint file) is deprecated: use initial_checkpoint "
+                    "(--initial-checkpoint FILE); pretrained is now a switch for timm's "
+                    "pretrained weights", path)
+        object.__setattr__(self, "initial_checkpoint", path)
+        object.__setattr__(self, "pretrained", False)
+
+    def _check_data_fields(self) -> None:
+        """pretrained / initial_checkpoint, mean / std, interpolation and crop_pct."""
+        if not isinstance(self.pretrained, bool):
+            raise ConfigError(f"pretrained={self.pretrained!r}: expected true or false")
+        if self.initial_checkpoint is not None and not (
+                isinstance(self.initial_checkpoint, str) and self.initial_checkpoint):
+            raise ConfigError(f"initial_checkpoint={self.initial_checkpoint!r}: expected a "
+                              "checkpoint file path or null")
+        if (self.mean is None) != (self.std is None):
+            raise ConfigError(f"mean={self.mean!r}, std={self.std!r}: give both or neither")
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if (not isinstance(value, (list, tuple)) or len(value) != 3 or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    for v in value) or (name == "std" and min(value) <= 0)):
+                raise ConfigError(f"{name}={value!r}: expected 3 finite RGB numbers on the 0-1 "
+                                  f"scale{' (each > 0)' if name == 'std' else ''}")
+            object.__setattr__(self, name, [float(v) for v in value])
+        if self.interpolation is not None and self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"interpolation={self.interpolation!r}: expected one of "
+                              f"{list(INTERPOLATIONS)} or null")
+        if self.crop_pct is not None and not (
+                isinstance(self.crop_pct, (int, float)) and not isinstance(self.crop_pct, bool)
+                and 0 < self.crop_pct <= 1):
+            raise ConfigError(f"crop_pct={self.crop_pct!r}: expected a number in (0, 1] or null")
+
+    @property
+    def uses_pretrained_config(self) -> bool:
+        """Whether the model starts from weights (``pretrained`` or ``initial_checkpoint``), so
+        the unset mean/std, interpolation and crop_pct come from its pretrained config."""
+        return bool(self.pretrained or self.initial_checkpoint)
 
     def replace(self, **changes: Any) -> "TrainConfig":
         """A copy with ``changes`` applied (validated again)."""
@@ -221,9 +290,14 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
 def load_config(config: str | Path | None = None, **overrides: Any) -> TrainConfig:
     """Defaults < YAML file ``config`` (name or path) < ``overrides`` (``None`` values ignored).
 
+    ``overrides`` may also hold timm's ``aa``, ``mixup`` and ``cutmix``: they are applied to the
+    resolved ``augment`` spec (:func:`shardkit.train.timm_flags.compose_augment`, which says
+    what replaces what) and logged as notes where the mapping is not exact.
+
     Raises:
         ConfigError: unreadable YAML, unknown keys, or an invalid value.
     """
+    timm_flags = {k: overrides.pop(k, None) for k in ("aa", "mixup", "cutmix")}
     values: dict = {}
     if config is not None:
         path = resolve_config_path(config)
@@ -238,11 +312,19 @@ def load_config(config: str | Path | None = None, **overrides: Any) -> TrainConf
     else:
         source = "overrides"
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if any(v is not None for v in timm_flags.values()):
+        from .timm_flags import compose_augment
+
+        values["augment"], notes = compose_augment(values.get("augment", "none"), **timm_flags)
+        for note in notes:
+            log.warning(note)
     return TrainConfig.from_dict(values, source=source)
 
 
-def save_config(config: TrainConfig, path: str | Path) -> None:
-    """Writes the resolved config as YAML (keys in field order), atomically."""
+def save_config(config: TrainConfig, path: str | Path, comments: tuple[str, ...] = ()) -> None:
+    """Writes the resolved config as YAML (keys in field order), atomically, after
+    ``comments`` as ``# ...`` lines (``--config`` reads the file back)."""
     from shardkit.storage.atomic import atomic_write_bytes
 
-    atomic_write_bytes(path, yaml.safe_dump(config.to_dict(), sort_keys=False).encode())
+    head = "".join(f"# {' '.join(str(c).split())}\n" for c in comments)
+    atomic_write_bytes(path, (head + yaml.safe_dump(config.to_dict(), sort_keys=False)).encode())

@@ -7,7 +7,13 @@ computes the same metrics over exactly ``manifest.splits[split].num_samples`` sa
 
 Outputs in ``config.out`` (written by rank 0, each file atomically): ``config.yaml``,
 ``metrics.json``, ``checkpoints/{last,best}.pt``, ``eval/<split>_*.{json,png}``, ``tb/``
-(TensorBoard scalars) and ``pretrained_report.json`` when ``--pretrained`` is used.
+(TensorBoard scalars) and ``pretrained_report.json`` when ``--initial-checkpoint`` is used.
+``config.yaml`` is the config as it ran: mean/std, interpolation and crop_pct resolved
+(:func:`shardkit.train.data.resolve_data_fields`) and ``augment`` as the op list with every
+parameter (:func:`shardkit.train.timm_flags.augment_ops`).
+
+The lines a person reads (the CPU estimate, one per epoch with its val scores, the closing
+best / last / test lines; :mod:`shardkit.train.report`) go to the ``report`` callable on rank 0.
 
 Process-wide state is changed only by :func:`train` (the run set-up of ``shardkit train``),
 never on import or by building a model: see :func:`shardkit.train.run_setup.setup_process`.
@@ -26,27 +32,32 @@ import torch
 import torch.distributed as dist
 
 from ..augment import AugmentSpec
-from ..errors import CheckpointError, ConfigError, EvalCountError, TrainingDivergedError
+from ..errors import ConfigError, EvalCountError, TrainingDivergedError
 from shardkit.storage.atomic import atomic_write_bytes
 from .checkpoint import (RESUME_FIELDS, check_resume_classes, check_resume_config,
-                         check_run_folder, load_checkpoint, resolve_resume,
-                         rng_state, save_checkpoint, set_rng_state)
+                         check_run_folder, load_checkpoint, load_parts, resolve_resume,
+                         rng_state, save_checkpoint)
 from .config import TrainConfig, save_config
-from .data import (eval_loader, fixed_batches, make_normalizer, resolve_mean_std,
+from .data import (eval_loader, fixed_batches, make_normalizer, resolve_data_fields,
                    train_loader, transform_config)
 from .dist import all_gather_varlen, barrier, resolve_amp, setup_distributed, teardown_distributed
 from .metrics import EarlyStopping, classification_metrics, save_eval
-from .model import build_model, check_labels, load_pretrained, probe_model, unwrap
+from .model import check_labels, initial_model, probe_model, unwrap
 from .optim import build_loss, build_optimizer, build_scheduler, resolve_warmup
+from .report import epoch_line, estimate_for, final_lines
 from .run_setup import resolve_splits, setup_process
+from .timm_flags import augment_ops
 
 __all__ = ["train", "Trainer", "resolve_splits", "setup_process"]
 
 log = logging.getLogger("shardkit.train")
 
 
-def train(config: TrainConfig) -> dict:
+def train(config: TrainConfig, report=None) -> dict:
     """Runs one training job (single process, or one rank under torchrun); returns metrics.json.
+
+    ``report``: called with each line a person reads (str; :mod:`shardkit.train.report`) on
+    rank 0; default: INFO on the ``shardkit.train`` logger.
 
     Process-wide side effects (logged at INFO, see :func:`setup_process`): the python, numpy and
     torch global RNGs are seeded with ``config.seed``; on CUDA ``cudnn.benchmark`` is switched on,
@@ -61,10 +72,10 @@ def train(config: TrainConfig) -> dict:
     """
     if not config.data or not config.out:
         raise ConfigError(f"data={config.data!r} and out={config.out!r}: both are required "
-                          "(--data OUT --out RUN)")
+                          "(shardkit train DATASET --out RUN)")
     info, device = setup_distributed(config.device)
     try:
-        trainer = Trainer(config, info, device)
+        trainer = Trainer(config, info, device, report)
         try:
             return trainer.run()
         finally:
@@ -81,10 +92,11 @@ def _sync(device: torch.device, enabled: bool) -> None:
 class Trainer:
     """Holds the model, optimiser, loaders and run state of one process."""
 
-    def __init__(self, config: TrainConfig, info, device: torch.device):
+    def __init__(self, config: TrainConfig, info, device: torch.device, report=None):
         from shardkit.dataset.manifest import load_manifest
 
         self.info, self.device = info, device
+        self.say = (report or log.info) if info.is_main else (lambda line: None)
         self.out = Path(config.out)
         resume_path = resolve_resume(config.resume) if config.resume else None
         self.resume = (load_checkpoint(resume_path, tuple(RESUME_FIELDS)) if resume_path
@@ -109,9 +121,14 @@ class Trainer:
         self.eval_splits = [s for s in (self.val_split, self.test_split) if s is not None]
         self.process_settings = setup_process(config, device, announce=info.is_main)
         self.amp_dtype = resolve_amp(config.amp, device)
-        mean, std = resolve_mean_std(config, self.manifest)
+        self.augment, given = AugmentSpec.parse(config.augment), config.augment
+        # the config as it runs and as config.yaml records it
+        config = self.config = config.replace(**resolve_data_fields(config, self.manifest),
+                                              augment=augment_ops(self.augment))
+        mean, std = config.mean, config.std
         self.mean_std = {"mean": list(mean), "std": list(std)}
-        tc = transform_config(config, mean, std)
+        self.transform = transform_config(config, mean, std)
+        tc = self.transform
         self.normalize = make_normalizer(mean, std, device, config.channels_last)
         if config.overfit_batches:
             self.fixed = fixed_batches(config, info, tc)
@@ -125,7 +142,6 @@ class Trainer:
         self._build_model()
         self.criterion = build_loss(config, splits[config.train_split]["class_counts"],
                                     self.classes).to(device)
-        self.augment = AugmentSpec.parse(config.augment)
         self.soft_criterion = None
         if self.augment.batch_ops:  # mixup / cutmix: the train loader yields soft targets
             from timm.loss import SoftTargetCrossEntropy
@@ -147,7 +163,9 @@ class Trainer:
         self.writer = None
         if info.is_main:
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
-            save_config(config, self.out / "config.yaml")
+            save_config(config, self.out / "config.yaml", (
+                "shardkit train: the config of this run as resolved (--config reads it back)",
+                *([f"augment as given: {given}"] if isinstance(given, str) else [])))
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.out / "tb"))
@@ -155,18 +173,11 @@ class Trainer:
     # ----------------------------------------------------------------- set-up
     def _build_model(self) -> None:
         config = self.config
-        model = build_model(config.model, self.num_classes)
-        self.pretrained_report = None
-        if config.pretrained and self.resume is None:
-            self.pretrained_report = load_pretrained(model, config.pretrained)
-            if self.info.is_main:
-                atomic_write_bytes(self.out / "pretrained_report.json",
-                                   json.dumps(self.pretrained_report, indent=2).encode())
-                skipped = self.pretrained_report["skipped_shape"]
-                log.info("pretrained %s: loaded %d tensors; skipped %d with mismatched shapes%s",
-                         config.pretrained, self.pretrained_report["loaded"], len(skipped),
-                         ": " + ", ".join(f"{s['key']} {s['checkpoint']}->{s['model']}"
-                                          for s in skipped) if skipped else "")
+        model, self.pretrained_weights, self.pretrained_report = initial_model(
+            config, self.num_classes, fresh=self.resume is None, note=self.info.is_main)
+        if self.pretrained_report is not None and self.info.is_main:
+            atomic_write_bytes(self.out / "pretrained_report.json",
+                               json.dumps(self.pretrained_report, indent=2).encode())
         model.to(self.device)
         if config.channels_last:
             model.to(memory_format=torch.channels_last)
@@ -187,16 +198,7 @@ class Trainer:
         parts = [("model", self.plain), ("optimizer", self.optimizer),
                  ("scheduler", self.scheduler)] + ([("scaler", self.scaler)]
                                                    if ckpt.get("scaler") else [])
-        for name, target in parts + [("rng", None)]:
-            try:  # load_state_dict raises RuntimeError / KeyError / ValueError on a bad dict
-                if target is None:
-                    set_rng_state(ckpt["rng"])
-                else:
-                    target.load_state_dict(ckpt[name])
-            except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                raise CheckpointError(f"checkpoint {self.config.resume}: its {name!r} does not "
-                                      f"fit this run ({type(e).__name__}: {first[:200]})") from None
+        load_parts(ckpt, parts, self.config.resume)
         self.step, self.epoch, self.epoch_done = ckpt["step"], ckpt["epoch"], ckpt["epoch_done"]
         self.epoch_batches = ckpt["epoch_batches"]
         self.best = ckpt["best"]
@@ -214,6 +216,11 @@ class Trainer:
         if self.max_steps_reached():
             stopped = "max_steps"
             epoch = config.epochs
+        line = (estimate_for(config, self.plain, self.amp_dtype, self.steps_per_epoch, self.step,
+                             epoch, self.manifest["splits"], self.val_split, self.test_split)
+                if self.device.type == "cpu" and self.info.is_main else None)
+        if line:  # on the CPU, before the first step: how long the run will take
+            self.say(line)
         while epoch < config.epochs:
             resuming = self.resume is not None and not self.epoch_done and epoch == self.epoch
             train_stats = self.train_epoch(epoch, resuming)
@@ -221,13 +228,15 @@ class Trainer:
             entry = {"epoch": epoch, "step": self.step, "partial": cut and not self.epoch_done,
                      "train": train_stats}
             last_epoch = epoch == config.epochs - 1 or cut
+            new_best = False
             if self.val_split is not None and ((epoch + 1) % config.eval_every == 0
                                                or last_epoch):
                 entry["val"] = self.evaluate(self.val_split, f"epoch{epoch:03d}")
                 self.history.append(entry)
-                self.track_best(entry)
+                new_best = self.track_best(entry)
             else:
                 self.history.append(entry)
+            self.say(epoch_line(entry, config.monitor, new_best))
             stop = ("max_steps" if cut else "early_stop" if self.stopper.should_stop else None)
             if stop or last_epoch or (epoch + 1) % config.checkpoint_every == 0:
                 self.save("last")
@@ -236,7 +245,10 @@ class Trainer:
                 stopped = stop
                 break
             epoch += 1
-        return self.final_test(stopped)
+        metrics = self.final_test(stopped)
+        for line in final_lines(metrics, config.monitor):
+            self.say(line)
+        return metrics
 
     def close(self) -> None:
         """Stops the loaders' decoding threads / worker processes and closes TensorBoard
@@ -408,13 +420,17 @@ class Trainer:
         self.model.train()
         return result
 
-    def track_best(self, entry: dict) -> None:
+    def track_best(self, entry: dict) -> bool:
+        """Updates ``best`` (and best.pt) when ``entry``'s val score improves; returns whether
+        it did."""
         monitor = self.config.monitor
         value = entry["val"][monitor]
-        if self.stopper.update(value):
-            self.best = {"monitor": monitor, "value": value, "epoch": entry["epoch"],
-                         "step": self.step}
-            self.save("best")
+        if not self.stopper.update(value):
+            return False
+        self.best = {"monitor": monitor, "value": value, "epoch": entry["epoch"],
+                     "step": self.step}
+        self.save("best")
+        return True
 
     def final_test(self, stopped: str) -> dict:
         """Evaluates the best checkpoint on the test split (when there is one); writes metrics."""
@@ -425,6 +441,9 @@ class Trainer:
             if best.exists():  # no val split: no best.pt, the test scores the last weights
                 self.plain.load_state_dict(load_checkpoint(best, ("model",))["model"])
             test = self.evaluate(self.test_split, "best" if best.exists() else "last")
+            test["weights"] = ({"checkpoint": "best", "epoch": self.best["epoch"]}
+                               if best.exists() and self.best else
+                               {"checkpoint": "last", "epoch": self.epoch})
         return self.write_metrics(stopped, test)
 
     # ----------------------------------------------------------------- outputs
@@ -452,7 +471,9 @@ class Trainer:
                     "sync_timing": self.config.sync_timing,
                     "mean_std": self.mean_std, "torch": torch.__version__,
                     "timm": timm.__version__, "pretrained": self.pretrained_report,
-                    "augment": self.augment.to_config(),
+                    "pretrained_weights": self.pretrained_weights,
+                    "transform": self.transform.to_dict(),
+                    "augment": self.augment.to_config(), "augment_ops": self.config.augment,
                     "augment_device": (str(self.train_loader.augment_device or "cpu")
                                        if self.train_loader is not None else None)},
             "step": self.step, "stopped": stopped, "best": self.best, "history": self.history,

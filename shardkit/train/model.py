@@ -8,6 +8,7 @@ tensors whose shapes differ from the model's are skipped and reported.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -17,17 +18,24 @@ from ..errors import CheckpointError, ConfigError, LabelError
 from .checkpoint import safe_load
 
 __all__ = ["build_model", "probe_model", "load_pretrained", "param_groups", "check_labels",
-           "topk_for", "unwrap"]
+           "topk_for", "unwrap", "pretrained_source", "initial_model"]
+
+log = logging.getLogger("shardkit.train")
 
 
-def build_model(name: str, num_classes: int) -> nn.Module:
-    """A randomly initialised timm model ``name`` with a ``num_classes``-way head.
+def build_model(name: str, num_classes: int, pretrained: bool = False) -> nn.Module:
+    """The timm model ``name`` with a ``num_classes``-way head, randomly initialised or, with
+    ``pretrained``, from timm's pretrained weights (timm fetches them from the Hugging Face Hub
+    or its URL on first use and caches them; the 1000-class head is left out and the new head
+    initialised, as ``timm.create_model(pretrained=True, num_classes=K)`` does).
 
-    Nothing is downloaded (``pretrained=False``); use :func:`load_pretrained` for local weights.
+    Without ``pretrained`` nothing is downloaded; use :func:`load_pretrained` for local weights.
     The model maps float ``(N, 3, H, W)`` normalised images to ``(N, num_classes)`` logits.
 
     Raises:
         ConfigError: ``name`` is not a timm model, or ``num_classes < 2``.
+        CheckpointError: ``pretrained`` and the weights cannot be fetched or loaded (no
+            network, no weights for that model; the message says what to do instead).
     """
     import timm
 
@@ -40,7 +48,24 @@ def build_model(name: str, num_classes: int) -> nn.Module:
         hint = (f"similar names: {', '.join(close)}" if close else
                 "see timm.list_models('hrnet*') for names, e.g. hrnet_w18_small")
         raise ConfigError(f"model {name!r} is not a timm model; {hint}")
-    return timm.create_model(name, pretrained=False, num_classes=num_classes)
+    if not pretrained:
+        return timm.create_model(name, pretrained=False, num_classes=num_classes)
+    try:
+        return timm.create_model(name, pretrained=True, num_classes=num_classes)
+    except (OSError, RuntimeError, ValueError) as e:  # huggingface_hub / urllib errors are OSError
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"cannot load timm's pretrained weights of {name!r} "
+                              f"({type(e).__name__}: {first}); timm downloads them on first use "
+                              "(the Hugging Face Hub must be reachable once, or HF_HUB_CACHE "
+                              "must hold them), or pass a local file with --initial-checkpoint"
+                              ) from None
+
+
+def pretrained_source(model: nn.Module) -> dict:
+    """Where timm's pretrained weights of ``model`` come from: ``{"architecture", "tag",
+    "hf_hub_id", "url"}`` of its ``pretrained_cfg`` (empty strings / None where unset)."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    return {k: cfg.get(k) for k in ("architecture", "tag", "hf_hub_id", "url")}
 
 
 def probe_model(model: nn.Module, image_size: int, num_classes: int,
@@ -175,3 +200,34 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model.module
         else:
             return model
+
+
+def initial_model(config, num_classes: int, fresh: bool = True,
+                  note: bool = True) -> tuple[nn.Module, dict | None, dict | None]:
+    """The model a run starts from, on the CPU: ``(model, pretrained_weights, report)``.
+
+    ``config`` is a :class:`~shardkit.train.config.TrainConfig`. With ``fresh`` (not a resume,
+    whose checkpoint holds the weights) the model gets timm's pretrained weights
+    (``config.pretrained``, :func:`build_model`), then ``config.initial_checkpoint``
+    (:func:`load_pretrained`; ``report`` is its report, else None). ``pretrained_weights`` is
+    :func:`pretrained_source` when ``config.pretrained``, else None. ``note``: log what was
+    loaded (INFO, ``shardkit.train``).
+
+    Raises:
+        ConfigError, CheckpointError: as :func:`build_model` and :func:`load_pretrained`.
+    """
+    model = build_model(config.model, num_classes, pretrained=config.pretrained and fresh)
+    weights = pretrained_source(model) if config.pretrained else None
+    if weights and fresh and note:
+        log.info("timm pretrained weights of %s: %s", config.model,
+                 weights["hf_hub_id"] or weights["url"])
+    report = None
+    if config.initial_checkpoint and fresh:
+        report = load_pretrained(model, config.initial_checkpoint)
+        skipped = report["skipped_shape"]
+        if note:
+            log.info("initial checkpoint %s: loaded %d tensors; skipped %d with mismatched "
+                     "shapes%s", config.initial_checkpoint, report["loaded"], len(skipped),
+                     ": " + ", ".join(f"{s['key']} {s['checkpoint']}->{s['model']}"
+                                      for s in skipped) if skipped else "")
+    return model, weights, report
