@@ -64,7 +64,7 @@ gpu-check: install
 	$(PY) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 train: install
-	$(SK) train --data $(OUT) --out runs/train $(TRAIN_ARGS)
+	$(SK) train $(OUT) --out runs/train $(TRAIN_ARGS)
 
 # Swap Pillow for Pillow-SIMD (same `PIL` namespace; torchvision depends on `pillow`, so this is an
 # explicit step). Prints which PIL really loaded afterwards.

@@ -194,8 +194,8 @@ def parse_problem(args: list[str]) -> str | None:
         return f"shardkit {' '.join(names)}: unexpected extra arguments {extra}"
     for param in cmd.params:
         value = values.get(param.name)
-        if value is None or _path_like(param):
-            continue
+        if not isinstance(value, (str, int, float, list, tuple)) or _path_like(param):
+            continue  # not given (None, or click's own "unset" marker), or a path
         many = isinstance(value, (list, tuple))
         kept = [v for v in (value if many else [value])
                 if not (isinstance(v, str) and PLACEHOLDER.match(v))]

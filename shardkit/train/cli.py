@@ -103,7 +103,7 @@ def resolve_dataset(positional: tuple[str, ...], data: str | None, pretrained: b
 @click.option("--img-size", "--image-size", "image_size", type=int,
               help="Square input side in pixels.")
 @click.option("--lr", type=float, help="Peak learning rate.")
-@click.option("--opt", type=_choice("opt"))
+@click.option("--opt", type=_choice("opt"), help="Optimizer (timm's create_optimizer_v2 name).")
 @click.option("--weight-decay", type=float, help="On weights only (not norms or biases).")
 @click.option("--warmup-epochs", type=float, help="Linear warmup length in epochs.")
 @click.option("--warmup-steps", type=int,
@@ -113,18 +113,22 @@ def resolve_dataset(positional: tuple[str, ...], data: str | None, pretrained: b
 @click.option("--smoothing", "--label-smoothing", "label_smoothing", type=float,
               help="Label smoothing, 0 <= x < 1.")
 @click.option("--clip-grad", type=float, help="Max global gradient L2 norm.")
-@click.option("--loss", type=_choice("loss"))
+@click.option("--loss", type=_choice("loss"),
+              help="ce: cross-entropy; weighted-ce: weighted by inverse class frequency; focal: "
+                   "focal loss.")
 @click.option("--balance", type=_choice("balance"), help="class: class-balanced sampling.")
 @click.option("--samples-per-epoch", type=int,
               help="Train samples drawn per epoch, with replacement (default: one pass).")
 @click.option("--amp", type=_choice("amp"),
               help="auto: bf16 on capable GPUs, fp16 on older, off on CPU.")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
-@click.option("--channels-last/--no-channels-last", default=None)
+@click.option("--channels-last/--no-channels-last", default=None,
+              help="Model and batches in channels-last memory format (faster on GPUs).")
 @click.option("--patience", type=int,
               help="Early stop after N evaluations without improvement (0: off; ignored, with a "
                    "note, when there is no val split).")
-@click.option("--monitor", type=_choice("monitor"))
+@click.option("--monitor", type=_choice("monitor"),
+              help="Validation metric that picks best.pt and drives early stopping.")
 @click.option("--mean-std", type=_choice("mean_std"),
               help="dataset: the train split's stats from `shardkit stats`; model: the model's "
                    "pretrained config; auto: model with --pretrained / --initial-checkpoint, "
@@ -139,21 +143,21 @@ def resolve_dataset(positional: tuple[str, ...], data: str | None, pretrained: b
 @click.option("--crop-pct", type=float,
               help="Eval center-crop fraction in (0, 1] [default: as --interpolation; else "
                    "0.875].")
-@click.option("--seed", type=int)
+@click.option("--seed", type=int, help="Seed of the shuffle, augmentation and model init.")
 @click.option("--device", help="auto | cpu | cuda | cuda:N")
 @click.option("-j", "--workers", "--num-workers", "num_workers", type=int,
               help="DataLoader workers per process.")
-@click.option("--prefetch-factor", type=int)
-@click.option("--cache", help="Decoded image cache: none | ram | auto | disk:DIR (README: "
-              "'Decoded cache: when to use which').")
+@click.option("--prefetch-factor", type=int, help="Batches each loader worker prepares ahead.")
+@click.option("--cache", help="Decoded image cache: none | ram | auto | disk:DIR (docs/cache.md: "
+              "which to use when).")
 @click.option("--cache-max-side", type=int,
               help="Cache images resized so the longer side is at most N px.")
 @click.option("--cache-eval", type=click.Choice(["pixels", "final"]),
               help="final: eval splits cache their final center crops.")
 @click.option("--augment", metavar="SPEC",
               help="Augmentation after crop + flip: none | light | standard | randaugment | "
-                   "trivialaugment, a YAML list of ops, or a .yaml file (README: "
-                   "'Augmentation').")
+                   "trivialaugment, a YAML list of ops, or a .yaml file "
+                   "(docs/augmentation.md).")
 @click.option("--aa", metavar="TIMM_AA",
               help="timm's auto-augment string, e.g. rand-m9-mstd0.5-inc1 (RandAugment) or "
                    "augmix-m3-w3: replaces the spec's policy op; what does not map is noted; "
