@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardkit.errors import SplitError
-from shardkit.packer.assign import (
-    DEFAULT_TOLERANCE, SplitSample, assign_splits, given_splits, parse_split_spec)
+from shardkit.packer.assign import DEFAULT_TOLERANCE, SplitSample, assign_splits, parse_split_spec
+from shardkit.packer.given import given_splits
 
 R3 = {"train": 0.7, "val": 0.15, "test": 0.15}
 

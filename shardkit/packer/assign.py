@@ -64,7 +64,7 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping
 
 import numpy as np
 
@@ -72,7 +72,8 @@ from shardkit.errors import SplitError
 
 __all__ = [
     "DEFAULT_TOLERANCE", "SPLIT_METHODS", "SPLIT_NAME_RE", "SplitSample", "LabelConflict", "SplitPlan",
-    "assign_splits", "given_splits", "parse_split_spec", "validate_ratios",
+    "assign_splits", "parse_split_spec", "validate_ratios", "as_sample", "dedup", "sort_key",
+    "SplitCounts",
 ]
 
 DEFAULT_TOLERANCE = 0.02
@@ -243,7 +244,7 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def _as_sample(obj: Any, i: int) -> SplitSample:
+def as_sample(obj: Any, i: int) -> SplitSample:
     if isinstance(obj, SplitSample):
         return obj
     if isinstance(obj, tuple) and len(obj) == 3:
@@ -255,11 +256,11 @@ def _as_sample(obj: Any, i: int) -> SplitSample:
                          "with .group, .label and .sha256") from None
 
 
-def _sort_key(label: Any) -> tuple:
+def sort_key(label: Any) -> tuple:
     return (type(label).__name__, label) if isinstance(label, (int, str)) else ("~", repr(label))
 
 
-def _dedup(items: list[SplitSample], links: Iterable[tuple[int, int]] = ()):
+def dedup(items: list[SplitSample], links: Iterable[tuple[int, int]] = ()):
     """Union-find over groups joined by shared content hash or by ``links`` (pairs of sample
     positions), and the label conflicts.
 
@@ -287,7 +288,7 @@ def _dedup(items: list[SplitSample], links: Iterable[tuple[int, int]] = ()):
     for sha, idx in by_sha.items():
         labels = {items[i].label for i in idx}
         if len(labels) > 1:
-            conflicts.append(LabelConflict(sha, tuple(sorted(labels, key=_sort_key)), tuple(idx)))
+            conflicts.append(LabelConflict(sha, tuple(sorted(labels, key=sort_key)), tuple(idx)))
     return group_ids, uf, by_sha, conflicts
 
 
@@ -321,11 +322,11 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
             (group, label, sha256).
     """
     ratios, fixed = _checked(ratios, tolerance, method, seed, fixed)
-    items = [_as_sample(s, i) for i, s in enumerate(samples)]
+    items = [as_sample(s, i) for i, s in enumerate(samples)]
     names = tuple(ratios)
     n = len(items)
 
-    group_ids, uf, by_sha, conflicts = _dedup(items, links)
+    group_ids, uf, by_sha, conflicts = dedup(items, links)
     place = _Placement(items, group_ids, uf, names, ratios)
     kept, moved = _keep_fixed(place, fixed)  # 3. kept placements
     rest = [r for r in place.roots if r not in place.split_of]  # 4. the other components
@@ -337,7 +338,7 @@ def assign_splits(samples: Iterable[Any], ratios: Mapping[str, float], seed: int
 
     assignment = [place.split_of[uf.find(group_ids[s.group])] for s in items]
     group_to_split = {g: place.split_of[uf.find(gid)] for g, gid in group_ids.items()}
-    class_keys = sorted(class_total, key=_sort_key)
+    class_keys = sorted(class_total, key=sort_key)
     class_counts = {name: {c: n_sc[name][c] for c in class_keys} for name in names}
     achieved = {name: (n_s[name] / n if n else 0.0) for name in names}
     class_achieved = {name: {c: n_sc[name][c] / class_total[c] for c in class_keys}
@@ -380,7 +381,7 @@ def _checked(ratios: Mapping[str, float], tolerance: float, method: str, seed: i
 class _Placement:
     """The atomic sets of :func:`assign_splits` (union-find roots of the merged groups, with
     their sample positions and group names) and where each has gone so far (``split_of``,
-    counted in ``counts``, a :class:`_Counts`)."""
+    counted in ``counts``, a :class:`SplitCounts`)."""
 
     def __init__(self, items: list[SplitSample], group_ids: dict[str, int], uf: _UnionFind,
                  names: tuple[str, ...], ratios: dict[str, float]):
@@ -393,7 +394,7 @@ class _Placement:
             self.groups[uf.find(gid)].append(g)
         self.merged = sorted(sorted(gs) for gs in self.groups.values() if len(gs) > 1)
         self.roots = sorted(self.samples)
-        self.counts = _Counts(names, ratios, len(items), Counter(s.label for s in items))
+        self.counts = SplitCounts(names, ratios, len(items), Counter(s.label for s in items))
         self.split_of: dict[int, str] = {}
 
     def labels(self, root: int) -> list:
@@ -435,7 +436,7 @@ def _place_by_hash(place: _Placement, roots: list[int], seed: int) -> None:
 
 def _place_balanced(place: _Placement, roots: list[int], seed: int) -> None:
     """Step 4, ``"balanced"`` (and after kept placements): largest set first, seeded tie-break,
-    each to the split of :meth:`_Counts.best`."""
+    each to the split of :meth:`SplitCounts.best`."""
     tiebreak = np.random.default_rng(seed).permutation(len(roots))
     order = sorted(range(len(roots)), key=lambda k: (-len(place.samples[roots[k]]), tiebreak[k]))
     for k in order:
@@ -486,7 +487,7 @@ def _unit_hash(seed: int, key: str) -> float:
     return int.from_bytes(digest, "big") / 2.0 ** 64
 
 
-class _Counts:
+class SplitCounts:
     """Samples per split and per (split, class) while assigning; :meth:`best` is the balanced
     rule's choice (least increase of the chi-square statistic, see the module docstring)."""
 
@@ -516,103 +517,3 @@ class _Counts:
             if best_delta is None or delta < best_delta - 1e-12:
                 best_name, best_delta = name, delta
         return best_name
-
-
-def given_splits(samples: Iterable[Any], splits: Sequence[str],
-                 names: Sequence[str] | None = None,
-                 paths: Sequence[str] | None = None) -> SplitPlan:
-    """The plan of splits given by the source (split folders, a split column): nothing moves.
-
-    Args:
-        samples: as for :func:`assign_splits`.
-        splits: the given split name of every sample, aligned with ``samples``.
-        names: split order (may name splits without samples, reported as empty); default:
-            the names in ``splits`` in first-seen order.
-        paths: optional name of every sample (source relpaths), used in the warnings; default
-            ``"sample <i>"``.
-
-    Returns:
-        a :class:`SplitPlan` with ``mode="given"``, ``assignment == splits``, ``ratios ==
-        achieved``, ``tolerance`` 0.0, no ``merged_groups``; identical bytes and groups in more
-        than one split in ``shared_bytes`` / ``shared_groups`` and each kind named in one
-        warning (the first 5 listed); label conflicts as in :func:`assign_splits`.
-
-    Raises:
-        SplitError: ``splits`` or ``paths`` not aligned with ``samples``, a split not in
-            ``names``, a bad or repeated name, or a bad sample.
-    """
-    items = [_as_sample(s, i) for i, s in enumerate(samples)]
-    splits = [str(s) for s in splits]
-    for what, seq in (("splits", splits), ("paths", paths)):
-        if seq is not None and len(seq) != len(items):
-            raise SplitError(f"{what} has {len(seq)} entries for {len(items)} samples")
-    names = tuple(dict.fromkeys(splits)) if names is None else tuple(names)
-    bad = [x for x in names if not isinstance(x, str) or not SPLIT_NAME_RE.fullmatch(x)]
-    unknown = sorted(set(splits) - set(names))
-    if bad or unknown or len(set(names)) != len(names):
-        raise SplitError(f"given split names {list(names)} are invalid or repeated, or miss "
-                         f"{unknown}; expected unique names of letters, digits or '_'")
-    n = len(items)
-    group_ids, _, by_sha, conflicts = _dedup(items)
-    label_of = [s.label for s in items]
-    class_keys = sorted(set(label_of), key=_sort_key)
-    counts = Counter(splits)
-    class_counts = {x: {c: 0 for c in class_keys} for x in names}
-    class_total = Counter(label_of)
-    for split, label in zip(splits, label_of):
-        class_counts[split][label] += 1
-    achieved = {x: (counts[x] / n if n else 0.0) for x in names}
-
-    def where(idx: Iterable[int]) -> dict[str, int]:
-        c = Counter(splits[i] for i in idx)
-        return {x: c[x] for x in names if c[x]}
-
-    group_members: dict[str, list[int]] = defaultdict(list)
-    for i, s in enumerate(items):
-        group_members[s.group].append(i)
-    shared_groups = [{"group": g, "splits": where(idx)}
-                     for g, idx in sorted(group_members.items()) if len(where(idx)) > 1]
-    shared_bytes = [{"sha256": h, "indices": list(idx), "splits": where(idx)}
-                    for h, idx in sorted(by_sha.items()) if len(where(idx)) > 1]
-    shared = {g["group"] for g in shared_groups}
-    group_to_split = {g: splits[idx[0]] for g, idx in group_members.items() if g not in shared}
-    warnings = [f"given split {x!r} is empty: none of its files was packed"
-                for x in names if n and not counts[x]]
-    warnings += _given_leak_warnings(shared_bytes, shared_groups, splits, paths)
-    return SplitPlan(names=names, ratios=dict(achieved), seed=0, tolerance=0.0,
-                     assignment=splits, group_to_split=group_to_split,
-                     counts={x: counts[x] for x in names}, class_counts=class_counts,
-                     achieved=achieved,
-                     class_achieved={x: {c: class_counts[x][c] / class_total[c]
-                                         for c in class_keys} for x in names},
-                     label_conflicts=conflicts, num_duplicates=n - len(by_sha),
-                     warnings=warnings, mode="given", shared_bytes=shared_bytes,
-                     shared_groups=shared_groups, method="given")
-
-
-_GIVEN_NOTE = "left where they are (the splits are given; `shardkit check` fails on them)"
-
-
-def _given_leak_warnings(shared_bytes: list[dict], shared_groups: list[dict], splits: list[str],
-                         paths: Sequence[str] | None, shown: int = 5) -> list[str]:
-    """One warning for identical bytes and one for groups found in more than one given split."""
-    def name(i: int) -> str:
-        return repr(paths[i]) if paths is not None else f"sample {i}"
-
-    def more(k: int) -> str:
-        return f"; ... and {k - shown} more" if k > shown else ""
-
-    out = []
-    if shared_bytes:
-        listing = "; ".join(" = ".join(f"{name(i)} ({splits[i]})" for i in e["indices"])
-                            for e in shared_bytes[:shown])
-        out.append(f"given splits share identical bytes: {len(shared_bytes)} file content(s) "
-                   f"in more than one split, {_GIVEN_NOTE}: {listing}"
-                   f"{more(len(shared_bytes))}")
-    if shared_groups:
-        listing = "; ".join(f"{e['group']!r} (" + ", ".join(f"{x} {c}" for x, c in
-                                                             e["splits"].items()) + ")"
-                            for e in shared_groups[:shown])
-        out.append(f"given splits share groups: {len(shared_groups)} group(s) with samples in "
-                   f"more than one split, {_GIVEN_NOTE}: {listing}{more(len(shared_groups))}")
-    return out

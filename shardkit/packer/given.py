@@ -4,26 +4,27 @@ A source *gives* splits when it is a split-first tree (``SRC/<split>/<class>/...
 an object-store prefix, see :mod:`shardkit.sources.layouts`) or when ``split_column`` names a column of
 the ``.csv`` source (local or remote) or of ``metadata``. With ``split`` unset
 (``PackOptions.split_auto``) or ``"given"`` the packer keeps them
-(:func:`shardkit.packer.assign.given_splits`: nothing moves; identical bytes and shared groups across
+(:func:`given_splits`: nothing moves; identical bytes and shared groups across
 them are warnings, and ``shardkit check`` still fails on them); with ratios it pools every file
 and re-splits by group, and says so. Used by :mod:`shardkit.packer.scan`. ``src`` is a local
 path or, for a remote source, its URL (``str``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections import Counter, defaultdict
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from shardkit.sources import csvlist, layouts as layout
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import ConfigError, ShardkitError, SplitError
 from shardkit.storage.urls import is_url
-from shardkit.packer.assign import SplitPlan, given_splits
+from shardkit.packer.assign import SPLIT_NAME_RE, SplitPlan, as_sample, dedup, sort_key
 
 if TYPE_CHECKING:
     from shardkit.packer.options import PackOptions
     from shardkit.sources.items import ScanResult, SourceItem
 
 __all__ = ["read_given", "lacking_rule_error", "split_mode", "plan_given", "given_notes",
-           "split_fields"]
+           "split_fields", "given_splits"]
 
 
 def read_given(src, result: ScanResult, options: PackOptions
@@ -135,3 +136,103 @@ def split_fields(given: dict | None, mode: str, plan: SplitPlan, paths: list[str
         fields["given"] = {**given, "kept": mode == "given", "shared_bytes": shared,
                            "shared_groups": list(plan.shared_groups)}
     return fields
+
+
+def given_splits(samples: Iterable[Any], splits: Sequence[str],
+                 names: Sequence[str] | None = None,
+                 paths: Sequence[str] | None = None) -> SplitPlan:
+    """The plan of splits given by the source (split folders, a split column): nothing moves.
+
+    Args:
+        samples: as for :func:`assign_splits`.
+        splits: the given split name of every sample, aligned with ``samples``.
+        names: split order (may name splits without samples, reported as empty); default:
+            the names in ``splits`` in first-seen order.
+        paths: optional name of every sample (source relpaths), used in the warnings; default
+            ``"sample <i>"``.
+
+    Returns:
+        a :class:`SplitPlan` with ``mode="given"``, ``assignment == splits``, ``ratios ==
+        achieved``, ``tolerance`` 0.0, no ``merged_groups``; identical bytes and groups in more
+        than one split in ``shared_bytes`` / ``shared_groups`` and each kind named in one
+        warning (the first 5 listed); label conflicts as in :func:`assign_splits`.
+
+    Raises:
+        SplitError: ``splits`` or ``paths`` not aligned with ``samples``, a split not in
+            ``names``, a bad or repeated name, or a bad sample.
+    """
+    items = [as_sample(s, i) for i, s in enumerate(samples)]
+    splits = [str(s) for s in splits]
+    for what, seq in (("splits", splits), ("paths", paths)):
+        if seq is not None and len(seq) != len(items):
+            raise SplitError(f"{what} has {len(seq)} entries for {len(items)} samples")
+    names = tuple(dict.fromkeys(splits)) if names is None else tuple(names)
+    bad = [x for x in names if not isinstance(x, str) or not SPLIT_NAME_RE.fullmatch(x)]
+    unknown = sorted(set(splits) - set(names))
+    if bad or unknown or len(set(names)) != len(names):
+        raise SplitError(f"given split names {list(names)} are invalid or repeated, or miss "
+                         f"{unknown}; expected unique names of letters, digits or '_'")
+    n = len(items)
+    group_ids, _, by_sha, conflicts = dedup(items)
+    label_of = [s.label for s in items]
+    class_keys = sorted(set(label_of), key=sort_key)
+    counts = Counter(splits)
+    class_counts = {x: {c: 0 for c in class_keys} for x in names}
+    class_total = Counter(label_of)
+    for split, label in zip(splits, label_of):
+        class_counts[split][label] += 1
+    achieved = {x: (counts[x] / n if n else 0.0) for x in names}
+
+    def where(idx: Iterable[int]) -> dict[str, int]:
+        c = Counter(splits[i] for i in idx)
+        return {x: c[x] for x in names if c[x]}
+
+    group_members: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(items):
+        group_members[s.group].append(i)
+    shared_groups = [{"group": g, "splits": where(idx)}
+                     for g, idx in sorted(group_members.items()) if len(where(idx)) > 1]
+    shared_bytes = [{"sha256": h, "indices": list(idx), "splits": where(idx)}
+                    for h, idx in sorted(by_sha.items()) if len(where(idx)) > 1]
+    shared = {g["group"] for g in shared_groups}
+    group_to_split = {g: splits[idx[0]] for g, idx in group_members.items() if g not in shared}
+    warnings = [f"given split {x!r} is empty: none of its files was packed"
+                for x in names if n and not counts[x]]
+    warnings += _given_leak_warnings(shared_bytes, shared_groups, splits, paths)
+    return SplitPlan(names=names, ratios=dict(achieved), seed=0, tolerance=0.0,
+                     assignment=splits, group_to_split=group_to_split,
+                     counts={x: counts[x] for x in names}, class_counts=class_counts,
+                     achieved=achieved,
+                     class_achieved={x: {c: class_counts[x][c] / class_total[c]
+                                         for c in class_keys} for x in names},
+                     label_conflicts=conflicts, num_duplicates=n - len(by_sha),
+                     warnings=warnings, mode="given", shared_bytes=shared_bytes,
+                     shared_groups=shared_groups, method="given")
+
+
+_GIVEN_NOTE = "left where they are (the splits are given; `shardkit check` fails on them)"
+
+
+def _given_leak_warnings(shared_bytes: list[dict], shared_groups: list[dict], splits: list[str],
+                         paths: Sequence[str] | None, shown: int = 5) -> list[str]:
+    """One warning for identical bytes and one for groups found in more than one given split."""
+    def name(i: int) -> str:
+        return repr(paths[i]) if paths is not None else f"sample {i}"
+
+    def more(k: int) -> str:
+        return f"; ... and {k - shown} more" if k > shown else ""
+
+    out = []
+    if shared_bytes:
+        listing = "; ".join(" = ".join(f"{name(i)} ({splits[i]})" for i in e["indices"])
+                            for e in shared_bytes[:shown])
+        out.append(f"given splits share identical bytes: {len(shared_bytes)} file content(s) "
+                   f"in more than one split, {_GIVEN_NOTE}: {listing}"
+                   f"{more(len(shared_bytes))}")
+    if shared_groups:
+        listing = "; ".join(f"{e['group']!r} (" + ", ".join(f"{x} {c}" for x, c in
+                                                             e["splits"].items()) + ")"
+                            for e in shared_groups[:shown])
+        out.append(f"given splits share groups: {len(shared_groups)} group(s) with samples in "
+                   f"more than one split, {_GIVEN_NOTE}: {listing}{more(len(shared_groups))}")
+    return out
