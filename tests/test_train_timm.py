@@ -297,7 +297,8 @@ def test_cli_run_prints_estimate_epoch_lines_and_best_last_on_stderr(packed_samp
     assert lines[estimate[0]].startswith("CPU run: 8 steps of 32 images at 32 px, 2 evaluations "
                                          f"of {metrics['history'][0]['val']['num_samples']} val "
                                          "images, 1 test of ")
-    assert "(an estimate: " in lines[estimate[0]] and lines[estimate[0]].endswith(SMOKE_FLAGS)
+    assert "(an estimate: " in lines[estimate[0]]
+    assert SMOKE_FLAGS not in lines[estimate[0]]  # a run of seconds needs no smoke-run hint
     epochs = [line for line in lines if line.startswith("epoch ")]
     assert len(epochs) == 2 and lines.index(epochs[0]) > estimate[0]
     for line, entry in zip(epochs, metrics["history"]):
@@ -385,6 +386,8 @@ def test_estimate_arithmetic_and_the_timed_step_changes_nothing():
     assert line.startswith("CPU run: 690 steps of 64 images at 224 px, 30 evaluations of 184 "
                            "val images, 1 test of 184 images: about 2 h 36 min (an estimate: "
                            "13.00 s a step")
+    assert line.endswith(f"not counted). A smoke run: {SMOKE_FLAGS}")  # hours: the hint
+    assert "smoke" not in estimate_line(20, 1.0, 8, 64, 1, 32, 28)       # seconds: none
     assert [format_duration(s) for s in (0.2, 12.4, 250, 3599.6, 9356.2)] == \
         ["< 1 s", "12 s", "4 min 10 s", "1 h 0 min", "2 h 36 min"]
 

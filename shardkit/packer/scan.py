@@ -16,6 +16,7 @@ from shardkit.sources import csvlist, layouts as layout
 from shardkit.packer import given as pack_given
 import shardkit.sources.folder as folder_scan
 import shardkit.sources.groups as group_rules
+from shardkit.humanize import count_text
 from shardkit.errors import ConfigError, ShardkitError, SourceError
 from shardkit.sources.labels import LabelMap
 from shardkit.storage.urls import is_url
@@ -105,9 +106,11 @@ def scan_source(src: Path, options: PackOptions) -> ScannedSource:
         no_group_error = pack_given.lacking_rule_error(items, options, no_group_error)
     if not items and not result.missing:
         raise SourceError(f"no image files found in {src}")
-    logger.info("scanned %s (layout %s): %d files, %d missing, %d ignored entries, group rule "
-                "%s, given splits %s", src, result.layout, len(items), len(result.missing),
-                len(result.ignored), rule["kind"], given and given["mapping"])
+    logger.info("scanned %s (layout %s): %s, %d missing, %s, group rule %s, %s", src,
+                result.layout, count_text(len(items), "file"), len(result.missing),
+                count_text(len(result.ignored), "ignored entry", "ignored entries"), rule["kind"],
+                f"given splits {given['mapping']}" if given and given.get("mapping")
+                else "no given splits")
     return ScannedSource(items=items, missing=list(result.missing), ignored=list(result.ignored),
                          kind=result.kind, root=result.root, group_rule=rule, ungrouped=ungrouped,
                          no_group_error=no_group_error, given=given, layout=result.layout,

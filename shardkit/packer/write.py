@@ -27,6 +27,7 @@ from tqdm import tqdm
 from shardkit import __version__, formats
 from shardkit.dataset import manifest as manifest_mod
 from shardkit.dataset.writer_config import WRITER_FIELD, WriterConfig
+from shardkit.humanize import count_text
 from shardkit.errors import ConfigError, PackInvariantError, SourceError
 from shardkit.storage.fetch import DEFAULT_CONCURRENCY, iter_read, read_one
 from shardkit.sources.labels import LabelMap
@@ -107,7 +108,8 @@ def write_shards(out: Path, source: ScannedSource, label_idx: list[int], checked
                                             minlength=len(classes)).tolist(),
                 "num_groups": len({source.items[i].group for i in members}), "shards": shards,
                 **hashes}  # index_sha256 (readers check it), records_sha256 (verify does)
-            logger.info("split %s: %d samples in %d shards", name, len(records), len(shards))
+            logger.info("split %s: %s in %s", name, count_text(len(records), "sample"),
+                        count_text(len(shards), "shard"))
     finally:
         written.close()  # an engine stops (the Ray engine cancels its tasks) when closed early
         bar.close()

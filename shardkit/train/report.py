@@ -17,10 +17,13 @@ from contextlib import nullcontext
 import torch
 
 __all__ = ["format_duration", "epoch_line", "test_line", "final_lines", "summary",
-           "planned_work", "time_train_step", "estimate_line", "estimate_for", "SMOKE_FLAGS"]
+           "planned_work", "time_train_step", "estimate_line", "estimate_for", "SMOKE_FLAGS",
+           "SMOKE_HINT_S"]
 
-SMOKE_FLAGS = "--max-steps 20 --img-size 64 -b 8 (or --config cpu-smoke)"
+SMOKE_FLAGS = "--max-steps 20 --image-size 64 --batch-size 8 (or --config cpu-smoke)"
 """The flags of a smoke run, suggested by the CPU estimate."""
+SMOKE_HINT_S = 600
+"""The CPU estimate suggests a smoke run when the run would take longer than this (seconds)."""
 
 
 def format_duration(seconds: float) -> str:
@@ -150,7 +153,8 @@ def time_train_step(model: torch.nn.Module, batch_size: int, image_size: int,
                     channels_last: bool = False, amp_dtype=None, sample: int = 4) -> float:
     """Seconds of one CPU training step of ``batch_size`` images (forward and backward), timed
     on a copy of ``model`` with ``min(batch_size, sample)`` (at least 2) zero images of
-    ``image_size`` and scaled linearly: a conservative figure (a first call, a small batch).
+    ``image_size`` and scaled linearly: after one untimed warm-up step (a first call allocates
+    and picks its kernels: several times a step's time), the faster of two timed steps.
     ``model``, its BatchNorm statistics and the global RNGs are left as they were."""
     n = max(2, min(batch_size, sample))
     twin = copy.deepcopy(model).train()
@@ -158,19 +162,22 @@ def time_train_step(model: torch.nn.Module, batch_size: int, image_size: int,
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     autocast = torch.autocast("cpu", dtype=amp_dtype) if amp_dtype else nullcontext()
+    times = []
     with torch.random.fork_rng(devices=[]):
-        start = time.perf_counter()
-        with autocast:
-            logits = twin(x)
-        logits.float().logsumexp(dim=1).mean().backward()
-        seconds = time.perf_counter() - start
-    return seconds * batch_size / n
+        for _ in range(3):  # the first is the warm-up
+            start = time.perf_counter()
+            with autocast:
+                logits = twin(x)
+            logits.float().logsumexp(dim=1).mean().backward()
+            times.append(time.perf_counter() - start)
+    return min(times[1:]) * batch_size / n
 
 
 def estimate_line(steps: int, step_seconds: float, batch_size: int, image_size: int,
                   evals: int, val_images: int, test_images: int) -> str:
     """The CPU estimate: ``steps`` of ``step_seconds``, plus the evaluations (a forward pass,
-    counted at a third of a step's time per image), and the smoke-run flags."""
+    counted at a third of a step's time per image), and the smoke-run flags when the run would
+    take over :data:`SMOKE_HINT_S`."""
     per_image = step_seconds / batch_size / 3
     eval_seconds = (evals * val_images + test_images) * per_image
     total = steps * step_seconds + eval_seconds
@@ -179,9 +186,10 @@ def estimate_line(steps: int, step_seconds: float, batch_size: int, image_size: 
         work += f", {evals} evaluation{'s' if evals != 1 else ''} of {val_images} val images"
     if test_images:
         work += f", 1 test of {test_images} images"
-    return (f"CPU run: {work}: about {format_duration(total)} (an estimate: "
+    line = (f"CPU run: {work}: about {format_duration(total)} (an estimate: "
             f"{step_seconds:.2f} s a step, timed on a few images before training; data loading "
-            f"not counted). A smoke run: {SMOKE_FLAGS}")
+            f"not counted)")
+    return line + (f". A smoke run: {SMOKE_FLAGS}" if total > SMOKE_HINT_S else "")
 
 
 def estimate_for(config, model: torch.nn.Module, amp_dtype, steps_per_epoch: int, step: int,
