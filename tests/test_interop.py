@@ -546,7 +546,7 @@ def test_inspect_shows_a_non_utf8_class_name_by_its_bytes(latin1_out, tmp_path):
     assert table[2].split() == ["caf\\xe9", "2", "2", "4"]
     assert table[3].split() == ["roses", "2", "2", "4"]
     for split in ("train", "val"):
-        for kind in ("samples", "train_transform"):
+        for kind in ("samples", "transformed"):
             with Image.open(tmp_path / "grids" / f"inspect_{split}_{kind}.png") as im:
                 assert im.width > 100
     report = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))

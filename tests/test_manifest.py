@@ -166,7 +166,7 @@ def test_the_manifest_file_name_is_written_once():
 
     import shardkit
     from shardkit.dataset import manifest, schema, swap
-    from shardkit.packer import output
+    from shardkit.packer.outputs import owned as output
 
     root = Path(shardkit.__file__).parent
     assert manifest.MANIFEST_NAME is schema.MANIFEST_NAME == "manifest.json"
