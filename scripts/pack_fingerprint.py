@@ -95,48 +95,37 @@ def _lmdb_digest(path: Path) -> str:
     return "records:" + h.hexdigest()
 
 
+def _manifest_digest(manifest: dict) -> str:
+    """sha256 of a parsed manifest (keys sorted), with LMDB shards' file sha256 left out: an
+    LMDB shard's file bytes varied as its free pages did (they are compared by records)."""
+    for split in manifest.get("splits", {}).values():
+        for shard in split.get("shards", []):
+            if shard.get("path", "").endswith(".lmdb"):
+                shard["sha256"] = "(lmdb file bytes)"
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
 def _digest(path: Path) -> str:
     if path.suffix == ".lmdb":
         return _lmdb_digest(path)
-    if path.name == "manifest.json":  # an LMDB shard's file sha256 varies as its bytes do
-        manifest = json.loads(path.read_text())
-        for split in manifest.get("splits", {}).values():
-            for shard in split.get("shards", []):
-                if shard.get("path", "").endswith(".lmdb"):
-                    shard["sha256"] = "(lmdb file bytes)"
-        return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    if path.name == "manifest.json":
+        return _manifest_digest(json.loads(path.read_text()))
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _manifest_without_writer(path: Path) -> str:
-    """The manifest's digest without its ``writer`` section (the record of the writer's options
-    that packs made before it was added do not have)."""
-    manifest = json.loads(path.read_text())
+def _without_writer(manifest: dict) -> dict:
+    """The manifest without its ``writer`` section (the record of the writer's options, which
+    packs made before it was added do not have)."""
     manifest.pop("writer", None)
-    tmp = path.with_name(".fingerprint-manifest.json")
-    tmp.write_text(json.dumps(manifest))
-    try:
-        return _digest_named(tmp, "manifest.json")
-    finally:
-        tmp.unlink()
-
-
-def _digest_named(path: Path, name: str) -> str:
-    if name == "manifest.json":
-        manifest = json.loads(path.read_text())
-        for split in manifest.get("splits", {}).values():
-            for shard in split.get("shards", []):
-                if shard.get("path", "").endswith(".lmdb"):
-                    shard["sha256"] = "(lmdb file bytes)"
-        return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-    return _digest(path)
+    return manifest
 
 
 def _digests(root: Path) -> dict[str, str]:
     out = {str(p.relative_to(root)): _digest(p)
            for p in sorted(root.rglob("*")) if p.is_file()}
     if (root / "manifest.json").is_file():
-        out["manifest.json without writer"] = _manifest_without_writer(root / "manifest.json")
+        out["manifest.json without writer"] = _manifest_digest(
+            _without_writer(json.loads((root / "manifest.json").read_text())))
     return out
 
 
@@ -177,10 +166,8 @@ def _s3(src: dict[str, Path]) -> dict[str, str] | str:
                 body = client.get_object(Bucket="fingerprint", Key=obj["Key"])["Body"].read()
                 out[obj["Key"][len("ds/"):]] = hashlib.sha256(body).hexdigest()
                 if obj["Key"] == "ds/manifest.json":
-                    manifest = json.loads(body)
-                    manifest.pop("writer", None)
-                    out["manifest.json without writer"] = hashlib.sha256(
-                        json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+                    out["manifest.json without writer"] = _manifest_digest(
+                        _without_writer(json.loads(body)))
         return out
     finally:
         server.stop()

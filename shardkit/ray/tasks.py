@@ -123,26 +123,15 @@ def _check_size(image_size) -> int:
 
 
 def _resolve_transform(transform, image_size):
-    """``(transform, S)`` as :func:`shardkit.stream.make_loader` resolves them."""
-    from shardkit.decode import DECODERS
+    """``(transform, S)`` as :func:`shardkit.stream.make_loader` resolves them
+    (:func:`~shardkit.stream.options.resolve_transform_input`); a callable's S is checked here."""
+    from shardkit.stream.options import resolve_transform_input
     from shardkit.transforms import TransformConfig
 
-    if transform is None:
-        transform = TransformConfig(image_size=224 if image_size is None else image_size)
+    transform, size = resolve_transform_input(transform, image_size)
     if isinstance(transform, TransformConfig):
-        if image_size is not None and image_size != transform.image_size:
-            raise ConfigError(f"image_size={image_size} disagrees with transform.image_size="
-                              f"{transform.image_size}; give one of them")
-        if transform.decoder != "auto" and transform.decoder not in DECODERS:
-            raise ConfigError(f"decoder={transform.decoder!r}: expected 'auto' or one of "
-                              f"{sorted(DECODERS)}")
-        return transform, transform.image_size
-    if not callable(transform):
-        raise ConfigError(f"transform={transform!r}: expected a TransformConfig, a callable "
-                          "(data, rng, out=None) -> (S, S, 3) uint8, or None")
-    if image_size is None:
-        raise ConfigError("a custom transform callable needs image_size= (its output side S)")
-    return transform, _check_size(image_size)
+        return transform, size
+    return transform, _check_size(size)
 
 
 def _augment_spec(augment, decode: str):

@@ -28,7 +28,8 @@ from ..validate import check_int
 from .backends import ProcessBackend, ThreadBackend
 from .cache import make_cache, parse_cache, shm_reserve
 from .datasets import BatchDataset
-from .options import SamplingOptions, WorkerOptions, is_eval_split, resolve_train
+from .options import (SamplingOptions, WorkerOptions, is_eval_split, resolve_train,
+                      resolve_transform_input)
 from .source import ShardSource, dist_rank_world
 from .state import Sampling, check_epoch
 
@@ -268,27 +269,15 @@ def _augment_on_device(images: torch.Tensor, programs: list, device) -> torch.Te
 
 
 def _resolve_transform(transform, train: bool, image_size: int | None):
-    """``(callable, S)`` from a ``TransformConfig``, a callable, or None (the default config)."""
+    """``(callable, S)`` from a ``TransformConfig``, a callable, or None (the default config):
+    :func:`~shardkit.stream.options.resolve_transform_input`, a config made into its
+    transform."""
     from ..transforms import TransformConfig, make_transform
 
-    if transform is None:
-        transform = TransformConfig(image_size=224 if image_size is None else image_size)
+    transform, size = resolve_transform_input(transform, image_size)
     if isinstance(transform, TransformConfig):
-        if image_size is not None and image_size != transform.image_size:
-            raise ConfigError(f"image_size={image_size} disagrees with transform.image_size="
-                              f"{transform.image_size}; give one of them")
-        from ..decode import DECODERS
-
-        if transform.decoder != "auto" and transform.decoder not in DECODERS:
-            raise ConfigError(f"decoder={transform.decoder!r}: expected 'auto' or one of "
-                              f"{sorted(DECODERS)}")
-        return make_transform(transform, train), transform.image_size
-    if not callable(transform):
-        raise ConfigError(f"transform={transform!r}: expected a TransformConfig, a callable "
-                          "(data, rng, out=None) -> (S, S, 3) uint8, or None")
-    if image_size is None:
-        raise ConfigError("a custom transform callable needs image_size= (its output side S)")
-    return transform, image_size
+        return make_transform(transform, train), size
+    return transform, size
 
 
 def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,

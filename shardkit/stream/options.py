@@ -17,6 +17,7 @@ from ..validate import check_int
 from ..sharding import BALANCE, EVEN_RULES, MODES
 
 __all__ = ["SamplingOptions", "WorkerOptions", "BACKENDS", "ON_ERROR", "ON_WARNING",
+           "resolve_transform_input",
            "EVAL_SPLITS", "is_eval_split", "resolve_train"]
 
 log = logging.getLogger("shardkit.stream")
@@ -151,3 +152,34 @@ class WorkerOptions:
         if isinstance(ctx, str) and ctx not in multiprocessing.get_all_start_methods():
             raise ConfigError(f"multiprocessing_context={ctx!r}: expected one of "
                               f"{multiprocessing.get_all_start_methods()}")
+
+
+def resolve_transform_input(transform, image_size: int | None):
+    """``(transform, S)`` from a reader's ``transform`` and ``image_size`` arguments: a
+    :class:`~shardkit.transforms.TransformConfig` (None: ``TransformConfig(image_size=224 or
+    image_size)``) with its ``image_size`` as S, or a callable with ``image_size`` as S. The
+    rule of :func:`shardkit.stream.make_loader` and :func:`shardkit.ray.read_split`.
+
+    Raises:
+        ConfigError: ``image_size`` disagrees with the config's; an unknown decoder name; a
+            transform that is neither; a callable without ``image_size``.
+    """
+    from ..decode import DECODERS
+    from ..transforms import TransformConfig
+
+    if transform is None:
+        transform = TransformConfig(image_size=224 if image_size is None else image_size)
+    if isinstance(transform, TransformConfig):
+        if image_size is not None and image_size != transform.image_size:
+            raise ConfigError(f"image_size={image_size} disagrees with transform.image_size="
+                              f"{transform.image_size}; give one of them")
+        if transform.decoder != "auto" and transform.decoder not in DECODERS:
+            raise ConfigError(f"decoder={transform.decoder!r}: expected 'auto' or one of "
+                              f"{sorted(DECODERS)}")
+        return transform, transform.image_size
+    if not callable(transform):
+        raise ConfigError(f"transform={transform!r}: expected a TransformConfig, a callable "
+                          "(data, rng, out=None) -> (S, S, 3) uint8, or None")
+    if image_size is None:
+        raise ConfigError("a custom transform callable needs image_size= (its output side S)")
+    return transform, image_size
