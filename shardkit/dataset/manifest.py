@@ -318,6 +318,22 @@ def _split_file(root, split: str, name: str, entry: dict) -> tuple[str, str, int
     return RECORDS_HASH_FIELD, join(root, f"splits/{split}.jsonl"), n * (MAX_RECORD_LINE + 1)
 
 
+def _read_split_file(root, manifest, split: str, kind: str, what: str):
+    """``(manifest, split entry, location, bytes)`` of the split file ``kind`` ("index" or
+    "records"), read with its size bound.
+
+    Raises:
+        ManifestError: unknown split, a file over its bound, or one that cannot be read
+            (``"cannot read {what}{location}: ..."``).
+    """
+    manifest, entry = _split_entry(root, manifest, split)
+    _, location, limit = _split_file(root, split, kind, entry)
+    try:
+        return manifest, entry, location, _read_bounded(location, limit)
+    except OSError as e:
+        raise ManifestError(f"cannot read {what}{location}: {e}") from e
+
+
 def load_index(root: str | os.PathLike, split: str, manifest: dict | None = None, *,
                check_hash: bool = True) -> SplitIndex:
     """Loads the :class:`SplitIndex` of ``split`` and checks it against the manifest.
@@ -346,12 +362,8 @@ def load_index(root: str | os.PathLike, split: str, manifest: dict | None = None
             (a flipped byte: a zip CRC error or a hash mismatch), or an array that breaks the
             rules above (the message names the file, the array and the first bad entry).
     """
-    manifest, entry = _split_entry(root, manifest, split)
-    _, location, limit = _split_file(root, split, "index", entry)
-    try:
-        raw = _read_bounded(location, limit)
-    except OSError as e:
-        raise ManifestError(f"cannot read split index {location}: {e}") from e
+    manifest, entry, location, raw = _read_split_file(root, manifest, split, "index",
+                                                      "split index ")
     arrays = _read_npz(raw, location, entry["num_samples"])
     missing = [f for f in (*INDEX_FIELDS, "key") if f not in arrays]
     if CHECKSUM_FIELD not in arrays and INDEX_HASH_FIELD in entry and entry["num_samples"]:
@@ -504,12 +516,7 @@ def read_split_records(root: str | os.PathLike, split: str, manifest: dict | Non
             too long, not UTF-8, not JSON or nested too deeply, or a record that
             breaks the schema (the message names the file, the line and the field).
     """
-    manifest, entry = _split_entry(root, manifest, split)
-    _, location, limit = _split_file(root, split, "records", entry)
-    try:
-        data = _read_bounded(location, limit)
-    except OSError as e:
-        raise ManifestError(f"cannot read {location}: {e}") from e
+    manifest, entry, location, data = _read_split_file(root, manifest, split, "records", "")
     num_classes, num_shards = len(manifest["classes"]), len(entry["shards"])
     records = []
     for number, line in enumerate(data.split(b"\n"), 1):
