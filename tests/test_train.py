@@ -216,7 +216,7 @@ def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path):
     set_rng_state(torch.load(tmp_path / "c.pt", weights_only=True)["rng"])
     assert (random.random(), np.random.normal(), np.random.randint(1 << 30),
             torch.rand(3).tolist()) == expected
-    assert load_checkpoint(tmp_path / "c.pt")["version"] == 1
+    assert load_checkpoint(tmp_path / "c.pt")["version"] == 2
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]          # no temp file left
 
 
@@ -971,11 +971,13 @@ def test_malformed_checkpoint_at_resume_is_one_line_naming_the_field(saved_run, 
 
 def test_checkpoint_whose_weights_do_not_fit_is_one_error(saved_run, tmp_path):
     from shardkit.errors import CheckpointError
+    from shardkit.train.checkpoint import payload_digest
 
     data, run = saved_run
     ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     name = next(k for k, v in ckpt["model"].items() if v.ndim == 4)
     ckpt["model"][name] = torch.zeros(1, 1, 1, 1)
+    ckpt["digest"] = payload_digest(ckpt)    # a whole file, written so: its model is the fault
     torch.save(ckpt, tmp_path / "shape.pt")
     with pytest.raises(CheckpointError, match="its 'model' does not fit this run "
                        r"\(RuntimeError: Error\(s\) in loading state_dict"):

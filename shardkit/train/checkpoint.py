@@ -2,7 +2,7 @@
 
 A checkpoint is a ``torch.save`` dict::
 
-    {"format": "shardkit-train-checkpoint", "version": 1,
+    {"format": "shardkit-train-checkpoint", "version": 2, "digest": int,
      "model": state_dict (unwrapped: no DDP / torch.compile prefixes), "optimizer", "scheduler",
      "scaler": GradScaler state or None, "epoch": int (0-based epoch of the last step),
      "epoch_done": bool, "epoch_batches": int (batches of that epoch done), "step": int (optimizer
@@ -18,6 +18,12 @@ lists (:func:`rng_state`), never as numpy arrays or other pickled objects. Loadi
 ``__reduce__``, a numpy array) is refused with :class:`~shardkit.errors.CheckpointError` before
 anything in it runs (:func:`safe_load`). Written with :func:`shardkit.storage.atomic.atomic_write_with`
 (temporary file, fsync, rename, folder fsync).
+
+``digest`` (version 2) is the xxh3-64 of every value of the payload, tensors' bytes included
+(:func:`payload_digest`): ``torch.load`` checks no checksum of tensor data, so bytes flipped on
+disk or in a copy would otherwise resume silently with wrong weights or optimizer moments
+(the rule of a shard's per-read checks: a damaged byte is an error, never a silent wrong
+result). Version 1 files (no digest) still load, with a warning.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import xxhash
 
 from ..errors import CheckpointError, ConfigError, OutputExistsError, ResumeMismatchError
 from ..validate import is_int
@@ -38,7 +45,8 @@ from .config import SCHEDULE_FIELDS, TrainConfig
 
 __all__ = ["save_checkpoint", "load_checkpoint", "safe_load", "resolve_resume",
            "check_resume_config", "check_resume_classes", "rng_state", "set_rng_state",
-           "CHECKPOINT_FORMAT", "check_run_folder", "RESUME_FIELDS", "load_parts"]
+           "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "check_run_folder", "payload_digest",
+           "check_digest", "RESUME_FIELDS", "load_parts"]
 
 CHECKPOINT_FORMAT = "shardkit-train-checkpoint"
 log = logging.getLogger(__name__)
@@ -72,10 +80,43 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+CHECKPOINT_VERSION = 2
+
+
+def payload_digest(payload: dict) -> int:
+    """xxh3-64 (unsigned 64-bit int) of ``payload`` without its ``digest`` key: every key and
+    leaf in order, a tensor as its dtype, shape and raw bytes, any other leaf as its ``repr``
+    (numbers, strings, None). Equal for a payload and its ``torch.load`` round trip."""
+    h = xxhash.xxh3_64()
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            if t.numel():
+                h.update(t.reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(value, dict):
+            h.update(f"D{len(value)}".encode())
+            for k, v in value.items():
+                h.update(repr(k).encode())
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            h.update(f"L{len(value)}".encode())
+            for v in value:
+                walk(v)
+        else:
+            h.update(repr(value).encode())
+
+    walk({k: v for k, v in payload.items() if k != "digest"})
+    return h.intdigest()
+
+
 def save_checkpoint(path: str | Path, payload: dict) -> None:
     """Writes ``payload`` (see the module docstring) to ``path`` atomically (temporary file,
-    fsync, rename, folder fsync; :func:`shardkit.storage.atomic.atomic_write_with`)."""
-    obj = {"format": CHECKPOINT_FORMAT, "version": 1, **payload}
+    fsync, rename, folder fsync; :func:`shardkit.storage.atomic.atomic_write_with`), with its
+    :func:`payload_digest` as ``digest``."""
+    obj = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **payload}
+    obj["digest"] = payload_digest(obj)
     atomic_write_with(path, lambda f: torch.save(obj, f))
 
 
@@ -147,8 +188,9 @@ def load_checkpoint(path: str | Path, fields: tuple[str, ...] = ()) -> dict:
 
     Raises:
         CheckpointError: ``path`` is missing, unsafe or unreadable (see :func:`safe_load`), is
-            not a shardkit training checkpoint, or lacks a field or holds one of the wrong type
-            (one line naming every such field and what was expected).
+            not a shardkit training checkpoint, fails its ``digest`` (bytes changed since it
+            was written), or lacks a field or holds one of the wrong type (one line naming
+            every such field and what was expected).
     """
     payload = safe_load(path)
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
@@ -164,7 +206,30 @@ def load_checkpoint(path: str | Path, fields: tuple[str, ...] = ()) -> dict:
     if problems:
         raise CheckpointError(f"checkpoint {path} is damaged or incomplete: "
                               + "; ".join(problems))
+    check_digest(path, payload)
     return payload
+
+
+def check_digest(path: str | Path, payload: dict) -> None:
+    """Checks ``payload["digest"]`` against :func:`payload_digest`; a version-1 checkpoint (no
+    digest) passes with a warning.
+
+    Raises:
+        CheckpointError: no digest in a version >= 2 file, or a digest that does not match.
+    """
+    if payload.get("version") == 1 and "digest" not in payload:
+        log.warning("checkpoint %s was written before checkpoints carried a digest: its tensors "
+                    "cannot be checked", path)
+        return
+    saved = payload.get("digest")
+    if not is_int(saved):
+        raise CheckpointError(f"checkpoint {path} has no digest (version "
+                              f"{payload.get('version')!r}): it cannot be checked; it is damaged "
+                              "or was not written by shardkit")
+    if payload_digest(payload) != int(saved):
+        raise CheckpointError(f"checkpoint {path} fails its digest (xxh3 of its tensors and "
+                              "values): its bytes changed after it was written (disk or copy "
+                              "damage); resume from another checkpoint (best.pt) or start over")
 
 
 def resolve_resume(resume: str | Path) -> Path | None:
