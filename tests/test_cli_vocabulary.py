@@ -89,8 +89,12 @@ def test_every_reader_takes_the_dataset_positionally(dataset, tmp_path):
     assert "OK" in _run("verify", dataset, "--no-decode").output
     checked = _run("check", dataset, "--near-duplicates", "off", "--no-transforms").output
     assert "not run: near_duplicates, transform_drift" in checked
-    stats = _run("stats", dataset, "--split", "val", "--no-save").output
+    stats = _run("stats", dataset, "--split", "val", "--no-save", "--json",
+                 tmp_path / "stats.json").output
     assert "val: " in stats and "mean (R, G, B)" in stats
+    assert "{" not in stats                              # said once, as text; JSON on request
+    saved = json.loads((tmp_path / "stats.json").read_text())
+    assert saved["num_samples"] == len(_records(dataset)["val"]) and len(saved["mean"]) == 3
     _run("inspect", dataset, "--split", "test", "--n", "2", "--out", tmp_path / "grids")
     grids = list((tmp_path / "grids").iterdir())
     assert grids and all(p.suffix == ".png" for p in grids)

@@ -367,7 +367,7 @@ def format_check_report(report: dict[str, Any]) -> str:
     lines = [f"shardkit check {report['root']}"]
     near = report["near_duplicates"]
     lines.append(f"  groups in two splits: {len(report['group_overlap'])}; identical bytes across "
-                 f"splits: {len(report['sha_overlap'])}; near-duplicates (pHash <= "
+                 f"splits: {len(report['sha_overlap'])}; near-duplicates across splits (pHash <= "
                  f"{report['thresholds']['phash_hamming']}): "
                  f"{'not run' if near is None else len(near)}; degenerate images (left out of "
                  f"the near-duplicate search): "

@@ -21,7 +21,6 @@ Progress bars (tqdm, on stderr) are on by default when stderr is a terminal and 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -181,10 +180,12 @@ def check_command(dataset, strict, json_path, near_threshold, imbalance_threshol
 @click.option("--save/--no-save", default=None,
               help="Store the result in manifest.json under stats/<split> [default: save, "
                    "except for a dataset in object storage, whose manifest is not rewritten].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the result as JSON.")
 @_PROGRESS
 @_DECODER
 @one_line_errors
-def stats_command(dataset, split, max_samples, save, progress, decoder):
+def stats_command(dataset, split, max_samples, save, json_path, progress, decoder):
     """Per-channel mean/std (0-1, RGB) of a split's decoded pixels and each class's mean hue,
     saved in the manifest."""
     from shardkit.dataset.manifest import MANIFEST_NAME
@@ -197,15 +198,15 @@ def stats_command(dataset, split, max_samples, save, progress, decoder):
     save = not is_url(dataset) if save is None else save
     result = run_command(compute_stats, dataset, split, max_samples=max_samples, decoder=decoder,
                          save=save, progress=progress_default(progress))
-    click.echo(f"{split}: {result['num_samples']} samples")
+    lines = [f"{split}: {result['num_samples']} samples"]
     if "max_side" in result:
-        click.echo(f"stored resolution: {result['num_downscaled']} of them stored downscaled "
-                   f"(--max-side {result['max_side']}): statistics of the stored pixels")
-    click.echo("mean (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["mean"]))
-    click.echo("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))
-    click.echo(format_class_hues(result["hue"]))
+        lines.append(f"stored resolution: {result['num_downscaled']} of them stored downscaled "
+                     f"(--max-side {result['max_side']}): statistics of the stored pixels")
+    lines.append("mean (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["mean"]))
+    lines.append("std  (R, G, B): " + ", ".join(f"{v:.6f}" for v in result["std"]))
+    lines.append(format_class_hues(result["hue"]))
     if save:
-        click.echo(f"saved to {Path(dataset) / MANIFEST_NAME} under stats/{split}"
-                   if result.not_saved is None else f"not saved in "
-                   f"{Path(dataset) / MANIFEST_NAME}: {result.not_saved}")
-    click.echo(json.dumps(result))
+        lines.append(f"saved to {Path(dataset) / MANIFEST_NAME} under stats/{split}"
+                     if result.not_saved is None else f"not saved in "
+                     f"{Path(dataset) / MANIFEST_NAME}: {result.not_saved}")
+    _echo_report("\n".join(lines), dict(result), json_path)
