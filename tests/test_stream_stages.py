@@ -21,7 +21,7 @@ from shardkit.dataset.manifest import load_index
 from shardkit.stream import (MapShardDataset, SamplingOptions, ShardDataset, WorkerOptions,
                              make_loader)
 from shardkit.stream.source import ShardSource
-from shardkit.stream.stages import (PROPAGATE, KeepOnWarning, RaiseOnError, RaiseOnWarning,
+from shardkit.stream.stages import (KeepOnWarning, RaiseOnError, RaiseOnWarning,
                                     SkipOnError, SkipOnWarning, error_handler, names_sample,
                                     warning_handler)
 from shardkit.transforms import TransformConfig, make_transform
@@ -134,7 +134,25 @@ def test_dict_datasets_take_the_same_handlers(damaged):
     md = MapShardDataset(root, SPLIT, transform=tf, verify_reads=False)
     with pytest.raises(DecodeError) as e:
         md[POS]
-    assert e.value.key is None and "failed:" not in str(e.value)  # unchanged, not wrapped
+    assert (e.value.shard, e.value.key) == (shard, key)   # the transform's error, named
+    assert str(e.value).startswith(f"shard {shard}: sample {key!r} failed: DecodeError: ")
+
+
+def test_map_dataset_names_the_shard_of_an_os_error(clean, monkeypatch):
+    """An I/O error of the shard file (EIO from a failing disk or a network mount): an error
+    naming shard and key, chained to it, not a bare OSError."""
+    md = MapShardDataset(clean, SPLIT)
+    shard, key = md.source.shard_name(POS), md.source.key(POS)
+
+    def failing_read(pos):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(md.source, "read", failing_read)
+    with pytest.raises(DecodeError) as e:
+        md[POS]
+    assert (e.value.shard, e.value.key) == (shard, key)
+    assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.EIO
+    assert str(e.value).startswith(f"shard {shard}: sample {key!r} failed: OSError: [Errno 5]")
 
 
 # --- the handlers, on a real source ------------------------------------------------------------
@@ -187,10 +205,6 @@ def test_skip_and_the_rules_every_handler_keeps(clean, caplog):
         with pytest.raises(DecodeWarningError) as e:
             handler(warned, src, POS)
         assert e.value is warned
-    original = OSError(errno.EIO, "Input/output error")
-    with pytest.raises(OSError) as e:
-        PROPAGATE(original, src, POS)
-    assert e.value is original
     with pytest.raises(ConfigError, match=r"on_error='ignore' is not one of \['raise', 'skip'\]"):
         error_handler("ignore")
 

@@ -27,7 +27,7 @@ from ..errors import SharedMemoryError, ShardkitError
 from ..sharding import EpochPlan, num_batches, sample_rng
 from .options import SamplingOptions, resolve_train
 from .source import ShardSource, worker_id_count
-from .stages import (LEFT_OUT, PROPAGATE, BatchTally, SampleStages, error_handler,
+from .stages import (LEFT_OUT, BatchTally, SampleStages, error_handler,
                      warning_handler)
 from .state import Sampling
 
@@ -177,14 +177,16 @@ class MapShardDataset(Dataset):
 
     Raises:
         IndexError: ``i`` outside ``[-len, len)``. ManifestError / ShardCorruptError /
-        DecodeError as for :class:`ShardDataset` (no ``on_error``: a map-style item must exist).
+        DecodeError / ResourceLimitError as :class:`ShardDataset` with ``on_error="raise"`` (a
+        map-style item must exist): an error that does not name the sample (an ``OSError`` of
+        the shard file, the transform's own error) becomes a DecodeError naming shard and key.
     """
 
     def __init__(self, root, split: str, *, decode: bool = True, transform: Callable | None = None,
                  seed: int = 0, decoder: str = "auto", verify_reads: bool = True):
         self.source = ShardSource(root, split, verify_reads=verify_reads)
-        #: the per-sample stages; errors propagate unchanged, decoder warnings are kept
-        self.stages = SampleStages(self.source, on_error=PROPAGATE,
+        #: the per-sample stages: on_error="raise" (an item must exist), warnings kept
+        self.stages = SampleStages(self.source, on_error=error_handler("raise"),
                                    on_warning=warning_handler("keep"),
                                    transform=transform, decode=decode, decoder=decoder)
         self.seed = int(seed)

@@ -12,8 +12,8 @@ The policies are handler objects, chosen once from the option's name (webdataset
 ``reraise_exception`` / ``warn_and_continue`` / ``ignore_and_continue`` handlers):
 
 - on a sample error (:data:`SAMPLE_ERRORS`): :func:`error_handler` (``on_error``)
-  gives :class:`RaiseOnError` or :class:`SkipOnError`; :data:`PROPAGATE` re-raises unchanged
-  (the map-style dataset: an item must exist);
+  gives :class:`RaiseOnError` or :class:`SkipOnError` (the map-style dataset always raises:
+  an item must exist);
 - on decoder warnings: :func:`warning_handler` (``on_warning``) gives :class:`KeepOnWarning`,
   :class:`SkipOnWarning` or :class:`RaiseOnWarning`.
 
@@ -38,7 +38,7 @@ from .options import ON_ERROR, ON_WARNING
 from .source import ShardSource
 
 __all__ = ["SampleStages", "BatchTally", "SAMPLE_ERRORS", "LEFT_OUT", "ErrorHandler",
-           "RaiseOnError", "SkipOnError", "PROPAGATE", "error_handler", "WarningHandler",
+           "RaiseOnError", "SkipOnError", "error_handler", "WarningHandler",
            "KeepOnWarning", "SkipOnWarning", "RaiseOnWarning", "warning_handler", "names_sample"]
 
 log = logging.getLogger("shardkit.stream")
@@ -128,18 +128,6 @@ class SkipOnError(ErrorHandler):
         return key
 
 
-class _Propagate(ErrorHandler):
-    """Every error raised unchanged (no resource rule, no wrapping): the map-style dataset,
-    whose items must exist (webdataset's ``reraise_exception``)."""
-
-    name = "propagate"
-
-    def __call__(self, err, source, pos):
-        raise err
-
-
-#: The handler of :class:`~shardkit.stream.MapShardDataset`: every error raised unchanged.
-PROPAGATE = _Propagate()
 _ERROR_HANDLERS = {"raise": RaiseOnError(), "skip": SkipOnError()}
 
 
@@ -248,7 +236,7 @@ class SampleStages:
 
     Args:
         source: the :class:`ShardSource` (``read`` verifies the xxh3 when the source does).
-        on_error: an :class:`ErrorHandler` (:func:`error_handler`, or :data:`PROPAGATE`).
+        on_error: an :class:`ErrorHandler` (:func:`error_handler`).
         on_warning: a :class:`WarningHandler` (:func:`warning_handler`).
         transform, decode, decoder: what :meth:`item` makes of the stored bytes:
             ``transform(data, rng)`` when a transform is given, else the decoded uint8
