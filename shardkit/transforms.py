@@ -291,12 +291,11 @@ class SampleTransform:
         Sets ``last_warnings`` / ``last_warning``. Raises DecodeError.
         """
         dec = self.decoder
+        if (size is None and crop is not None and out is not None
+                and hasattr(dec, "decode_whole_resize") and self._fused_fill(data, out, crop)):
+            return out  # (no header read first: a decode that fails goes the path below)
         probe = dec.probe(data)
         if size is None:
-            if (crop is not None and out is not None and hasattr(dec, "decode_whole_resize")
-                    and out.shape == (probe.height, probe.width, 3)
-                    and self._fused_fill(data, out, crop, probe)):
-                return out
             pixels = dec.decode_scaled(data, Fraction(1), probe)  # the decoder's own array
         else:
             w, h = size
@@ -311,16 +310,19 @@ class SampleTransform:
             self.from_pixels(pixels, *crop)
         return pixels
 
-    def _fused_fill(self, data, out: np.ndarray, crop, probe) -> bool:
-        """:meth:`decode_for_cache`'s one-call decode + crop (True), or False with nothing
-        drawn and nothing written (the decoder cannot: the caller takes the two-step path)."""
+    def _fused_fill(self, data, out: np.ndarray, crop) -> bool:
+        """:meth:`decode_for_cache`'s one-call decode + crop into ``out`` (the index's size of
+        the image) and ``crop_out`` (True), or False with ``rng`` as it was given and
+        ``crop_out`` untouched (the decoder cannot, or the decode failed: the caller takes the
+        two-step path, which reads the header and raises the decode's error)."""
         width, height, rng, crop_out = crop
         rng = rng if rng is not None else np.random.default_rng()
         drawn = rng.bit_generator.state
-        p, region, rel = self._crop_plan(width, height, probe.width, probe.height, rng, crop_out)
+        ph, pw = out.shape[:2]
+        p, region, rel = self._crop_plan(width, height, pw, ph, rng, crop_out)
         dec = self.decoder
         if not dec.decode_whole_resize(data, out, region, rel, crop_out, p.flip,
-                                       self.cfg.interpolation, probe):
+                                       self.cfg.interpolation):
             rng.bit_generator.state = drawn
             return False
         self.last_params = p
