@@ -570,7 +570,8 @@ static PyObject *roi_decode_into(PyObject *self, PyObject *args) {
                           &rx, &ry, &rw, &rh, &box[0], &box[1], &box[2], &box[3], &outobj,
                           &ow, &oh, &flip, &filter, &lim.max_scans, &lim.max_memory))
         return NULL;
-    if (outobj != Py_None && PyObject_GetBuffer(outobj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
+    if (outobj != Py_None &&
+        PyObject_GetBuffer(outobj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
         PyBuffer_Release(&buf);
         PyBuffer_Release(&dst);
         return NULL;
