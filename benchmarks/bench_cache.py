@@ -22,7 +22,8 @@ consumer images/s, no step in between:
   price of the smaller cache.
 
 Ratios: ``cached / uncached`` (target >= 2.0), ``fill / uncached`` (target >= 0.9, i.e. the fill
-epoch within 10%). Memory: arena bytes per image and per split, at full size and at 256.
+epoch within 10%), of the median rates, and the median of each repeat's own ratios (its rows run
+back to back, so a busy machine moves both alike). Memory: arena bytes per image and per split, at full size and at 256.
 
 ``--memory``: instead, PSS per process (``/proc/PID/smaps`` and ``smaps_rollup``, via
 :func:`shardkit.stream.cache.arena_memory`) of a ``cache="ram"`` loader with ``--workers``
@@ -222,6 +223,14 @@ def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_b
         "ratio_cached_noverify_to_uncached": med["cached_noverify"] / med["uncached"],
         "ratio_fill_to_uncached": med["fill"] / med["uncached"],
         "ratio_cached_max256_to_uncached": med["cached_max256"] / med["uncached"],
+        # each repeat's rows ran back to back: their ratios see the same machine load
+        "per_repeat_ratio_fill_to_uncached": [r[0]["fill"] / r[0]["uncached"] for r in runs],
+        "per_repeat_ratio_cached_to_uncached": [r[0]["cached"] / r[0]["uncached"]
+                                                for r in runs],
+        "median_per_repeat_ratio_fill_to_uncached": statistics.median(
+            r[0]["fill"] / r[0]["uncached"] for r in runs),
+        "median_per_repeat_ratio_cached_to_uncached": statistics.median(
+            r[0]["cached"] / r[0]["uncached"] for r in runs),
         "memory": {"images": n, "full_bytes": full["size_bytes"],
                    "full_bytes_per_image": full["size_bytes"] / n,
                    "max256_bytes": small["size_bytes"],
