@@ -20,7 +20,8 @@ local rank (``$LOCAL_WORLD_SIZE``, default 1) for ``backend="process"`` (0 for t
 batches stay in private memory), plus :data:`SHM_MARGIN` for everything else (NCCL, other
 programs), on the file system of ``/dev/shm`` (a disk cache elsewhere keeps the margin only).
 The arena is not created when the tmpfs has no room beyond that; filling stops (one warning per
-machine, recorded in the arena) at the first sample that would cross it; either way the samples
+machine, recorded in the arena) at the first sample that would cross it (the free space is
+read again after each 1/64 of the room a process saw); either way the samples
 not cached are read and decoded as without a cache, so the epoch is the same.
 
 Trust (:mod:`shardkit.stream.arena`): a RAM arena's name carries the user's uid; a file is used
