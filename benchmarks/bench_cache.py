@@ -1,5 +1,12 @@
 """Decoded cache: a cached epoch against an uncached epoch of the same loader, same run.
 
+    .venv/bin/python benchmarks/bench_cache.py --data OUT --repeats 3 \\
+        --out benchmarks/results/cache-flowers.json
+
+(OUT: ``shardkit pack ../shared/data/flowers OUT --split-ratios train=0.8,val=0.1,test=0.1``.)
+It prints and writes ``ratio_fill_to_uncached`` (target >= 0.9) and
+``ratio_cached_to_uncached`` (target >= 2.0), medians over the interleaved repeats.
+
 Rows, each repeat in turn (drift of the machine hits every row alike), medians over ``--repeats``;
 ``make_loader(root, split, --batch-size, num_workers=--workers)``, RandomResizedCrop 224 + flip,
 consumer images/s, no step in between:
@@ -15,7 +22,8 @@ consumer images/s, no step in between:
   price of the smaller cache.
 
 Ratios: ``cached / uncached`` (target >= 2.0), ``fill / uncached`` (target >= 0.9, i.e. the fill
-epoch within 10%). Memory: arena bytes per image and per split, at full size and at 256.
+epoch within 10%), of the median rates, and the median of each repeat's own ratios (its rows run
+back to back, so a busy machine moves both alike). Memory: arena bytes per image and per split, at full size and at 256.
 
 ``--memory``: instead, PSS per process (``/proc/PID/smaps`` and ``smaps_rollup``, via
 :func:`shardkit.stream.cache.arena_memory`) of a ``cache="ram"`` loader with ``--workers``
@@ -26,9 +34,11 @@ its PSS summed over main + workers (one copy), and each process's whole PSS.
 ``--fill-breakdown``: instead, where the fill epoch's time goes, single thread, per image, each
 step timed back to back on the same image and the minimum over ``--repeats`` passes kept (so
 load from other processes inflates little): the uncached transform (crop-window decode fused
-with the resize), the cache's ``fill`` (a fresh arena each pass), and its parts: the whole-image
-decode, the crop window's decode alone, drawing the crop, resizing from decoded pixels, and the
-store (``pwrite`` into fresh tmpfs pages + xxh3).
+with the resize), the cache's ``fill`` (a fresh arena each pass), and its parts: the fill's one
+C call (``decode_for_cache(..., crop=...)``: whole-image decode into the fill buffer, then the
+crop resized from it), the store (``pwrite`` into fresh tmpfs pages + xxh3); for comparison the
+whole-image decode alone, the crop window's decode alone, drawing the crop, and the two-step
+fill's resize from decoded pixels (``from_pixels``).
 Usage::
 
     .venv/bin/python benchmarks/bench_cache.py --data OUT [--split train] [--repeats 3] \\
@@ -97,23 +107,31 @@ def _fill_breakdown(root, split, repeats):
     datas = [bytes(src.read(i)) for i in range(len(src))]
     tf = make_transform(TransformConfig(image_size=224), True)
     dec, out, clk = tf.decoder, np.empty((224, 224, 3), np.uint8), time.perf_counter
-    names = ("uncached", "fill", "decode_whole", "decode_window", "crop_params",
-             "resize_from_pixels", "store")
+    names = ("uncached", "fill", "fused_decode_crop", "store", "decode_whole", "decode_window",
+             "crop_params", "resize_from_pixels")
     best = {k: np.full(len(datas), np.inf) for k in names}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
             os.environ["SHARDKIT_CACHE_SHM"] = shm
-            fresh = DecodedCache(src, tf, "ram", None)
+            fresh, other = DecodedCache(src, tf, "ram", None), DecodedCache(src, tf, "ram", None)
+            other.path = other.arena.path = os.path.join(shm, "parts.arena")
             fresh.attach()
+            other.attach()
             for i, d in enumerate(datas):
                 t = [clk()]
                 tf(d, np.random.default_rng(i), out=out)
                 t.append(clk())
                 fresh.fill(i, d, tf, np.random.default_rng(i), out)
                 t.append(clk())
+                table = fresh.arena.table
+                w, h = int(table["width"][i]), int(table["height"][i])
+                buf = np.empty((h, w, 3), np.uint8)
+                tf.decode_for_cache(d, None, buf, crop=(w, h, np.random.default_rng(i), out))
+                t.append(clk())
+                other.arena.store(i, buf, 0)  # fresh tmpfs pages, as in the fill
+                t.append(clk())
                 pix = dec.decode_scaled(d, Fraction(1))
                 t.append(clk())
-                h, w = pix.shape[:2]
                 p = sample_crop_params(w, h, tf.cfg, np.random.default_rng(i))
                 dec.decode_region(d, (p.left, p.top, p.left + p.width, p.top + p.height),
                                   Fraction(1))
@@ -122,18 +140,17 @@ def _fill_breakdown(root, split, repeats):
                 t.append(clk())
                 tf.from_pixels(pix, w, h, np.random.default_rng(i), out)
                 t.append(clk())
-                fresh.arena.table["state"][i] = 0
-                fresh.arena.store(i, pix, 0)  # the slot's pages exist now: a rewrite
-                t.append(clk())
                 for k, a, b in zip(names, t, t[1:]):
                     best[k][i] = min(best[k][i], b - a)
             fresh.detach()
+            other.detach()
     ms = {k: float(v.mean() * 1e3) for k, v in best.items()}
     ms["resize_from_pixels"] -= ms["crop_params"]  # from_pixels draws the crop too
     return {"images": len(datas), "ms_per_image": ms,
             "ratio_fill_to_uncached_speed": ms["uncached"] / ms["fill"],
             "ratio_decode_whole_to_window": ms["decode_whole"] / ms["decode_window"],
-            "floor_without_store_speed": ms["uncached"] / (ms["fill"] - ms["store"])}
+            "floor_without_store_speed": ms["uncached"] / (ms["fill"] - ms["store"]),
+            "floor_fused_call_alone_speed": ms["uncached"] / ms["fused_decode_crop"]}
 
 
 def _memory(root, split, batch, workers, epochs):
@@ -206,6 +223,14 @@ def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_b
         "ratio_cached_noverify_to_uncached": med["cached_noverify"] / med["uncached"],
         "ratio_fill_to_uncached": med["fill"] / med["uncached"],
         "ratio_cached_max256_to_uncached": med["cached_max256"] / med["uncached"],
+        # each repeat's rows ran back to back: their ratios see the same machine load
+        "per_repeat_ratio_fill_to_uncached": [r[0]["fill"] / r[0]["uncached"] for r in runs],
+        "per_repeat_ratio_cached_to_uncached": [r[0]["cached"] / r[0]["uncached"]
+                                                for r in runs],
+        "median_per_repeat_ratio_fill_to_uncached": statistics.median(
+            r[0]["fill"] / r[0]["uncached"] for r in runs),
+        "median_per_repeat_ratio_cached_to_uncached": statistics.median(
+            r[0]["cached"] / r[0]["uncached"] for r in runs),
         "memory": {"images": n, "full_bytes": full["size_bytes"],
                    "full_bytes_per_image": full["size_bytes"] / n,
                    "max256_bytes": small["size_bytes"],

@@ -271,7 +271,7 @@ class SampleTransform:
         return target
 
     def decode_for_cache(self, data, size: tuple[int, int] | None = None,
-                         out: np.ndarray | None = None) -> np.ndarray:
+                         out: np.ndarray | None = None, *, crop=None) -> np.ndarray:
         """The whole image as RGB uint8 ``(H, W, 3)`` for a decoded cache
         (:mod:`shardkit.stream.cache`), with this transform's decoder and pixel limit.
 
@@ -279,13 +279,24 @@ class SampleTransform:
         equals the ROI decode cropped: ``shardkit.decode.roi``). ``size=(w, h)``: resized to
         ``w x h`` with the config's interpolation (antialiased, Pillow-exact), decoded first at
         the largest DCT reduction that keeps ``w x h`` (when ``dct_scaling``). ``out``: a
-        writable C-contiguous ``(H, W, 3)`` uint8 array to receive the resized result.
+        writable C-contiguous ``(H, W, 3)`` uint8 array to receive the resized result, or at
+        full resolution the fused decode's (below); otherwise the decoder's array is returned.
+
+        ``crop=(width, height, rng, crop_out)``: also :meth:`from_pixels` of the result into
+        ``crop_out`` (same draws from ``rng``, same pixels), fused with the decode in one C
+        call where the decoder can (the ROI decoder, a JPEG, full resolution, ``out`` given):
+        the crop is resized from the just-decoded pixels while they are in the CPU cache, with
+        no Python in between. When the result is not ``out``'s shape (the caller's index is
+        wrong), nothing is cropped and ``rng`` is not drawn from: the caller checks the shape.
         Sets ``last_warnings`` / ``last_warning``. Raises DecodeError.
         """
         dec = self.decoder
+        if (size is None and crop is not None and out is not None
+                and hasattr(dec, "decode_whole_resize") and self._fused_fill(data, out, crop)):
+            return out  # (no header read first: a decode that fails goes the path below)
         probe = dec.probe(data)
         if size is None:
-            pixels = dec.decode_scaled(data, Fraction(1), probe)
+            pixels = dec.decode_scaled(data, Fraction(1), probe)  # the decoder's own array
         else:
             w, h = size
             factor = (choose_scale(probe.width, probe.height, w, h, probe.factors)
@@ -295,7 +306,56 @@ class SampleTransform:
             pixels = resize_into(full, (0.0, 0.0, float(full.shape[1]), float(full.shape[0])),
                                  target, False, self.cfg.interpolation)
         self.last_warnings, self.last_warning = dec.last_warnings, dec.last_warning
+        if crop is not None and (out is None or pixels.shape == out.shape):  # else: wrong size
+            self.from_pixels(pixels, *crop)
         return pixels
+
+    def _fused_fill(self, data, out: np.ndarray, crop) -> bool:
+        """:meth:`decode_for_cache`'s one-call decode + crop into ``out`` (the index's size of
+        the image) and ``crop_out`` (True), or False with ``rng`` as it was given and
+        ``crop_out`` untouched (the decoder cannot, or the decode failed: the caller takes the
+        two-step path, which reads the header and raises the decode's error)."""
+        width, height, rng, crop_out = crop
+        rng = rng if rng is not None else np.random.default_rng()
+        drawn = rng.bit_generator.state
+        ph, pw = out.shape[:2]
+        p, region, rel = self._crop_plan(width, height, pw, ph, rng, crop_out)
+        dec = self.decoder
+        if not dec.decode_whole_resize(data, out, region, rel, crop_out, p.flip,
+                                       self.cfg.interpolation):
+            rng.bit_generator.state = drawn
+            return False
+        self.last_params = p
+        self.last_warnings, self.last_warning = dec.last_warnings, dec.last_warning
+        return True
+
+    def _crop_plan(self, width: int, height: int, pw: int, ph: int, rng, out):
+        """``(params, region, rel)`` of :meth:`from_pixels` for pixels ``pw x ph`` of a
+        ``width x height`` image: the crop drawn from ``rng`` as :meth:`__call__` draws it, the
+        integer window of the pixels the resampler may read, the float box inside it."""
+        s = self.cfg.image_size
+        if out is not None and (out.shape != (s, s, 3) or out.dtype != np.uint8
+                                or not out.flags.writeable):
+            raise TransformInputError(f"out must be a writable ({s}, {s}, 3) uint8 array, got "
+                                      f"{out.shape} {out.dtype}")
+        if self.train:
+            p = sample_crop_params(width, height, self.cfg,
+                                   rng if rng is not None else np.random.default_rng())
+            box = (p.left, p.top, p.left + p.width, p.top + p.height)
+        else:
+            box = eval_crop_box(width, height, self.cfg)
+            p = CropParams(int(box[1]), int(box[0]), int(box[3] - box[1]), int(box[2] - box[0]),
+                           False)
+        fx, fy = (1.0, 1.0) if (pw, ph) == (width, height) else (pw / width, ph / height)
+        fb = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+        bw, bh = box[2] - box[0], box[3] - box[1]
+        support = 0.0 if self.train else _FILTER_SUPPORT[self.cfg.interpolation]
+        # the same margin and region as __call__ at scale 1 (fx = fy = 1)
+        m = (math.ceil(support * max(bw * fx / s, bh * fy / s, 1.0)) + 1 if support else 0)
+        region = (max(0, math.floor(fb[0]) - m), max(0, math.floor(fb[1]) - m),
+                  min(pw, math.ceil(fb[2]) + m), min(ph, math.ceil(fb[3]) + m))
+        rel = (fb[0] - region[0], fb[1] - region[1], fb[2] - region[0], fb[3] - region[1])
+        return p, region, rel
 
     def from_pixels(self, pixels: np.ndarray, width: int, height: int,
                     rng: np.random.Generator | None = None,
@@ -320,32 +380,16 @@ class SampleTransform:
             TransformInputError: bad ``out`` or ``pixels``.
         """
         s = self.cfg.image_size
-        if out is not None and (out.shape != (s, s, 3) or out.dtype != np.uint8
-                                or not out.flags.writeable):
-            raise TransformInputError(f"out must be a writable ({s}, {s}, 3) uint8 array, got "
-                                      f"{out.shape} {out.dtype}")
         if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8:
+            if out is not None and (out.shape != (s, s, 3) or out.dtype != np.uint8
+                                    or not out.flags.writeable):
+                raise TransformInputError(f"out must be a writable ({s}, {s}, 3) uint8 array, "
+                                          f"got {out.shape} {out.dtype}")
             raise TransformInputError(f"pixels must be uint8 (h, w, 3), got {pixels.shape} "
                                       f"{pixels.dtype}")
-        if self.train:
-            p = sample_crop_params(width, height, self.cfg,
-                                   rng if rng is not None else np.random.default_rng())
-            box = (p.left, p.top, p.left + p.width, p.top + p.height)
-        else:
-            box = eval_crop_box(width, height, self.cfg)
-            p = CropParams(int(box[1]), int(box[0]), int(box[3] - box[1]), int(box[2] - box[0]),
-                           False)
-        self.last_params = p
         ph, pw = pixels.shape[:2]
-        fx, fy = (1.0, 1.0) if (pw, ph) == (width, height) else (pw / width, ph / height)
-        fb = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
-        bw, bh = box[2] - box[0], box[3] - box[1]
-        support = 0.0 if self.train else _FILTER_SUPPORT[self.cfg.interpolation]
-        # the same margin and region as __call__ at scale 1 (fx = fy = 1)
-        m = (math.ceil(support * max(bw * fx / s, bh * fy / s, 1.0)) + 1 if support else 0)
-        region = (max(0, math.floor(fb[0]) - m), max(0, math.floor(fb[1]) - m),
-                  min(pw, math.ceil(fb[2]) + m), min(ph, math.ceil(fb[3]) + m))
-        rel = (fb[0] - region[0], fb[1] - region[1], fb[2] - region[0], fb[3] - region[1])
+        p, region, rel = self._crop_plan(width, height, pw, ph, rng, out)
+        self.last_params = p
         # crop first (the filter must not read past the region, as in the ROI decode)
         crop = np.ascontiguousarray(pixels[region[1]:region[3], region[0]:region[2]])
         target = out if out is not None else np.empty((s, s, 3), np.uint8)

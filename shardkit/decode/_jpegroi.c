@@ -497,6 +497,132 @@ static PyObject *roi_crop_resize(PyObject *self, PyObject *args) {
     return roi_warnings(&err);
 }
 
+/* Whole image at scale m/8 straight into dst (exactly w*h*3 bytes, the scaled size), several
+ * scanlines per jpeg_read_scanlines call; then, when out is not NULL, the box of window
+ * (rx, ry, rw, rh) of those pixels (cropped first: the filter reads nothing outside the window,
+ * as after a window decode) resized into out (ow x oh) by rs_resize. Runs without the GIL.
+ * Returns as roi_window, plus 5 when the scaled size is not w x h. */
+#define ROI_WHOLE_ROWS 16
+static int roi_whole(const unsigned char *data, size_t len, int m, int flags, unsigned char *dst,
+                     long w, long h, roi_error_mgr *err, long *sw, long *sh,
+                     const roi_limits *lim) {
+    struct jpeg_decompress_struct cinfo;
+    roi_progress_mgr prog;
+    volatile int rc = 1;
+    roi_init(&cinfo, err);
+    jpeg_create_decompress(&cinfo);
+    prog.pub.progress_monitor = roi_progress;
+    prog.max_scans = lim->max_scans;
+    cinfo.progress = &prog.pub;
+    cinfo.mem->max_memory_to_use = (long)lim->max_memory;
+    if (setjmp(err->jump) == 0) {
+        jpeg_mem_src(&cinfo, data, (unsigned long)len);
+        jpeg_read_header(&cinfo, TRUE);
+        if (jpeg_has_multiple_scans(&cinfo) && roi_coef_bytes(&cinfo) > (size_t)lim->max_memory) {
+            snprintf(err->error, sizeof(err->error),
+                     "the %ux%u %s JPEG needs %zu bytes of coefficient memory, over the "
+                     "%zd-byte memory limit", cinfo.image_width, cinfo.image_height,
+                     cinfo.progressive_mode ? "progressive" : "multi-scan",
+                     roi_coef_bytes(&cinfo), lim->max_memory);
+            err->limited = 1;
+            longjmp(err->jump, 1);
+        }
+        cinfo.out_color_space = JCS_EXT_RGB;
+        cinfo.scale_num = (unsigned int)m;
+        cinfo.scale_denom = 8;
+        cinfo.dct_method = (flags & ROI_FAST_DCT) ? JDCT_IFAST : JDCT_ISLOW;
+        cinfo.do_fancy_upsampling = (flags & ROI_FAST_UPSAMPLE) ? FALSE : TRUE;
+        jpeg_calc_output_dimensions(&cinfo);
+        *sw = cinfo.output_width;
+        *sh = cinfo.output_height;
+        if (*sw != w || *sh != h) {
+            rc = 5;
+        } else {
+            JSAMPROW rows[ROI_WHOLE_ROWS];
+            jpeg_start_decompress(&cinfo);
+            while (cinfo.output_scanline < cinfo.output_height) {
+                JDIMENSION at = cinfo.output_scanline, k, n = cinfo.output_height - at, got;
+                if (n > ROI_WHOLE_ROWS) n = ROI_WHOLE_ROWS;
+                for (k = 0; k < n; k++) rows[k] = dst + (size_t)(at + k) * w * 3;
+                got = jpeg_read_scanlines(&cinfo, rows, n);
+                if (got == 0) { /* impossible with a memory source */
+                    memset(dst + (size_t)at * w * 3, 0, (size_t)(h - at) * w * 3);
+                    break;
+                }
+            }
+            rc = 0;
+        }
+    }
+    jpeg_destroy_decompress(&cinfo);
+    return rc;
+}
+
+static PyObject *roi_decode_into(PyObject *self, PyObject *args) {
+    Py_buffer buf, dst, out = {0};
+    PyObject *outobj = Py_None;
+    long w, h, sw = 0, sh = 0, rx = 0, ry = 0, rw = 0, rh = 0;
+    int m, flags, ow = 0, oh = 0, flip = 0, filter = 0, rc;
+    float box[4] = {0, 0, 0, 0};
+    roi_error_mgr err;
+    roi_limits lim = {ROI_DEFAULT_MAX_SCANS, ROI_DEFAULT_MAX_MEMORY};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*w*llii|(llll)(ffff)Oiiiiin", &buf, &dst, &w, &h, &m, &flags,
+                          &rx, &ry, &rw, &rh, &box[0], &box[1], &box[2], &box[3], &outobj,
+                          &ow, &oh, &flip, &filter, &lim.max_scans, &lim.max_memory))
+        return NULL;
+    if (outobj != Py_None &&
+        PyObject_GetBuffer(outobj, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)) {
+        PyBuffer_Release(&buf);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (roi_check_limits(&lim) < 0) goto fail;
+    if (m < 1 || m > 8 || w < 1 || h < 1 || dst.len != (Py_ssize_t)w * h * 3 ||
+        (outobj != Py_None && (ow < 1 || oh < 1 || out.len != (Py_ssize_t)ow * oh * 3 ||
+         rx < 0 || ry < 0 || rw < 1 || rh < 1 || rx + rw > w || ry + rh > h ||
+         !(box[0] >= 0 && box[1] >= 0 && box[2] <= rw && box[3] <= rh && box[0] < box[2] &&
+           box[1] < box[3]) || !RS_FILTER_OK(filter)))) {
+        PyErr_Format(PyExc_ValueError,
+                     "decode_into: bad arguments (dst %ldx%ld with %zd bytes, scale %d/8, window "
+                     "%ld,%ld %ldx%ld, box %.3f,%.3f,%.3f,%.3f, out %dx%d, filter %d)", w, h,
+                     dst.len, m, rx, ry, rw, rh, box[0], box[1], box[2], box[3], ow, oh, filter);
+        goto fail;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rc = roi_whole(buf.buf, (size_t)buf.len, m, flags, (unsigned char *)dst.buf, w, h, &err, &sw,
+                   &sh, &lim);
+    if (rc == 0 && outobj != Py_None) {
+        const unsigned char *src = (const unsigned char *)dst.buf + ((size_t)ry * w + rx) * 3;
+        unsigned char *tmp = NULL;
+        if (rw != w) { /* a packed copy of the window */
+            long r;
+            tmp = (unsigned char *)malloc((size_t)rw * rh * 3);
+            if (tmp)
+                for (r = 0; r < rh; r++)
+                    memcpy(tmp + (size_t)r * rw * 3, src + (size_t)r * w * 3, (size_t)rw * 3);
+            src = tmp;
+        }
+        if (!src || rs_resize(src, (int)rw, (int)rh, box, (unsigned char *)out.buf, ow, oh, flip,
+                              filter))
+            rc = 3;
+        free(tmp);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&dst);
+    if (outobj != Py_None) PyBuffer_Release(&out);
+    if (rc == 5)
+        return PyErr_Format(PyExc_ValueError, "decode_into: the image is %ldx%ld at scale %d/8, "
+                            "dst is %ldx%ld", sw, sh, m, w, h);
+    if (rc) return roi_fail(rc, &err, 0, 0, w, h, sw, sh);
+    return roi_warnings(&err);
+fail:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&dst);
+    if (outobj != Py_None) PyBuffer_Release(&out);
+    return NULL;
+}
+
 static PyObject *roi_simd_level(PyObject *self, PyObject *args) {
     (void)self;
     (void)args;
@@ -521,6 +647,11 @@ static PyMethodDef roi_methods[] = {
      "crop_resize(data, x, y, w, h, scale_num, flags, (bx0, by0, bx1, by1), out, out_w, out_h, "
      "flip, filter[, max_scans, max_memory]) -> (n_warnings, last_warning): decode the window, "
      "then resize() its box into out"},
+    {"decode_into", roi_decode_into, METH_VARARGS,
+     "decode_into(data, dst, w, h, scale_num, flags[, (rx, ry, rw, rh), (bx0, by0, bx1, by1), "
+     "out, out_w, out_h, flip, filter, max_scans, max_memory]) -> (n_warnings, last_warning): "
+     "the whole image (scaled size w x h) into dst, then (out given) resize() the box of window "
+     "r of it into out"},
     {"resize", roi_resize, METH_VARARGS,
      "resize(src, src_w, src_h, (x0, y0, x1, y1), out, out_w, out_h, flip, filter) -> None; "
      "Pillow-exact RGB resize of box into out (filter: PIL BOX=4, BILINEAR=2, BICUBIC=3)"},

@@ -164,6 +164,43 @@ class ROIDecoder(Decoder):
         self.last_warnings, self.last_warning = n, msg
         return out
 
+    def decode_whole_resize(self, data, dst, region, box, out, flip=False,
+                            interpolation="bilinear", probe=None) -> bool:
+        """The whole image at scale 1 into ``dst`` and the float ``box`` of its ``region``
+        window resized into ``out``, in one C call without the GIL: the pixels of
+        :meth:`decode_scaled` (scale 1) and of :func:`resize_into` on
+        ``dst[y0:y1, x0:x1]``. ``dst``: writable C-contiguous uint8 ``(H, W, 3)``, the image's
+        size; ``region``: ``(x0, y0, x1, y1)`` ints inside it; ``box``: inside the region.
+
+        False (``out`` untouched) where this call does not apply: non-JPEG data, a ``dst``
+        that is not the image's size or not contiguous, over ``max_pixels``, "nearest", an
+        extension without this call. Without ``probe`` (the header not read first), a
+        failing decode (a damaged or CMYK JPEG...) is False too: the caller's
+        :meth:`probe` + :meth:`decode_scaled` path then gives its result or its error.
+        Raises DecodeError (with ``probe`` only)."""
+        code = RESIZE_FILTERS.get(interpolation, 0)
+        h, w = dst.shape[:2]
+        if (code == 0 or not dst.flags.c_contiguous or not dst.flags.writeable
+                or not out.flags.c_contiguous or not hasattr(_jpegroi, "decode_into")
+                or (probe is not None and (not probe.is_jpeg
+                                           or (probe.width, probe.height) != (w, h)))
+                or (probe is None and (not is_jpeg(data) or w * h > self.max_pixels))):
+            return False
+        x0, y0, x1, y1 = region
+        try:
+            n, msg = _jpegroi.decode_into(data, dst, w, h, 8, self._flags(),
+                                          (x0, y0, x1 - x0, y1 - y0),
+                                          tuple(float(v) for v in box), out, out.shape[1],
+                                          out.shape[0], int(bool(flip)), code,
+                                          self.max_scans, self.max_memory)
+        except (RuntimeError, ValueError) as exc:
+            if probe is None:
+                return False
+            raise DecodeError(f"roi decode of {len(data)}-byte JPEG ({w}x{h}, whole image, then "
+                              f"box {box} of region {region}): {exc}") from exc
+        self.last_warnings, self.last_warning = n, msg
+        return True
+
     def decode_region(self, data, box, factor, probe=None):
         probe = probe or self.probe(data)
         self.last_warnings, self.last_warning = 0, None

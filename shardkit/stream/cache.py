@@ -20,7 +20,8 @@ local rank (``$LOCAL_WORLD_SIZE``, default 1) for ``backend="process"`` (0 for t
 batches stay in private memory), plus :data:`SHM_MARGIN` for everything else (NCCL, other
 programs), on the file system of ``/dev/shm`` (a disk cache elsewhere keeps the margin only).
 The arena is not created when the tmpfs has no room beyond that; filling stops (one warning per
-machine, recorded in the arena) at the first sample that would cross it; either way the samples
+machine, recorded in the arena) at the first sample that would cross it (the free space is
+read again after each 1/64 of the room a process saw); either way the samples
 not cached are read and decoded as without a cache, so the epoch is the same.
 
 Trust (:mod:`shardkit.stream.arena`): a RAM arena's name carries the user's uid; a file is used
@@ -47,6 +48,7 @@ from ..errors import ArenaUnavailable, ConfigError, ShardkitError
 from ..validate import check_int
 from shardkit.dataset.manifest import read_split_records
 from .arena import Arena, table_layout
+from .memory import arena_memory
 
 __all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
            "SHM_MARGIN", "cache_identity", "cached_size", "available_memory", "free_bytes",
@@ -61,6 +63,8 @@ SHM_DIR_ENV = "SHARDKIT_CACHE_SHM"
 #: Bytes of its file system a cache always leaves free, on top of the batch transport.
 SHM_MARGIN = 16 << 20
 _VERSION = 1
+#: A process reads the free space again after storing this fraction (1/N) of the room it saw.
+_CHECK_SHARE = 64
 #: What a fault while reading a slot may raise (a cache fault: the sample is decoded instead).
 _SLOT_FAULTS = (ValueError, IndexError, TypeError, KeyError, OSError, BufferError)
 
@@ -212,6 +216,10 @@ class DecodedCache:
             transport when it is the file system of ``/dev/shm``).
         disabled: why this process stopped filling (out of space, the reserve reached, a slot
             that could not be read), or None.
+
+    The free space is read (``statvfs``) again only after this process has stored
+    1/:data:`_CHECK_SHARE` of the room above the reserve seen at the last reading, so up to
+    that many processes filling at once cannot cross the reserve between their readings.
     """
 
     def __init__(self, source, transform, mode: str, directory: str | None,
@@ -223,6 +231,7 @@ class DecodedCache:
         self.mode, self.kind, self.max_side = mode, kind, max_side
         self.verify = bool(verify)
         self.disabled: str | None = None
+        self._unchecked = 0  # bytes this process may store before reading the free space
         self.unreadable: str | None = None  # why this process stopped reading slots
         self.unavailable: str | None = None  # why the arena could not be opened
         sizes = _stored_sizes(source, transform)
@@ -313,6 +322,7 @@ class DecodedCache:
         than :attr:`reserve` free), or None (room, or free space unknown)."""
         free = free_bytes(self.folder)
         if free is None or free - nbytes >= self.reserve:
+            self._unchecked = 0 if free is None else (free - nbytes - self.reserve) // _CHECK_SHARE
             return None
         return (f"{self.folder} has {free / 1e6:.1f} MB free and {self.reserve / 1e6:.1f} MB of "
                 f"it stay free ({self._reserve_for}); give it more room (e.g. docker run "
@@ -376,20 +386,22 @@ class DecodedCache:
             pixels = out
         else:
             cw, ch = int(t["cw"][pos]), int(t["ch"][pos])
-            pixels = tf.decode_for_cache(data, None if (cw, ch) == (w, h) else (cw, ch))
+            # decoded into a private buffer (pwrite then copies it: arena.py), and the crop
+            # resized from the just-decoded pixels in the same call where the decoder can
+            pixels = tf.decode_for_cache(data, None if (cw, ch) == (w, h) else (cw, ch),
+                                         np.empty((ch, cw, 3), np.uint8), crop=(w, h, rng, out))
             if pixels.shape != (ch, cw, 3):  # the index's size is not the stored image's
                 log.warning("decoded cache %s: sample %d decodes to %dx%d, the index says "
                             "%dx%d; served uncached", self.path, pos, pixels.shape[1],
                             pixels.shape[0], w, h)
                 tf(data, rng, out=out)
                 return
-            nw, msg = tf.last_warnings, tf.last_warning
-            tf.from_pixels(pixels, w, h, rng, out)  # private, cache-hot pixels
-            tf.last_warnings, tf.last_warning = nw, msg
-        why = self.room_error(pixels.nbytes)
+        nbytes = pixels.nbytes
+        why = self.room_error(nbytes) if nbytes > self._unchecked else None
         if why is not None:
             self._stop(f"filling stopped at {arena.filled()[0]} of {arena.n} samples: {why}")
             return
+        self._unchecked -= nbytes
         try:
             arena.store(pos, pixels, tf.last_warnings)
         except OSError as e:
@@ -477,47 +489,3 @@ def make_cache(source, transform, cache, *, max_side: int | None = None,
     if not dc.attach():
         return None
     return dc
-
-
-_SMAPS_FIELDS = {"Rss": "rss", "Pss": "pss", "Shared_Clean": "shared", "Shared_Dirty": "shared",
-                 "Private_Clean": "private", "Private_Dirty": "private", "Anonymous": "anonymous"}
-
-
-def arena_memory(path: str, pids) -> dict:
-    """Memory of the arena file ``path`` as mapped by each process in ``pids`` (Linux only),
-    from ``/proc/PID/smaps`` (the arena's mapping) and ``/proc/PID/smaps_rollup`` (the whole
-    process). All values in bytes.
-
-    PSS (proportional set size) divides each resident page by the number of processes that map
-    it, so ``sum_pss`` over the processes counts a shared arena once, while ``sum_rss`` counts it
-    once per process that touched it. ``shared`` / ``private``: resident pages mapped by several
-    processes / by this one only (the kernel's meaning: a private page is not a copy);
-    ``anonymous`` > 0 would mean copies (copy-on-write) of the arena's pages.
-
-    Returns:
-        ``{"pids": {pid: {"rss", "pss", "shared", "private", "anonymous", "total_pss"}},
-        "sum_rss", "sum_pss", "sum_anonymous", "sum_total_pss"}``; a process that has exited or
-        does not map the arena counts 0 for it.
-    """
-    per = {}
-    for pid in pids:
-        row = {"rss": 0, "pss": 0, "shared": 0, "private": 0, "anonymous": 0, "total_pss": 0}
-        try:
-            with open(f"/proc/{pid}/smaps") as fh:
-                inside = False
-                for line in fh:
-                    head = line.split(None, 1)[0]
-                    if not head.endswith(":"):  # a mapping's first line: "start-end perms ..."
-                        inside = line.rstrip("\n").endswith(path) or \
-                            line.rstrip("\n").endswith(path + " (deleted)")
-                    elif inside and head[:-1] in _SMAPS_FIELDS:
-                        row[_SMAPS_FIELDS[head[:-1]]] += int(line.split()[1]) * 1024
-            with open(f"/proc/{pid}/smaps_rollup") as fh:
-                for line in fh:
-                    if line.startswith("Pss:"):
-                        row["total_pss"] = int(line.split()[1]) * 1024
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            pass
-        per[int(pid)] = row
-    return {"pids": per, **{f"sum_{k}": sum(r[k] for r in per.values())
-                            for k in ("rss", "pss", "anonymous", "total_pss")}}
