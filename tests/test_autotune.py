@@ -183,6 +183,15 @@ def test_loader_bound_climbs_while_it_gains_then_settles_on_the_fewest():
     assert (t.workers, len(t.tuning.trials)) == (3, 3)
 
 
+def test_loader_bound_with_busy_cpus_settles_without_trying_more():
+    t = _tuner()
+    win = _win(2, rate=10.0, wait_fraction=0.9)
+    win.cpu = 1.8 * win.wall  # 1.8 of 2 CPUs busy: threads would only share them
+    t.decide(win)
+    assert t.settled and t.workers == 2 and "1.8 of 2 CPUs busy" in t.tuning.reason
+    assert t.tuning.trials[0]["cpu_util"] == 1.8
+
+
 def test_loader_bound_stops_at_the_upper_bound():
     t = _tuner(cpus=4, top=4)
     t.decide(_win(4, rate=10.0, wait_fraction=0.5))
@@ -261,3 +270,48 @@ def test_plan_tuning_resolves_the_process_backend_up_front():
                                                  budget=1 << 30)
     assert (nw, streams, tuner.max_workers, tuner.workers, tuner.prefetch) == (6, 6, 6, 3, 4)
     assert plan_tuning("thread", 2, 2, 64, 224, cpus=3)[:4] == (2, 2, 2, None)
+
+
+# --- shardkit train -----------------------------------------------------------------------------
+
+def test_train_defaults_to_auto_and_the_cli_takes_auto_or_an_int():
+    from shardkit.train import load_config
+    from shardkit.train.cli import train_command
+    from shardkit.train.config import TrainConfig
+
+    def params(*args):
+        return train_command.make_context("train", ["D", *args]).params
+
+    assert (TrainConfig().num_workers, TrainConfig().prefetch_factor) == ("auto", "auto")
+    assert load_config("default").num_workers == "auto"
+    assert params("--num-workers", "auto")["num_workers"] == "auto"
+    assert params("-j", "3", "--prefetch-factor", "auto")["num_workers"] == 3
+    assert params("--prefetch-factor", "auto")["prefetch_factor"] == "auto"
+    with pytest.raises(Exception, match="'fast' is neither an integer nor 'auto'"):
+        params("--num-workers", "fast")
+    for bad, named in (({"num_workers": -1}, "num_workers=-1"),
+                       ({"prefetch_factor": 0}, "prefetch_factor=0"),
+                       ({"num_workers": "fast"}, "num_workers='fast'")):
+        with pytest.raises(ConfigError, match=f"{named}: expected auto or an integer"):
+            TrainConfig(**bad)
+
+
+def test_train_with_auto_workers_writes_the_tuning_to_metrics_json(packed_sample, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    run = tmp_path / "run"
+    result = CliRunner().invoke(main, [
+        "train", str(packed_sample("wds")), "--out", str(run), "--config", "cpu-smoke",
+        "--model", "test_resnet", "--image-size", "32", "--batch-size", "16", "--epochs", "1",
+        "--max-steps", "2", "--warmup-steps", "1", "--num-workers", "auto"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    tuning = json.loads((run / "metrics.json").read_text())["tuning"]
+    assert set(tuning) >= {"train", "val"}
+    train = tuning["train"]
+    assert train["auto"] == {"num_workers": True, "prefetch_factor": False}
+    assert train["backend"] == "thread" and 1 <= train["num_workers"] <= train["max_workers"]
+    assert train["reason"] and isinstance(train["settled"], bool)

@@ -10,7 +10,8 @@ queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
   bottleneck, one more worker is tried while that still raises throughput by
-  :data:`GAIN` and the pool has threads left;
+  :data:`GAIN`, the pool has threads left and the process does not already keep the CPUs
+  busy (:data:`BUSY`; remote reads that wait on the network leave them idle);
 - the consumer did not wait: fewer workers are tried when the measured build time says
   they keep up (``ceil(1.25 x build / step)``), which leaves cores to the training step;
 - then it settles on the fewest workers within :data:`GAIN` of the best throughput seen, and
@@ -49,6 +50,9 @@ AUTO = "auto"
 WAIT_BOUND = 0.05
 #: A setting must beat another's throughput by this fraction to count as better.
 GAIN = 0.03
+#: This process using this fraction of the CPUs (all threads) means they are busy: more
+#: threads would only share them.
+BUSY = 0.85
 #: The most threads the tuner's pool holds, and the most worker processes "auto" starts.
 MAX_WORKERS = 16
 #: The most batches in flight per worker the tuner picks.
@@ -195,7 +199,7 @@ class AutoTuner:
         self.workers = min(self.max_workers, cpus) if workers is None else workers
         self.prefetch = prefetch if prefetch is not None else \
             max(1, min(2, self.max_in_flight // max(1, self.workers)))
-        self.window, self._clock = window, clock
+        self.window, self._clock, self.cpus = window, clock, cpus
         self.tuning = Tuning(
             self.workers, self.prefetch, "thread",
             {"num_workers": self.tune_workers, "prefetch_factor": self.tune_prefetch},
@@ -267,6 +271,10 @@ class AutoTuner:
                           f"{prev.rate:.2f} with {prev.workers}: no gain")
         if win.wait_fraction > WAIT_BOUND:
             nxt = win.workers + 1
+            if win.cpu is not None and win.cpu >= BUSY * self.cpus * win.wall:
+                return None, (f"the consumer waited {win.wait_fraction:.0%} of the time, but "
+                              f"this process kept {win.cpu / win.wall:.1f} of {self.cpus} CPUs "
+                              "busy: more threads cannot build faster")
             if nxt > self.max_workers:
                 return None, (f"the consumer waited {win.wait_fraction:.0%} of the time at the "
                               f"most workers ({self.max_workers})")
