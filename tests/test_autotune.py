@@ -183,13 +183,17 @@ def test_loader_bound_climbs_while_it_gains_then_settles_on_the_fewest():
     assert (t.workers, len(t.tuning.trials)) == (3, 3)
 
 
-def test_loader_bound_with_busy_cpus_settles_without_trying_more():
+def test_loader_bound_with_busy_cpus_tries_one_thread_past_the_cpus_then_stops():
     t = _tuner()
     win = _win(2, rate=10.0, wait_fraction=0.9)
-    win.cpu = 1.8 * win.wall  # 1.8 of 2 CPUs busy: threads would only share them
+    win.cpu = 1.8 * win.wall
     t.decide(win)
-    assert t.settled and t.workers == 2 and "1.8 of 2 CPUs busy" in t.tuning.reason
-    assert t.tuning.trials[0]["cpu_util"] == 1.8
+    assert t.workers == 3 and not t.settled  # one thread per CPU: one more is tried
+    win = _win(3, rate=10.5, wait_fraction=0.9)
+    win.cpu = 1.8 * win.wall  # 1.8 of 2 CPUs busy: more threads would only share them
+    t.decide(win)
+    assert t.settled and t.workers == 3 and "1.8 of 2 CPUs busy" in t.tuning.reason
+    assert t.tuning.trials[1]["cpu_util"] == 1.8
 
 
 def test_loader_bound_stops_at_the_upper_bound():

@@ -10,8 +10,9 @@ queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
   bottleneck, one more worker is tried while that still raises throughput by
-  :data:`GAIN`, the pool has threads left and the process does not already keep the CPUs
-  busy (:data:`BUSY`; remote reads that wait on the network leave them idle);
+  :data:`GAIN` and the pool has threads left; past one thread per CPU only while the process
+  does not already keep the CPUs busy (:data:`BUSY`; remote reads that wait on the network
+  leave them idle);
 - the consumer did not wait: fewer workers are tried when the measured build time says
   they keep up (``ceil(1.25 x build / step)``), which leaves cores to the training step;
 - then it settles on the fewest workers within :data:`GAIN` of the best throughput seen, and
@@ -271,7 +272,8 @@ class AutoTuner:
                           f"{prev.rate:.2f} with {prev.workers}: no gain")
         if win.wait_fraction > WAIT_BOUND:
             nxt = win.workers + 1
-            if win.cpu is not None and win.cpu >= BUSY * self.cpus * win.wall:
+            if win.workers > self.cpus and win.cpu is not None \
+                    and win.cpu >= BUSY * self.cpus * win.wall:
                 return None, (f"the consumer waited {win.wait_fraction:.0%} of the time, but "
                               f"this process kept {win.cpu / win.wall:.1f} of {self.cpus} CPUs "
                               "busy: more threads cannot build faster")
