@@ -16,8 +16,9 @@ queue settle) it compares the window with the earlier ones:
 - the consumer did not wait: fewer workers are tried when the measured build time says
   they keep up (``ceil(1.25 x build / step)``), which leaves cores to the training step;
 - then it settles on the fewest workers within :data:`GAIN` of the best throughput seen, and
-  picks ``prefetch`` so that the batches in flight cover the slowest build seen
-  (``ceil(max build / step) + 1``, at least 2 per worker), within the memory bound
+  picks ``prefetch`` so that the batches in flight cover the slowest build of that setting's
+  window (``ceil(max build / step) + 1``, at least 2 per worker; 2 when the consumer waits
+  anyway), within the memory bound
   (:func:`memory_budget`). It never measures or changes again.
 
 Which samples a batch holds and its pixels depend only on ``(plan, b)``, never on how many
@@ -297,19 +298,23 @@ class AutoTuner:
         best = max(w.rate for w in wins)
         pick = min((w for w in wins if w.rate >= best * (1 - GAIN)), key=lambda w: w.workers)
         self.workers = pick.workers
+        pf_why = ""
         if self.tune_prefetch:
             step = pick.step / max(1, pick.batches)
-            ahead = math.ceil(max(w.max_build for w in wins) / max(step, 1e-6)) + 1
-            pf = max(2, math.ceil(ahead / pick.workers)) if pick.wait_fraction <= WAIT_BOUND \
-                else 2
+            ahead = math.ceil(pick.max_build / max(step, 1e-6)) + 1
+            if pick.wait_fraction <= WAIT_BOUND:
+                pf = max(2, math.ceil(ahead / pick.workers))
+                pf_why = (f"; prefetch: {ahead} batches ahead cover the slowest build "
+                          f"({1e3 * pick.max_build:.0f} ms) at steps of {1e3 * step:.0f} ms")
+            else:
+                pf, pf_why = 2, "; prefetch 2: the consumer waits, deeper queues stay empty"
             self.prefetch = max(1, min(pf, MAX_PREFETCH,
                                        self.max_in_flight // max(1, self.workers)))
         t = self.tuning
         t.num_workers, t.prefetch_factor, t.settled = self.workers, self.prefetch, True
         t.reason = (f"settled on {self.workers} workers x prefetch {self.prefetch} "
-                    f"({pick.rate:.2f} batches/s, consumer waiting {pick.wait_fraction:.0%}); "
-                    f"{why}" + ("; prefetch covers the slowest build"
-                                if self.tune_prefetch else ""))
+                    f"({pick.rate:.2f} batches/s, consumer waiting {pick.wait_fraction:.0%})"
+                    + (f"; {why}" if why else "") + pf_why)
 
 
 def plan_tuning(backend: str, num_workers, prefetch_factor, batch_size: int, image_size: int,
