@@ -319,3 +319,31 @@ def test_train_with_auto_workers_writes_the_tuning_to_metrics_json(packed_sample
     assert train["auto"] == {"num_workers": True, "prefetch_factor": False}
     assert train["backend"] == "thread" and 1 <= train["num_workers"] <= train["max_workers"]
     assert train["reason"] and isinstance(train["settled"], bool)
+
+
+def test_gate_admits_the_lowest_batch_first_and_counts_twins():
+    import threading
+    import time as _time
+
+    from shardkit.stream.backends import _Gate
+
+    gate = _Gate()
+    gate.set_limit(1)
+    order: list[int] = []
+
+    def build(b):
+        gate.enter(b)
+        order.append(b)
+        gate.leave()
+
+    gate.enter(-1)  # hold the only slot while the others queue up
+    threads = [threading.Thread(target=build, args=(b,)) for b in (5, 3, 3, 4)]
+    for t in threads:
+        t.start()
+    deadline = _time.monotonic() + 10
+    while sum(gate._waiting.values()) < 4 and _time.monotonic() < deadline:  # noqa: SLF001
+        _time.sleep(0.01)
+    gate.leave()
+    for t in threads:
+        t.join(10)
+    assert order == [3, 3, 4, 5]

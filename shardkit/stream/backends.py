@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterator
@@ -187,14 +187,16 @@ class ThreadBackend(_Backend):
 
 class _Gate:
     """Lets at most ``limit`` batches build at once, the lowest waiting batch number first
-    (the consumer takes batches in order, so a later one must not overtake it). The minimum
-    waiter is always admitted once a build ends, so no limit can deadlock it."""
+    (the consumer takes batches in order, so a later one must not overtake it). The lowest
+    waiter is always admitted once a build ends, so no limit can deadlock it. Waiters are
+    counted per batch number: a build left over from an abandoned iteration may wait beside
+    the same number of the next one."""
 
     def __init__(self):
         self._cond = threading.Condition()
         self._active = 0
         self._limit = 1
-        self._waiting: set[int] = set()
+        self._waiting: Counter = Counter()
 
     def set_limit(self, limit: int) -> None:
         """How many may build at once from now on (>= 1; a large value opens the gate)."""
@@ -204,10 +206,12 @@ class _Gate:
 
     def enter(self, b: int) -> None:
         with self._cond:
-            self._waiting.add(b)
+            self._waiting[b] += 1
             while self._active >= self._limit or b != min(self._waiting):
                 self._cond.wait()
-            self._waiting.discard(b)
+            self._waiting[b] -= 1
+            if not self._waiting[b]:
+                del self._waiting[b]
             self._active += 1
             self._cond.notify_all()
 
