@@ -347,3 +347,33 @@ def test_gate_admits_the_lowest_batch_first_and_counts_twins():
     for t in threads:
         t.join(10)
     assert order == [3, 3, 4, 5]
+
+
+def test_bench_times_auto_beside_the_grid(packed_sample, tmp_path):
+    from shardkit.bench.cli import run_bench
+    from shardkit.bench.runner import RunConfig
+
+    lines: list[str] = []
+    cfg = RunConfig(warmup=1, batches=3, repeats=1, batch_size=8, image_size=32)
+    doc = run_bench([str(packed_sample("wds"))], tmp_path / "b", num_workers="1,2",
+                    prefetch_factor="2", pin_memory="off", cfg=cfg, plots=False,
+                    echo=lambda msg="", err=False: None if err else lines.append(msg))
+    (auto,) = doc["auto"]
+    grid = {r["id"]: r for r in doc["rows"]}
+    assert auto["kind"] == "auto" and auto["status"] == "ok" and auto["id"] not in grid
+    assert auto["setting"]["num_workers"] == auto["setting"]["prefetch_factor"] == "auto"
+    best = max(grid.values(), key=lambda r: r["metrics"]["throughput_img_s"]["median"])
+    assert auto["best_row"] == best["id"]
+    assert auto["ratio_to_best"] == pytest.approx(
+        auto["metrics"]["throughput_img_s"]["median"]
+        / best["metrics"]["throughput_img_s"]["median"])
+    assert auto["default_row"] == next(i for i, r in grid.items()
+                                       if r["setting"]["num_workers"] == 2)
+    assert auto["tuning"]["auto"] == {"num_workers": True, "prefetch_factor": True}
+    printed = "\n".join(lines)
+    assert f"auto #{auto['id']} (thread, wds, cache=none, augment=none): " in printed
+    assert "x the best grid row" in printed
+    off = run_bench([str(packed_sample("wds"))], tmp_path / "c", num_workers="1",
+                    prefetch_factor="2", pin_memory="off", cfg=cfg, plots=False, echo=None,
+                    auto=False)
+    assert off["auto"] == []
