@@ -260,7 +260,9 @@ class AutoTuner:
         if nxt is not None:
             self.workers = nxt
             t.num_workers, t.reason = nxt, f"trying {nxt} workers: {why}"
-            self._begin(max(2, self.depth()))
+            # a waiting consumer means an empty queue: the new setting shows at once; a full
+            # queue first drains to the new depth
+            self._begin(2 if win.wait_fraction > WAIT_BOUND else max(2, self.depth()))
             return
         self._settle(why)
 
