@@ -20,8 +20,9 @@ from shardkit.bench.grid import (expand_grid, parse_backends, parse_caches, pars
                                  parse_mode)
 from shardkit.bench.plots import write_plots
 from shardkit.bench.report import format_table, recommend, write_json
-from shardkit.bench.runner import (RunConfig, add_augment_ratios, add_baseline_rows,
-                                   add_cache_ratios, dataset_info, run_rows)
+from shardkit.bench.runner import (RunConfig, add_augment_ratios, add_auto_rows,
+                                   add_baseline_rows, add_cache_ratios, dataset_info,
+                                   format_auto, run_rows)
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
 from shardkit.cli_common import (PROGRESS_OPTION, CommaList, alias_help, dataset_arg,
                                  dataset_argument, decoder_choice, flattened, joined,
@@ -80,7 +81,8 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
               step_ms: float | None = None,
               model: str | None = None, device: str = "auto", baseline: str = "none",
               expect_pil: str = "any", tolerance: float = 0.05, threshold: float = 0.10,
-              plots: bool = True, echo=click.echo, progress: bool = False) -> dict:
+              plots: bool = True, echo=click.echo, progress: bool = False,
+              auto: bool = True) -> dict:
     """The whole ``shardkit bench`` run; returns the ``bench.json`` payload (also written).
 
     ``backends``: comma list of ``make_loader`` backends (``"thread"``, ``"process"``), each run
@@ -93,6 +95,9 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     grid; augmented rows get ``ratio_to_none``, the baseline the matching torchvision pipeline.
     ``echo``: prints the summary, and a line on stderr per row as it starts (None: silent).
     ``progress``: also a tqdm bar of the rows done, on stderr.
+    ``auto``: also time ``num_workers="auto"``, ``prefetch_factor="auto"`` beside the grid
+    (:func:`shardkit.bench.runner.add_auto_rows`: one row per backend, cache, augment...,
+    with its ratio to the best grid row and to the default), in ``bench.json``'s ``auto``.
 
     Raises:
         ConfigError: bad option values (named in the message).
@@ -112,6 +117,7 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     lines = _RowLines(echo, sum(r.status == "run" for r in rows), progress) if echo else None
     try:
         results = _measure(rows, infos[0], cfg, step, baseline, ran, lines)
+        auto_rows = add_auto_rows(results, cfg, step, progress=lines) if auto else []
     finally:
         if lines is not None:
             lines.close()
@@ -137,13 +143,14 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
         "step": step.info(),
         "environment": env,
         "rows": results,
+        "auto": auto_rows,
         "recommendation": rec,
         "plots": plot_files,
         "elapsed_s": time.perf_counter() - t0,
     }
     write_json(out / "bench.json", payload)
     if echo:
-        _echo_summary(echo, results, env, rec, out, plot_files)
+        _echo_summary(echo, results, env, rec, out, plot_files, auto_rows)
     return payload
 
 
@@ -282,10 +289,12 @@ def _measure(rows: list, info: dict, cfg: RunConfig, step: Step, baseline: str, 
 
 
 def _echo_summary(echo, results: list[dict], env: dict, rec: dict, out: Path,
-                  plot_files: list[str]) -> None:
-    """Prints the table, the environment mismatches, the PIL / TurboJPEG / CPU line, the
-    recommendation and what was written."""
+                  plot_files: list[str], auto_rows: list[dict] = ()) -> None:
+    """Prints the table, the auto rows, the environment mismatches, the PIL / TurboJPEG / CPU
+    line, the recommendation and what was written."""
     echo(format_table(results))
+    if auto_rows:
+        echo(format_auto(auto_rows))
     for m in env["mismatches"]:
         echo(f"WARNING (environment mismatch): {m}")
     pil, tj = env["pil"], env["turbojpeg"]
@@ -374,12 +383,15 @@ _LIST = dict(multiple=True, metavar="LIST")
               help="A setting is data-bound when the step waits for data at least this fraction "
                    "of the time.")
 @click.option("--eval", "eval_mode", is_flag=True, help="Time the eval transform (train=False).")
+@click.option("--auto/--no-auto", "auto", default=True, show_default=True,
+              help="Also time num_workers=auto, prefetch_factor=auto beside the grid (one row "
+                   "per backend, cache and augment; its ratio to the best grid row).")
 @PROGRESS_OPTION
 @one_line_errors
 def bench_command(dataset, data, split, out, formats, decoders, backends, caches, augments,
                   num_workers, prefetch_factor, pin_memory, persistent_workers, batch_size,
                   image_size, warmup, batches, repeats, step_ms, model, device, baseline,
-                  expect_pil, tolerance, data_bound_threshold, eval_mode, progress):
+                  expect_pil, tolerance, data_bound_threshold, eval_mode, auto, progress):
     """Benchmark the loader over a settings grid on each DATASET (a packed folder, or the URL
     of a wds dataset in object storage; several for several formats): is training data-bound,
     and what to change.
@@ -401,7 +413,8 @@ def bench_command(dataset, data, split, out, formats, decoders, backends, caches
                         backends=backends, caches=caches, augments=augments, cfg=cfg,
                         step_ms=step_ms, model=model, device=device, baseline=baseline,
                         expect_pil=expect_pil, tolerance=tolerance,
-                        threshold=data_bound_threshold, progress=progress_default(progress))
+                        threshold=data_bound_threshold, progress=progress_default(progress),
+                        auto=auto)
     errors = [r["id"] for r in payload["rows"] if r["status"] == "error"]
     if errors:
         raise click.ClickException(f"{len(errors)} row(s) failed: {errors} (see the notes above "

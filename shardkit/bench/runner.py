@@ -29,7 +29,8 @@ from shardkit.bench.harness import measure
 from shardkit.bench.steps import Step
 
 __all__ = ["RunConfig", "dataset_info", "shardkit_factory", "run_rows", "add_baseline_rows",
-           "fill_cache", "cache_record", "add_cache_ratios", "add_augment_ratios"]
+           "fill_cache", "cache_record", "add_cache_ratios", "add_augment_ratios",
+           "add_auto_rows", "format_auto"]
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
             rec["note"] = _join(rec["note"], f"loader has {n} batches: {n - cfg.warmup} timed "
                                              f"after {cfg.warmup} warm-up (asked {cfg.batches})")
         s = row.setting
-        buffered = s.num_workers * (s.prefetch_factor or 2)
+        buffered = (s.num_workers * (s.prefetch_factor or 2)
+                    if isinstance(s.num_workers, int) and s.prefetch_factor != "auto" else 0)
         if buffered and min(res["batches_timed"]) < 4 * buffered:
             # Workers fill num_workers x prefetch_factor batches ahead during warm-up; a short
             # window drains that buffer and overstates the steady-state rate.
@@ -327,3 +329,75 @@ def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Ste
             rec["ratio_to_baseline"] = (rec["metrics"]["throughput_img_s"]["median"]
                                         / b["metrics"]["throughput_img_s"]["median"])
     return base
+
+
+#: The setting fields an ``auto`` row shares with the grid rows it is compared with.
+_AUTO_KEY = ("data", "format", "decoder", "backend", "cache", "augment", "pin_memory")
+
+
+def add_auto_rows(results: list[dict], cfg: RunConfig, step: Step,
+                  progress: Callable[[str], None] | None = None) -> list[dict]:
+    """One ``num_workers="auto"``, ``prefetch_factor="auto"`` row (kind ``"auto"``) per
+    distinct (data, format, decoder, backend, cache, augment, pin_memory) among the measured
+    shardkit rows, timed as they are (its tuner keeps what it learnt across the repeats, as
+    across the epochs of a run). Each gets ``tuning`` (the loader's
+    :class:`~shardkit.stream.tuning.Tuning` as a dict after the last repeat), ``best_row`` and
+    ``ratio_to_best`` (median throughput, auto / the best grid row with the same fields), and
+    ``default_row`` / ``ratio_to_default`` against ``num_workers=2, prefetch_factor=2`` (or
+    None: ``make_loader``'s defaults) when the grid measured it. Returns the auto rows."""
+    grid = [r for r in results if r["kind"] == "shardkit" and r["status"] == "ok"]
+    keys: dict[tuple, Setting] = {}
+    for r in grid:
+        s = r["setting"]
+        keys.setdefault(tuple(s[k] for k in _AUTO_KEY), Setting(**{
+            **s, "num_workers": "auto", "prefetch_factor": "auto",
+            "persistent_workers": False}))
+    start = max((r["id"] for r in results), default=-1) + 1
+    rows = [GridRow(start + i, s, s, "run") for i, s in enumerate(keys.values())]
+    loaders: dict[Setting, object] = {}
+
+    def factory(setting: Setting, c: RunConfig):
+        loaders[setting] = shardkit_factory(setting, c)
+        return loaders[setting]
+
+    out = run_rows(rows, cfg, step, factory=factory, kind="auto", progress=progress)
+    for rec in out:
+        loader = loaders.get(Setting(**rec["setting"]))
+        if loader is not None:
+            rec["tuning"] = loader.tuning.as_dict()
+        if rec["status"] != "ok":
+            continue
+        key = tuple(rec["setting"][k] for k in _AUTO_KEY)
+        twins = [r for r in grid if tuple(r["setting"][k] for k in _AUTO_KEY) == key]
+        rate = rec["metrics"]["throughput_img_s"]["median"]
+        best = max(twins, key=lambda r: r["metrics"]["throughput_img_s"]["median"])
+        rec["best_row"] = best["id"]
+        rec["ratio_to_best"] = rate / best["metrics"]["throughput_img_s"]["median"]
+        default = next((r for r in twins if r["setting"]["num_workers"] == 2
+                        and r["setting"]["prefetch_factor"] in (2, None)), None)
+        rec["default_row"] = default["id"] if default else None
+        rec["ratio_to_default"] = (rate / default["metrics"]["throughput_img_s"]["median"]
+                                   if default else None)
+    return out
+
+
+def format_auto(rows: list[dict]) -> str:
+    """The auto rows in a few lines: throughput, its ratio to the best grid row and to the
+    default setting, and what the tuner settled on and why."""
+    lines = []
+    for r in rows:
+        s = r["setting"]
+        head = (f"auto #{r['id']} ({s['backend']}, {s.get('format') or ''}, cache={s['cache']}, "
+                f"augment={augment_label(s['augment'])}):")
+        if r["status"] != "ok":
+            lines.append(f"{head} {r['status']}: {r['note']}")
+            continue
+        t = r.get("tuning") or {}
+        rate = r["metrics"]["throughput_img_s"]["median"]
+        vs_default = (f", {r['ratio_to_default']:.2f}x the default (row {r['default_row']})"
+                      if r.get("ratio_to_default") else "")
+        lines.append(f"{head} {rate:.0f} img/s = {r['ratio_to_best']:.2f}x the best grid row "
+                     f"(row {r['best_row']}){vs_default}; num_workers={t.get('num_workers')} "
+                     f"prefetch_factor={t.get('prefetch_factor')}"
+                     f"{'' if t.get('settled') else ' (still measuring)'}: {t.get('reason')}")
+    return "\n".join(lines)

@@ -22,6 +22,8 @@ Seams, one module each:
   transform, augment) and the ``on_error`` / ``on_warning`` handlers;
 - :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and ``BatchDataset``;
 - :mod:`.backends`: ``ThreadBackend`` and ``ProcessBackend`` (``close()``, ``with``);
+- :mod:`.tuning`: ``num_workers="auto"`` / ``prefetch_factor="auto"`` (``AutoTuner``, the
+  ``Tuning`` record in ``loader.tuning``);
 - :mod:`.options`: :class:`SamplingOptions`, :class:`WorkerOptions` and the train/eval rule
   (``resolve_train``, ``EVAL_SPLITS``);
 - :mod:`.loader`: :func:`make_loader` and :class:`ShardLoader`;

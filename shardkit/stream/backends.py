@@ -11,7 +11,8 @@ import copy
 import multiprocessing
 import os
 import threading
-from collections import deque
+import time
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterator
@@ -23,6 +24,7 @@ from ..errors import LoaderError, SharedMemoryError
 from .datasets import BatchDataset, BufferPool
 from .options import WorkerOptions
 from .source import worker_id_count
+from .tuning import AutoTuner, Tuning
 
 __all__ = ["ThreadBackend", "ProcessBackend"]
 
@@ -31,6 +33,7 @@ class _Backend:
     num_workers: int
     prefetch_factor: int
     pin_memory: bool
+    tuning: Tuning | None = None
 
     def close(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -56,19 +59,27 @@ class ThreadBackend(_Backend):
     once the consumer has dropped a batch. ``prefetch_factor`` batches per thread are in
     flight; they are yielded in batch order. ``num_workers=0`` builds every batch in the
     consumer's thread.
+
+    With a ``tuner`` (:class:`~shardkit.stream.tuning.AutoTuner`, ``num_workers="auto"``) the
+    pool has ``num_workers`` (the tuner's ``max_workers``) threads, of which at most
+    ``tuner.workers`` build at once, lowest batch number first, with ``tuner.depth()`` batches
+    in flight; both may change between batches, never what a batch holds.
     """
 
     def __init__(self, dataset: BatchDataset, num_workers: int, prefetch_factor: int,
-                 pin_memory: bool, timeout: float):
+                 pin_memory: bool, timeout: float, tuner: AutoTuner | None = None):
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self.timeout = timeout
+        self.tuner = tuner
+        self._gate = _Gate() if tuner is not None else None
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()
         # every batch in flight, plus a few the consumer may still hold
-        self.buffers = BufferPool(max(1, num_workers) * prefetch_factor + 4)
+        most = max(1, num_workers) * prefetch_factor if tuner is None else tuner.most_in_flight
+        self.buffers = BufferPool(most + 4)
 
     def __getstate__(self):
         raise TypeError("a thread-backend ShardLoader cannot be pickled; build one per process")
@@ -85,6 +96,16 @@ class ThreadBackend(_Backend):
         return self.dataset.build(plan, b, transform=self._transform(), pin=self.pin_memory,
                                   buffers=self.buffers)
 
+    def _build_gated(self, plan, b: int):
+        """``(batch, build seconds)``, built once the gate admits ``b``."""
+        self._gate.enter(b)
+        try:
+            t0 = time.perf_counter()
+            batch = self._build(plan, b)
+            return batch, time.perf_counter() - t0
+        finally:
+            self._gate.leave()
+
     def batches(self, start: int, describe: Callable[[], str]) -> Iterator[tuple]:
         """The current epoch's batches ``start, start + 1, ...`` in order."""
         plan = self.dataset.plan()
@@ -95,6 +116,9 @@ class ThreadBackend(_Backend):
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardkit")
+        if self.tuner is not None:
+            yield from self._tuned(plan, todo, describe)
+            return
         pending: deque = deque()
         depth = self.num_workers * self.prefetch_factor
         try:
@@ -108,6 +132,34 @@ class ThreadBackend(_Backend):
             for f in pending:
                 f.cancel()
 
+    def _tuned(self, plan, todo, describe) -> Iterator[tuple]:
+        """The batches of ``todo`` in order, ``tuner.depth()`` in flight, measured per batch
+        for the tuner (wait, step, build) until it settles."""
+        tuner, pending = self.tuner, deque()
+        tuner.start_epoch()
+        self._gate.set_limit(tuner.workers)
+        try:
+            while True:
+                depth = tuner.depth()
+                while len(pending) < depth:
+                    b = next(todo, None)
+                    if b is None:
+                        break
+                    pending.append(self._pool.submit(self._build_gated, plan, b))
+                if not pending:
+                    return
+                t0 = time.perf_counter()
+                batch, build = self._result(pending.popleft(), describe)
+                t1 = time.perf_counter()
+                self._gate.set_limit(tuner.workers)
+                yield batch
+                if not tuner.settled:
+                    tuner.observe(t1 - t0, time.perf_counter() - t1, build)
+        finally:
+            for f in pending:
+                f.cancel()
+            self._gate.set_limit(1 << 30)  # builds already waiting run out; none is stranded
+
     def _result(self, future, describe):
         try:
             return future.result(timeout=self.timeout)
@@ -116,6 +168,11 @@ class ThreadBackend(_Backend):
                               "decoding thread hung (field case 19)") from None
 
     def describe(self) -> str:
+        if self.tuner is not None:
+            t = self.tuner.tuning
+            return (f"backend=thread, num_workers=auto ({t.num_workers} of {self.num_workers}, "
+                    f"{'settled' if t.settled else 'measuring'}), prefetch_factor="
+                    f"{t.prefetch_factor}, pin_memory={self.pin_memory}")
         return (f"backend=thread, num_workers={self.num_workers}, "
                 f"prefetch_factor={self.prefetch_factor}, pin_memory={self.pin_memory}")
 
@@ -126,6 +183,42 @@ class ThreadBackend(_Backend):
             pool.shutdown(wait=True, cancel_futures=True)
         self.buffers.clear()
         self.dataset.source.close()
+
+
+class _Gate:
+    """Lets at most ``limit`` batches build at once, the lowest waiting batch number first
+    (the consumer takes batches in order, so a later one must not overtake it). The lowest
+    waiter is always admitted once a build ends, so no limit can deadlock it. Waiters are
+    counted per batch number: a build left over from an abandoned iteration may wait beside
+    the same number of the next one."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._active = 0
+        self._limit = 1
+        self._waiting: Counter = Counter()
+
+    def set_limit(self, limit: int) -> None:
+        """How many may build at once from now on (>= 1; a large value opens the gate)."""
+        with self._cond:
+            self._limit = max(1, int(limit))
+            self._cond.notify_all()
+
+    def enter(self, b: int) -> None:
+        with self._cond:
+            self._waiting[b] += 1
+            while self._active >= self._limit or b != min(self._waiting):
+                self._cond.wait()
+            self._waiting[b] -= 1
+            if not self._waiting[b]:
+                del self._waiting[b]
+            self._active += 1
+            self._cond.notify_all()
+
+    def leave(self) -> None:
+        with self._cond:
+            self._active -= 1
+            self._cond.notify_all()
 
 
 def _to_shared(obj):

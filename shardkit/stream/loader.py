@@ -32,6 +32,7 @@ from .options import (SamplingOptions, WorkerOptions, is_eval_split, resolve_tra
                       resolve_transform_input)
 from .source import ShardSource, dist_rank_world
 from .state import Sampling, check_epoch
+from .tuning import check_counts, plan_tuning
 
 __all__ = ["make_loader", "ShardLoader"]
 
@@ -88,6 +89,13 @@ class ShardLoader:
     def backend_name(self) -> str:
         """``"thread"`` or ``"process"``."""
         return "thread" if isinstance(self.backend, ThreadBackend) else "process"
+
+    @property
+    def tuning(self):
+        """The :class:`~shardkit.stream.tuning.Tuning` of ``num_workers`` / ``prefetch_factor``:
+        the setting in use, whether it was ``"auto"``, the measurements and the reason
+        (``settled`` False while the thread backend is still measuring)."""
+        return self.backend.tuning
 
     @property
     def dataloader(self):
@@ -281,8 +289,8 @@ def _resolve_transform(transform, train: bool, image_size: int | None):
 
 
 def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
-                image_size: int | None = None, num_workers: int = 2,
-                prefetch_factor: int | None = 2, pin_memory: bool = False, seed: int = 0,
+                image_size: int | None = None, num_workers: int | str = 2,
+                prefetch_factor: int | str | None = 2, pin_memory: bool = False, seed: int = 0,
                 transform=None, sampling: SamplingOptions | None = None,
                 workers: WorkerOptions | None = None, on_error: str = "raise",
                 on_warning: str = "keep", verify_reads: bool = True, return_meta: bool = False,
@@ -320,8 +328,18 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             warning.
         image_size: output side ``S`` in pixels (default 224, or ``transform.image_size``).
         num_workers: decoding threads (``backend="thread"``) or DataLoader worker processes;
-            0 builds batches in the calling thread.
-        prefetch_factor: batches in flight per worker (None = 2, as ``DataLoader``).
+            0 builds batches in the calling thread; ``"auto"``: the loader picks
+            (:mod:`shardkit.stream.tuning`): the thread backend measures the first batches of
+            training (how long the consumer waits for a batch against how long one takes to
+            build, the CPUs of ``os.sched_getaffinity``, the memory the batches in flight
+            take) and settles on a count between 1 and ``min(16, 2 x CPUs)``, then keeps it;
+            the process backend resolves it up front (``min(CPUs, 16)``). The choice, its
+            measurements and why are in ``loader.tuning``. Which samples an epoch yields,
+            their order and pixels are those of a fixed setting (with block order the plan's
+            streams are the tuner's upper bound, fixed up front, saved in ``state_dict``).
+        prefetch_factor: batches in flight per worker (None = 2, as ``DataLoader``), or
+            ``"auto"`` (with the thread backend: enough to cover the slowest build seen,
+            within a tenth of the available memory; 2 with processes).
         pin_memory: batches in pinned memory (only when CUDA is available).
         seed: order and augmentation seed.
         transform: a :class:`shardkit.transforms.TransformConfig` (crop, interpolation, decoder,
@@ -387,7 +405,9 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             otherwise.
 
     Raises:
-        ConfigError, LoaderError: invalid options (the message names the value), an
+        ConfigError, LoaderError: invalid options (the message names the value: a
+            ``num_workers`` or ``prefetch_factor`` that is neither ``"auto"`` nor an int >= 0,
+            resp. >= 1, included), an
             augmentation (per-sample or batch op) on an eval loader (``train=False``, or an
             eval split with ``train`` unset: eval never augments);
         ManifestError: no finished dataset at ``root`` or unknown ``split``.
@@ -395,7 +415,8 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             manifest (checked up front, whatever ``on_error``: a damaged dataset, not a bad
             sample).
     """
-    prefetch_factor = _check_sizes(batch_size, num_workers, prefetch_factor)
+    check_int("batch_size", batch_size, 1)
+    num_workers, prefetch_factor = check_counts(num_workers, prefetch_factor)
     sampling, workers = _check_options(sampling, workers)
     train, why = _resolve_mode(train, split, sampling)
     tf, size = _resolve_transform(transform, train, image_size)
@@ -404,6 +425,8 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     sampling = _rank_sampling(sampling, train, split)
     source = ShardSource(root, split, on_error, verify_reads, max_pixels)
     plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
+    counts = plan_tuning(workers.backend, num_workers, prefetch_factor, batch_size, size)
+    num_workers, prefetch_factor = counts[:2]  # the pool's size; the auto choice is tuned
     _check_device_decode(tf, device_decode, cache)
     if hasattr(tf, "max_pixels"):
         tf.max_pixels = source.max_pixels  # the limit pack applied, again at read time
@@ -414,7 +437,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     dataset = BatchDataset(source, plan, tf, size, on_warning,
                            device_decode=device_decode is not None, cache=dc, augment=spec,
                            augment_on_device=aug_device is not None)
-    backend = _make_backend(dataset, workers, num_workers, prefetch_factor, pin_memory)
+    backend = _make_backend(dataset, workers, counts, pin_memory)
     if spec.batch_ops:
         log.info("split %r: batch ops %s mix each batch in the loader; labels are float32 "
                  "(B, %d) soft targets", split, [name for name, _ in spec.batch_ops],
@@ -425,20 +448,6 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
 
 
 # --- the steps of make_loader, in its order ---------------------------------------------------
-
-def _check_sizes(batch_size, num_workers, prefetch_factor) -> int:
-    """Checks the three counts; returns ``prefetch_factor`` (None: 2, as ``DataLoader``, where
-    it means "not given"; it does not apply to 0 workers).
-
-    Raises:
-        ConfigError: a count that is not an int (bools refused) of at least 1 (0 workers).
-    """
-    check_int("batch_size", batch_size, 1)
-    check_int("num_workers", num_workers, 0)
-    if prefetch_factor is None:
-        prefetch_factor = 2
-    return check_int("prefetch_factor", prefetch_factor, 1)
-
 
 def _check_options(sampling, workers) -> tuple[SamplingOptions, WorkerOptions]:
     """``(sampling, workers)`` with None as the defaults.
@@ -496,19 +505,27 @@ def _check_device_decode(tf, device_decode, cache) -> None:
                           "holds CPU pixels; use one or the other")
 
 
-def _make_backend(dataset: BatchDataset, workers: WorkerOptions, num_workers: int,
-                  prefetch_factor: int, pin_memory: bool) -> ThreadBackend | ProcessBackend:
-    """The backend that runs ``dataset``'s plan. A block-ordered exact plan is cut into one
-    stream per worker; decoding threads keep one remote shard ahead each."""
+def _make_backend(dataset: BatchDataset, workers: WorkerOptions, counts: tuple,
+                  pin_memory: bool) -> ThreadBackend | ProcessBackend:
+    """The backend that runs ``dataset``'s plan, from ``counts``
+    (:func:`~shardkit.stream.tuning.plan_tuning`: pool size, prefetch, streams, tuner,
+    tuning). A block-ordered exact plan is cut into ``streams`` (one per worker; with
+    ``"auto"`` fixed up front, whatever the tuner picks); decoding threads keep one remote
+    shard ahead each."""
+    num_workers, prefetch_factor, streams, tuner, tuning = counts
     plan, source = dataset.sampling, dataset.source
-    if plan.block and plan.mode == "exact" and num_workers > 1:
-        plan.set_streams(num_workers)
+    if plan.block and plan.mode == "exact" and streams > 1:
+        plan.set_streams(streams)
     if workers.backend == "thread":
         if source.max_open is not None:
             source.max_open = max(source.max_open, 2 * num_workers)  # one shard ahead per thread
-        return ThreadBackend(dataset, num_workers, prefetch_factor, pin_memory, workers.timeout)
-    return ProcessBackend(dataset, num_workers, prefetch_factor, pin_memory, workers,
-                          plan.world_size)
+        backend = ThreadBackend(dataset, num_workers, prefetch_factor, pin_memory,
+                                workers.timeout, tuner=tuner)
+    else:
+        backend = ProcessBackend(dataset, num_workers, prefetch_factor, pin_memory, workers,
+                                 plan.world_size)
+    backend.tuning = tuning
+    return backend
 
 
 def _resolve_augment(augment, augment_device, device_decode, train: bool, split: str,

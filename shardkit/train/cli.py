@@ -32,6 +32,20 @@ CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt", ".tar")
 __all__ = ["train_command"]
 
 
+class _IntOrAuto(click.ParamType):
+    """An integer, or ``auto`` (the loader picks; :mod:`shardkit.stream.tuning`)."""
+
+    name = "INTEGER|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither an integer nor 'auto'", param, ctx)
+
+
 def _choice(name: str) -> click.Choice:
     return click.Choice(list(CHOICES[name]))
 
@@ -145,9 +159,11 @@ def resolve_dataset(positional: tuple[str, ...], data: str | None, pretrained: b
                    "0.875].")
 @click.option("--seed", type=int, help="Seed of the shuffle, augmentation and model init.")
 @click.option("--device", help="auto | cpu | cuda | cuda:N")
-@click.option("-j", "--workers", "--num-workers", "num_workers", type=int,
-              help="DataLoader workers per process.")
-@click.option("--prefetch-factor", type=int, help="Batches each loader worker prepares ahead.")
+@click.option("-j", "--workers", "--num-workers", "num_workers", type=_IntOrAuto(),
+              help="Loader workers per process, or auto [default: auto: measured during the "
+                   "first steps, then fixed; the choice and why in metrics.json's tuning].")
+@click.option("--prefetch-factor", type=_IntOrAuto(),
+              help="Batches each loader worker prepares ahead, or auto [default: auto].")
 @click.option("--cache", help="Decoded image cache: none | ram | auto | disk:DIR (docs/cache.md: "
               "which to use when).")
 @click.option("--cache-max-side", type=int,

@@ -102,8 +102,8 @@ class TrainConfig:
     # saves the values it resolved (shardkit.train.data.resolve_data_fields) in config.yaml.
     seed: int = 0
     device: str = "auto"                  # auto | cpu | cuda | cuda:N
-    num_workers: int = 4                  # DataLoader workers per rank
-    prefetch_factor: int = 2              # batches prefetched per worker
+    num_workers: int | str = "auto"       # loader workers per rank, or auto (measured, settled)
+    prefetch_factor: int | str = "auto"   # batches prefetched per worker, or auto
     cache: str = "none"                   # decoded cache: none | ram | auto | disk:DIR
     cache_max_side: int | None = None     # cache images with the longer side at most this
     cache_eval: str = "pixels"            # pixels | final (eval loaders cache their final crops)
@@ -134,14 +134,18 @@ class TrainConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"{name}={value!r} is not one of {list(allowed)}")
-        positive = ("epochs", "batch_size", "image_size", "prefetch_factor", "eval_every",
-                    "checkpoint_every")
+        positive = ("epochs", "batch_size", "image_size", "eval_every", "checkpoint_every")
+        for name, minimum in (("num_workers", 0), ("prefetch_factor", 1)):
+            if getattr(self, name) != "auto":
+                object.__setattr__(self, name, check_int(
+                    name, getattr(self, name), minimum, message="{name}={value!r}: expected "
+                    "auto or an integer >= {minimum}"))
         for name in positive:
             value = getattr(self, name)
             object.__setattr__(self, name, check_int(name, value, 1,
                                                      message="{name}={value!r}: expected an "
                                                      "integer >= 1"))
-        non_negative = ("num_workers", "overfit_batches", "seed")
+        non_negative = ("overfit_batches", "seed")
         for name in non_negative:
             value = getattr(self, name)
             object.__setattr__(self, name, check_int(name, value, 0,

@@ -145,10 +145,10 @@ def _loader(config: TrainConfig, info: DistInfo, tc, split: str, *, train: bool,
                                world_size=info.world_size)
     return make_loader(
         config.data, split, config.batch_size, train=train, image_size=config.image_size,
-        num_workers=workers, prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        num_workers=workers, prefetch_factor=config.prefetch_factor if workers != 0 else None,
         pin_memory=torch.cuda.is_available() and config.device != "cpu", seed=config.seed,
         transform=tc, sampling=sampling,
-        workers=WorkerOptions(persistent_workers=workers > 0), cache=cache,
+        workers=WorkerOptions(persistent_workers=workers != 0), cache=cache,
         cache_max_side=config.cache_max_side if cache != "none" and not final else None,
         cache_eval="final" if final else "pixels", augment=augment,
         augment_device=config.augment_device if augment is not None else None)

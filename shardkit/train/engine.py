@@ -479,7 +479,11 @@ class Trainer:
             "step": self.step, "stopped": stopped, "best": self.best, "history": self.history,
             "cache": {"train": (self.train_loader.cache_stats() if self.train_loader is not None
                                 else None),
-                      **{s: loader.cache_stats() for s, loader in self.eval_loaders.items()}}}
+                      **{s: loader.cache_stats() for s, loader in self.eval_loaders.items()}},
+            # each loader's num_workers / prefetch_factor, "auto" or given, and why
+            "tuning": {"train": (self.train_loader.tuning.as_dict()
+                                 if self.train_loader is not None else None),
+                       **{s: loader.tuning.as_dict() for s, loader in self.eval_loaders.items()}}}
         if test is not None:
             metrics["test"] = test
         if self.info.is_main:

@@ -1,0 +1,379 @@
+"""``num_workers="auto"`` / ``prefetch_factor="auto"`` (shardkit.stream.tuning): whatever the
+tuner picks, an epoch yields the samples, order and pixels of a fixed setting, a resume point
+stays valid, ``loader.tuning`` says what was chosen and why; the decisions themselves are
+tested with injected measurements (no clock)."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from shardkit.errors import ConfigError
+from shardkit.stream import SamplingOptions, WorkerOptions, make_loader
+from shardkit.stream.tuning import AutoTuner, Window, check_counts, plan_tuning
+
+S = 16  # tiny output side: cheap decodes on 2 shared cores
+MB = 1 << 20
+
+
+def _epoch(loader, epoch: int = 1) -> list[tuple]:
+    """``(keys, labels, pixels)`` of every batch of ``epoch``."""
+    loader.set_epoch(epoch)
+    src = loader.dataset.source
+    return [([src.key(int(i)) for i in m["index"]], y.clone(), x.clone()) for x, y, m in loader]
+
+
+def _same(a: list[tuple], b: list[tuple]) -> None:
+    assert len(a) == len(b) and len(a) > 0
+    for (ka, ya, xa), (kb, yb, xb) in zip(a, b):
+        assert ka == kb
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def _script(loader, schedule: list[int]) -> None:
+    """Makes the thread backend's tuner decide after every batch, trying the worker counts of
+    ``schedule`` in turn, then settle: the gate's limit and the depth change mid-epoch."""
+    tuner = loader.backend.tuner
+    tuner.window = 1
+    todo = list(schedule)
+
+    def nxt(win):
+        return (todo.pop(0), "scripted") if todo else (None, "scripted end")
+
+    tuner._next_workers = nxt  # noqa: SLF001 - the test drives the decision, not the clock
+    tuner._begin = lambda skip: AutoTuner._begin(tuner, 1)  # one unmeasured batch per change
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_auto_thread_epoch_is_the_fixed_epoch_while_the_tuner_changes_course(packed_sample,
+                                                                             split):
+    root = packed_sample("wds")
+    kw = dict(image_size=S, seed=5, return_meta=True)
+    ref = _epoch(make_loader(root, split, 4, num_workers=2, prefetch_factor=2, **kw))
+    loader = make_loader(root, split, 4, num_workers="auto", prefetch_factor="auto", **kw)
+    _script(loader, [1, 4, 2, 3, 1])
+    assert loader.backend.num_workers == loader.tuning.max_workers >= 2  # the pool's size
+    _same(_epoch(loader), ref)
+    _same(_epoch(loader), ref)  # the tuner goes on across epochs (8 batches in val)
+    t = loader.tuning
+    assert t.settled and t.auto == {"num_workers": True, "prefetch_factor": True}
+    assert [w["workers"] for w in t.trials] == [min(t.max_workers, t.cpus), 1, 4, 2, 3, 1]
+    _same(_epoch(loader), ref)  # settled: the next epoch too
+    zero = make_loader(root, split, 4, num_workers=0, **kw)
+    _same(_epoch(zero), ref)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_auto_process_epoch_is_the_fixed_epoch(packed_sample, split):
+    root = packed_sample("wds")
+    kw = dict(image_size=S, seed=5, return_meta=True, workers=WorkerOptions(backend="process"))
+    ref = _epoch(make_loader(root, split, 8, num_workers=0, image_size=S, seed=5,
+                             return_meta=True))
+    loader = make_loader(root, split, 8, num_workers="auto", prefetch_factor="auto", **kw)
+    t = loader.tuning
+    assert t.backend == "process" and t.settled and "resolved up front" in t.reason
+    assert loader.backend.num_workers == t.num_workers >= 1
+    _same(_epoch(loader), ref)
+
+
+def test_auto_block_order_fixes_streams_up_front_to_the_upper_bound(packed_sample):
+    """Shard-block order cuts the epoch into streams: with auto they are the tuner's upper
+    bound from the start (as a fixed loader with that many workers), whatever it settles on."""
+    root = packed_sample("wds")
+    kw = dict(image_size=S, seed=2, return_meta=True, sampling=SamplingOptions(block=True))
+    loader = make_loader(root, "train", 8, num_workers="auto", **kw)
+    top = loader.tuning.max_workers
+    assert loader.dataset.sampling.streams == top and loader.state_dict()["streams"] == top
+    ref = _epoch(make_loader(root, "train", 8, num_workers=top, **kw))
+    _script(loader, [1, top, 2])
+    _same(_epoch(loader), ref)
+    assert loader.dataset.sampling.streams == top
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_resume_under_auto_gives_the_rest_of_the_epoch(packed_sample, backend):
+    root = packed_sample("wds")
+    kw = dict(image_size=S, seed=3, return_meta=True, sampling=SamplingOptions(block=True),
+              workers=WorkerOptions(backend=backend))
+    first = make_loader(root, "train", 8, num_workers="auto", prefetch_factor="auto", **kw)
+    streams = first.dataset.sampling.streams
+    ref = _epoch(make_loader(root, "train", 8, num_workers=max(1, streams), **kw))
+    if backend == "thread":
+        _script(first, [1, 3])
+    first.set_epoch(1)
+    src = first.dataset.source
+    head = []
+    for k, (x, y, m) in enumerate(first):
+        head.append(([src.key(int(i)) for i in m["index"]], y.clone(), x.clone()))
+        if k == 4:
+            break
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    assert state["batches_consumed"] == 5 and state["streams"] == streams
+    resumed = make_loader(root, "train", 8, num_workers="auto", **kw)
+    resumed.load_state_dict(state)
+    rest = []
+    for x, y, m in resumed:
+        rest.append(([src.key(int(i)) for i in m["index"]], y.clone(), x.clone()))
+    _same(head + rest, ref)
+
+
+def test_tuning_has_its_fields_after_an_epoch(packed_sample):
+    loader = make_loader(packed_sample("wds"), "train", 8, num_workers="auto", image_size=S)
+    for _ in loader:
+        pass
+    d = loader.tuning.as_dict()
+    assert set(d) == {"num_workers", "prefetch_factor", "backend", "auto", "settled", "reason",
+                      "cpus", "max_workers", "memory", "trials"}
+    assert 1 <= d["num_workers"] <= d["max_workers"] and d["prefetch_factor"] >= 1
+    assert d["auto"] == {"num_workers": True, "prefetch_factor": False}
+    assert isinstance(d["settled"], bool) and d["reason"]
+    assert d["memory"]["batch_bytes"] == 8 * 3 * S * S
+    for trial in d["trials"]:
+        assert {"workers", "prefetch", "batches", "wait_fraction", "step_ms",
+                "build_ms"} <= set(trial)
+    fixed = make_loader(packed_sample("wds"), "train", 8, num_workers=1, image_size=S).tuning
+    assert (fixed.num_workers, fixed.prefetch_factor, fixed.settled, fixed.reason) == \
+        (1, 2, True, "given")
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"num_workers": "fast"}, "num_workers='fast'"),
+    ({"num_workers": -1}, "num_workers=-1"),
+    ({"num_workers": True}, "num_workers=True"),
+    ({"prefetch_factor": 0}, "prefetch_factor=0"),
+    ({"prefetch_factor": "fast"}, "prefetch_factor='fast'"),
+])
+def test_invalid_counts_raise_config_error_naming_the_value(packed_sample, kwargs, named):
+    with pytest.raises(ConfigError, match=f"{named}: expected 'auto' or an int"):
+        make_loader(packed_sample("wds"), "train", 8, image_size=S, **kwargs)
+
+
+def test_check_counts():
+    assert check_counts("auto", None) == ("auto", 2)
+    assert check_counts(3, "auto") == (3, "auto")
+    assert check_counts(0, 4) == (0, 4)
+
+
+# --- the decisions, from injected measurements ------------------------------------------------
+
+def _tuner(cpus=2, top=4, budget=1024 * MB, **kw) -> AutoTuner:
+    return AutoTuner(cpus, top, batch_bytes=10 * MB, budget_bytes=budget,
+                     clock=lambda: 0.0, **kw)
+
+
+def _win(workers, rate, wait_fraction, build_ms=90.0, prefetch=2, batches=8, max_build_ms=None):
+    wall = batches / rate
+    return Window(workers, prefetch, batches, wait=wall * wait_fraction,
+                  step=wall * (1 - wait_fraction), build=batches * build_ms / 1e3,
+                  max_build=(max_build_ms or build_ms) / 1e3)
+
+
+def test_loader_bound_climbs_while_it_gains_then_settles_on_the_fewest():
+    t = _tuner()
+    assert (t.workers, t.prefetch, t.depth()) == (2, 2, 4)  # starts at the CPU count
+    t.decide(_win(2, rate=10.0, wait_fraction=0.9))
+    assert t.workers == 3 and not t.settled and "waited 90%" in t.tuning.reason
+    t.decide(_win(3, rate=12.0, wait_fraction=0.9))
+    assert t.workers == 4 and not t.settled
+    t.decide(_win(4, rate=12.1, wait_fraction=0.9))  # < 3% better: no gain
+    assert t.settled and t.workers == 3 and t.prefetch == 2  # loader-bound: 2 ahead is enough
+    assert "no gain" in t.tuning.reason and t.tuning.num_workers == 3
+    t.observe(1.0, 1.0, 1.0)  # settled: nothing changes any more
+    assert (t.workers, len(t.tuning.trials)) == (3, 3)
+
+
+def test_loader_bound_with_busy_cpus_tries_one_thread_past_the_cpus_then_stops():
+    t = _tuner()
+    win = _win(2, rate=10.0, wait_fraction=0.9)
+    win.cpu = 1.8 * win.wall
+    t.decide(win)
+    assert t.workers == 3 and not t.settled  # one thread per CPU: one more is tried
+    win = _win(3, rate=10.5, wait_fraction=0.9)
+    win.cpu = 1.8 * win.wall  # 1.8 of 2 CPUs busy: more threads would only share them
+    t.decide(win)
+    assert t.settled and t.workers == 3 and "1.8 of 2 CPUs busy" in t.tuning.reason
+    assert t.tuning.trials[1]["cpu_util"] == 1.8
+
+
+def test_loader_bound_stops_at_the_upper_bound():
+    t = _tuner(cpus=4, top=4)
+    t.decide(_win(4, rate=10.0, wait_fraction=0.5))
+    assert t.settled and t.workers == 4 and "at the most workers (4)" in t.tuning.reason
+
+
+def test_consumer_bound_tries_fewer_workers_and_keeps_them_when_they_keep_up():
+    t = _tuner(cpus=8, top=16)
+    assert t.workers == 8
+    # steps of 80 ms, builds of 90 ms: ceil(1.25 x 90 / 80) = 2 workers keep up
+    t.decide(_win(8, rate=1 / 0.08, wait_fraction=0.0))
+    assert t.workers == 2 and not t.settled
+    t.decide(_win(2, rate=1 / 0.0805, wait_fraction=0.01, max_build_ms=200.0))
+    assert t.settled and t.workers == 2
+    # in flight must cover the slowest build: ceil(200 / 80) + 1 = 4 batches, 2 per worker
+    assert t.prefetch == 2
+
+
+def test_consumer_bound_reverts_when_fewer_workers_fall_behind():
+    t = _tuner(cpus=8, top=16)
+    t.decide(_win(8, rate=12.5, wait_fraction=0.0))
+    assert t.workers == 2
+    t.decide(_win(2, rate=10.0, wait_fraction=0.2))  # 2 fall behind: one more
+    assert t.workers == 3 and not t.settled
+    t.decide(_win(3, rate=12.4, wait_fraction=0.01))  # keeps up, within 3% of 8 workers
+    assert t.settled and t.workers == 3
+    t = _tuner(cpus=8, top=16)
+    t.decide(_win(8, rate=12.5, wait_fraction=0.0))
+    t.decide(_win(2, rate=10.0, wait_fraction=0.2))
+    t.decide(_win(3, rate=10.2, wait_fraction=0.15))  # no gain over 2: the best seen, 8
+    assert t.settled and t.workers == 8
+
+
+def test_prefetch_covers_the_slowest_build_within_the_memory_bound():
+    t = _tuner(cpus=2, top=4)
+    t.decide(_win(2, rate=50.0, wait_fraction=0.0, build_ms=30.0, max_build_ms=150.0))
+    # steps of 20 ms, slowest build 150 ms: ceil(150 / 20) + 1 = 9 batches ahead, 5 per worker
+    assert t.settled and (t.workers, t.prefetch) == (2, 5)
+    small = _tuner(cpus=2, top=4, budget=60 * MB)  # room for 6 batches of 10 MB
+    small.decide(_win(2, rate=50.0, wait_fraction=0.0, build_ms=30.0, max_build_ms=150.0))
+    assert (small.workers, small.prefetch) == (2, 3)
+    fixed = _tuner(prefetch=6)
+    fixed.decide(_win(2, rate=50.0, wait_fraction=0.0, build_ms=30.0, max_build_ms=150.0))
+    assert fixed.prefetch == 6
+
+
+def test_memory_bound_caps_the_workers():
+    t = _tuner(cpus=16, top=32, budget=30 * MB)  # 3 batches of 10 MB
+    assert (t.max_workers, t.workers, t.prefetch) == (3, 3, 1)
+
+
+def test_fixed_workers_with_auto_prefetch_settles_after_one_window():
+    t = _tuner(workers=3)
+    t.decide(_win(3, rate=10.0, wait_fraction=0.9))
+    assert t.settled and t.workers == 3
+
+
+def test_observe_skips_the_filling_queue_then_decides_per_window():
+    t = _tuner()
+    t.window = 2
+    t.start_epoch()  # skips depth() = 4 batches
+    for _ in range(4):
+        t.observe(0.1, 0.0, 0.2)
+    assert t.tuning.trials == []
+    t.observe(0.1, 0.0, 0.2)
+    t.observe(0.1, 0.0, 0.2)
+    assert len(t.tuning.trials) == 1 and t.tuning.trials[0]["wait_fraction"] == 1.0
+    assert t.workers == 3  # the consumer waited: one more worker
+
+
+def test_plan_tuning_resolves_the_process_backend_up_front():
+    nw, pf, streams, tuner, tuning = plan_tuning("process", "auto", "auto", 64, 224, cpus=6,
+                                                 budget=1 << 30)
+    assert (nw, pf, streams, tuner) == (6, 2, 6, None) and tuning.settled
+    nw, pf, streams, tuner, tuning = plan_tuning("thread", "auto", 4, 64, 224, cpus=3,
+                                                 budget=1 << 30)
+    assert (nw, streams, tuner.max_workers, tuner.workers, tuner.prefetch) == (6, 6, 6, 3, 4)
+    assert plan_tuning("thread", 2, 2, 64, 224, cpus=3)[:4] == (2, 2, 2, None)
+
+
+# --- shardkit train -----------------------------------------------------------------------------
+
+def test_train_defaults_to_auto_and_the_cli_takes_auto_or_an_int():
+    from shardkit.train import load_config
+    from shardkit.train.cli import train_command
+    from shardkit.train.config import TrainConfig
+
+    def params(*args):
+        return train_command.make_context("train", ["D", *args]).params
+
+    assert (TrainConfig().num_workers, TrainConfig().prefetch_factor) == ("auto", "auto")
+    assert load_config("default").num_workers == "auto"
+    assert params("--num-workers", "auto")["num_workers"] == "auto"
+    assert params("-j", "3", "--prefetch-factor", "auto")["num_workers"] == 3
+    assert params("--prefetch-factor", "auto")["prefetch_factor"] == "auto"
+    with pytest.raises(Exception, match="'fast' is neither an integer nor 'auto'"):
+        params("--num-workers", "fast")
+    for bad, named in (({"num_workers": -1}, "num_workers=-1"),
+                       ({"prefetch_factor": 0}, "prefetch_factor=0"),
+                       ({"num_workers": "fast"}, "num_workers='fast'")):
+        with pytest.raises(ConfigError, match=f"{named}: expected auto or an integer"):
+            TrainConfig(**bad)
+
+
+def test_train_with_auto_workers_writes_the_tuning_to_metrics_json(packed_sample, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from shardkit.cli import main
+
+    run = tmp_path / "run"
+    result = CliRunner().invoke(main, [
+        "train", str(packed_sample("wds")), "--out", str(run), "--config", "cpu-smoke",
+        "--model", "test_resnet", "--image-size", "32", "--batch-size", "16", "--epochs", "1",
+        "--max-steps", "2", "--warmup-steps", "1", "--num-workers", "auto"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    tuning = json.loads((run / "metrics.json").read_text())["tuning"]
+    assert set(tuning) >= {"train", "val"}
+    train = tuning["train"]
+    assert train["auto"] == {"num_workers": True, "prefetch_factor": False}
+    assert train["backend"] == "thread" and 1 <= train["num_workers"] <= train["max_workers"]
+    assert train["reason"] and isinstance(train["settled"], bool)
+
+
+def test_gate_admits_the_lowest_batch_first_and_counts_twins():
+    import threading
+    import time as _time
+
+    from shardkit.stream.backends import _Gate
+
+    gate = _Gate()
+    gate.set_limit(1)
+    order: list[int] = []
+
+    def build(b):
+        gate.enter(b)
+        order.append(b)
+        gate.leave()
+
+    gate.enter(-1)  # hold the only slot while the others queue up
+    threads = [threading.Thread(target=build, args=(b,)) for b in (5, 3, 3, 4)]
+    for t in threads:
+        t.start()
+    deadline = _time.monotonic() + 10
+    while sum(gate._waiting.values()) < 4 and _time.monotonic() < deadline:  # noqa: SLF001
+        _time.sleep(0.01)
+    gate.leave()
+    for t in threads:
+        t.join(10)
+    assert order == [3, 3, 4, 5]
+
+
+def test_bench_times_auto_beside_the_grid(packed_sample, tmp_path):
+    from shardkit.bench.cli import run_bench
+    from shardkit.bench.runner import RunConfig
+
+    lines: list[str] = []
+    cfg = RunConfig(warmup=1, batches=3, repeats=1, batch_size=8, image_size=32)
+    doc = run_bench([str(packed_sample("wds"))], tmp_path / "b", num_workers="1,2",
+                    prefetch_factor="2", pin_memory="off", cfg=cfg, plots=False,
+                    echo=lambda msg="", err=False: None if err else lines.append(msg))
+    (auto,) = doc["auto"]
+    grid = {r["id"]: r for r in doc["rows"]}
+    assert auto["kind"] == "auto" and auto["status"] == "ok" and auto["id"] not in grid
+    assert auto["setting"]["num_workers"] == auto["setting"]["prefetch_factor"] == "auto"
+    best = max(grid.values(), key=lambda r: r["metrics"]["throughput_img_s"]["median"])
+    assert auto["best_row"] == best["id"]
+    assert auto["ratio_to_best"] == pytest.approx(
+        auto["metrics"]["throughput_img_s"]["median"]
+        / best["metrics"]["throughput_img_s"]["median"])
+    assert auto["default_row"] == next(i for i, r in grid.items()
+                                       if r["setting"]["num_workers"] == 2)
+    assert auto["tuning"]["auto"] == {"num_workers": True, "prefetch_factor": True}
+    printed = "\n".join(lines)
+    assert f"auto #{auto['id']} (thread, wds, cache=none, augment=none): " in printed
+    assert "x the best grid row" in printed
+    off = run_bench([str(packed_sample("wds"))], tmp_path / "c", num_workers="1",
+                    prefetch_factor="2", pin_memory="off", cfg=cfg, plots=False, echo=None,
+                    auto=False)
+    assert off["auto"] == []
