@@ -377,3 +377,31 @@ def test_bench_times_auto_beside_the_grid(packed_sample, tmp_path):
                     prefetch_factor="2", pin_memory="off", cfg=cfg, plots=False, echo=None,
                     auto=False)
     assert off["auto"] == []
+
+
+def test_cpu_count_takes_the_container_quota_and_the_node_s_ranks(tmp_path):
+    """A pod limited to 1.5 CPUs counts 2; cgroup v1's quota too; no quota ("max", -1) leaves
+    the affinity; torchrun's ranks share an unpinned machine."""
+    import os
+
+    from shardkit.stream.tuning import cpu_count
+
+    affinity = len(os.sched_getaffinity(0))
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cpu_count(str(v2), {}) == min(affinity, 2)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cpu_count(str(v2), {}) == affinity
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_count(str(tmp_path / "v1"), {}) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_count(str(tmp_path / "v1"), {}) == affinity
+    none = str(tmp_path / "none")
+    assert cpu_count(none, {"LOCAL_WORLD_SIZE": "not a number"}) == affinity
+    if affinity == (os.cpu_count() or affinity):          # not pinned: the ranks share it
+        assert cpu_count(none, {"LOCAL_WORLD_SIZE": "2"}) == max(1, affinity // 2)
+        assert cpu_count(none, {"LOCAL_WORLD_SIZE": str(4 * affinity)}) == 1

@@ -81,13 +81,46 @@ def check_counts(num_workers, prefetch_factor):
             prefetch_factor if prefetch_factor == AUTO else int(prefetch_factor))
 
 
-def cpu_count() -> int:
-    """CPUs this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where the
-    platform has no affinity), at least 1."""
+def cpu_count(cgroup: str = "/sys/fs/cgroup", environ=None) -> int:
+    """CPUs this process may use, at least 1: ``os.sched_getaffinity`` (``os.cpu_count()``
+    where the platform has no affinity), lowered to the container's CPU quota (cgroup v2
+    ``cpu.max``, v1 ``cpu/cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, rounded up: a pod limited
+    to 2 CPUs on a 64-core host sees 64 in its affinity) and shared among the ranks of this node
+    (``LOCAL_WORLD_SIZE``, set by ``torchrun``) when their affinity is not already their own
+    (it is still the whole machine's)."""
+    environ = os.environ if environ is None else environ
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_quota(cgroup)
+    if quota is not None:
+        cpus = min(cpus, quota)
+    try:
+        ranks = int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        ranks = 1
+    if ranks > 1 and cpus >= (os.cpu_count() or cpus) and quota is None:
+        cpus //= ranks
+    return max(1, cpus)
+
+
+def _cgroup_quota(root: str) -> int | None:
+    """CPUs of the cgroup quota at ``root`` (rounded up), or None for no quota / no cgroup."""
+    for quota_file, period_file in ((("cpu.max",), None),
+                                    (("cpu", "cpu.cfs_quota_us"), ("cpu", "cpu.cfs_period_us"))):
+        try:
+            text = open(os.path.join(root, *quota_file)).read().split()
+            if period_file is None:
+                quota, period = text[0], text[1]
+            else:
+                quota, period = text[0], open(os.path.join(root, *period_file)).read().strip()
+            if quota in ("max", "-1"):
+                return None
+            return max(1, math.ceil(int(quota) / int(period)))
+        except (OSError, ValueError, IndexError, ZeroDivisionError):
+            continue
+    return None
 
 
 def memory_budget() -> int:
