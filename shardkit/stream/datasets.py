@@ -158,6 +158,7 @@ class ShardDataset(_Iterable):
     def __iter__(self) -> Iterator[dict]:
         plan, batches = self._worker_batches()
         src, item, seed = self.source, self.stages.item, self.sampling.seed
+        src.prefetch_epoch(plan, batches)  # remote shards fetched ahead, in this order
         for b in batches:
             sl = plan.batch_slice(int(b))
             for j in range(sl.start, sl.stop):
@@ -166,6 +167,7 @@ class ShardDataset(_Iterable):
                 if image is not LEFT_OUT:
                     yield {"key": src.key(pos), "label": int(src.index.label[pos]),
                            "image": image, "index": pos, "valid": bool(plan.valid[j])}
+            src.prefetch_done(plan, plan.positions[sl])
 
 
 class MapShardDataset(Dataset):
@@ -355,7 +357,10 @@ class BatchDataset(_Iterable):
     def build(self, plan: EpochPlan, b: int, *, transform: Callable | None = None,
               pin: bool = False, scratch: bool = True, buffers: "BufferPool | None" = None):
         """Batch ``b`` of ``plan``: every sample read and transformed straight into one
-        preallocated ``(n, S, S, 3)`` buffer (no collation, no copy).
+        preallocated ``(n, S, S, 3)`` buffer (no collation, no copy). The first build of a
+        plan in a process schedules the remote shards of this process's batches for the
+        prefetcher (:meth:`ShardSource.prefetch_epoch`); each build then frees its samples
+        there (:meth:`ShardSource.prefetch_done`), whatever became of them.
 
         Args:
             transform: the calling thread's copy of ``self.transform`` (a transform keeps
@@ -365,6 +370,27 @@ class BatchDataset(_Iterable):
                 ``accepts_buffers = True`` (any bytes-like ``data``, not kept after the call).
             buffers: a :class:`BufferPool` to take the batch memory from (the thread backend's).
         """
+        if self.source.prefetch_wanted(plan):
+            self._prefetch(plan, plan.worker_batches(*worker_id_count(),
+                                                     self.sampling.state.start_batch))
+        try:
+            return self._build_rows(plan, b, transform, pin, scratch, buffers)
+        finally:
+            self.source.prefetch_done(plan, plan.positions[plan.batch_slice(b)])
+
+    def _prefetch(self, plan: EpochPlan, batches: np.ndarray) -> None:
+        """Schedules ``batches`` of ``plan`` for the prefetcher; none when the decoded cache
+        already holds every sample (its epochs read no shard)."""
+        cache = self.cache
+        if cache is not None:
+            stats = cache.stats()
+            if stats["num_samples"] and stats["filled_samples"] >= stats["num_samples"]:
+                batches = batches[:0]
+        self.source.prefetch_epoch(plan, batches)
+
+    def _build_rows(self, plan: EpochPlan, b: int, transform, pin: bool, scratch: bool,
+                    buffers: "BufferPool | None"):
+        """:meth:`build` without the prefetcher's bookkeeping."""
         tf = transform or self.transform
         if self.device_decode:
             return self._build_encoded(plan, b, tf)
