@@ -161,6 +161,7 @@ class ShardDataset(_Iterable):
         src.prefetch_epoch(plan, batches)  # remote shards fetched ahead, in this order
         for b in batches:
             sl = plan.batch_slice(int(b))
+            src.prefetch_reading(plan)
             for j in range(sl.start, sl.stop):
                 pos = int(plan.positions[j])
                 image = item(pos, (seed, plan.epoch, plan.rank, plan.place(j)), self.skipped)
@@ -373,6 +374,7 @@ class BatchDataset(_Iterable):
         if self.source.prefetch_wanted(plan):
             self._prefetch(plan, plan.worker_batches(*worker_id_count(),
                                                      self.sampling.state.start_batch))
+        self.source.prefetch_reading(plan)
         try:
             return self._build_rows(plan, b, transform, pin, scratch, buffers)
         finally:

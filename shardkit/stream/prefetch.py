@@ -217,9 +217,12 @@ class ShardPrefetcher:
                 t.start()
             self._cond.notify_all()
 
-    def get(self, s: int) -> bytes | None:
-        """The bytes of shard ``s``, waiting for its fetch; None when ``s`` is not (or no longer)
-        in the schedule (the caller reads it another way).
+    def get(self, s: int, token: object) -> bytes | None:
+        """The bytes of shard ``s`` for a reader of the epoch ``token``, waiting for its fetch;
+        None (the caller reads it another way) when ``s`` is not, or no longer, in the
+        schedule, or when ``token`` is not the scheduled epoch (a batch of an abandoned epoch
+        still being built must not wait for the new epoch's fetches: the threads it holds may
+        be the ones the new epoch needs).
 
         Raises:
             ShardFetchError: its fetch failed (names the shard and URL).
@@ -233,6 +236,8 @@ class ShardPrefetcher:
                 data = self._held.get(s)
                 if data is not None:
                     return data
+                if token is not self._token:
+                    return None
                 err = self._errors.get(s)
                 if err is not None:
                     raise _copy(err)
@@ -352,8 +357,11 @@ class ShardPrefetcher:
                     time.sleep(RETRY_DELAY_S * 2 ** (attempt - 1))
         if err is not None:
             tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+            why = {FileNotFoundError: "no such object (HTTP 404, or a missing key)",
+                   PermissionError: "access denied (HTTP 403)"}.get(type(err),
+                                                                     type(err).__name__)
             fe = ShardFetchError(f"shard {name}: cannot fetch {url} ({tries}): "
-                                 f"{type(err).__name__}: {err}; the epoch cannot be read "
+                                 f"{why}: {err}; the epoch cannot be read "
                                  "whole: check the URL and the server (a missing object is "
                                  "not retried)", shard=name, url=url)
             fe.__cause__ = err

@@ -213,7 +213,8 @@ class ShardSource:
             self._forked()
         pf = self._prefetcher
         if pf is not None:
-            data = pf.get(s)  # waits for its fetch; None: not in the prefetcher's schedule
+            # waits for its fetch; None: not in the schedule of this thread's epoch
+            data = pf.get(s, getattr(self._local, "plan", None))
             if data is not None:
                 return MemoryReader(self.shards[s]["path"], data)
         reader = self._readers.get(s)
@@ -369,6 +370,11 @@ class ShardSource:
                 [join(self.root, rec["path"]) for rec in self.shards],
                 [rec["path"] for rec in self.shards], sizes, bound)
         self._prefetcher.schedule(plan, sched)
+
+    def prefetch_reading(self, plan) -> None:
+        """The calling thread reads for ``plan``'s epoch from now on: it waits for the
+        prefetcher's fetches only while that epoch is the scheduled one."""
+        self._local.plan = plan
 
     def prefetch_done(self, plan, positions) -> None:
         """The samples at ``positions`` (split positions) of ``plan``'s epoch are consumed
