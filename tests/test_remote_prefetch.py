@@ -6,8 +6,10 @@ the memory bound holds (the prefetcher's high-water mark, a count of bytes); a s
 epoch yields the rest of the uninterrupted one. Nothing here depends on timing."""
 from __future__ import annotations
 
+import gc
 import logging
 import threading
+import weakref
 from collections import Counter
 
 import numpy as np
@@ -171,7 +173,8 @@ def test_a_reader_of_another_epoch_does_not_wait():
     pf.schedule("new", schedule_epoch(np.array([1, 0]), np.array([0, 1]), [10, 10]))
     assert pf.get(0, "old") is None
     release.set()
-    assert pf.get(0, "new") == bytes(10) and pf.get(1, "old") == bytes(10)  # held: served
+    assert pf.get(0, "new") == bytes(10) and pf.get(1, "new") == bytes(10)
+    assert pf.get(1, "old") == bytes(10)  # in memory: served to any reader
     pf.close()
     assert prefetch_threads() == []
 
@@ -231,6 +234,22 @@ def test_close_stops_the_fetch_threads(data, slow):
         assert len(list(loader)) == len(loader)
     assert prefetch_threads() == []
     assert not [t for t in threading.enumerate() if t.name.startswith("shardkit-prefetch")]
+
+
+def test_a_loader_dropped_without_close_frees_its_shards(data, slow):
+    """The fetch threads hold the prefetcher only between jobs: a loader dropped without
+    close() is collected with its shards, and its threads end."""
+    url, _, _ = slow
+    loader = make_loader(url, "train", 4, num_workers=2, image_size=8)
+    assert len(list(loader)) == len(loader)
+    ref = weakref.ref(loader.dataset.source.prefetcher)
+    threads = prefetch_threads()
+    assert threads
+    del loader
+    gc.collect()
+    for t in threads:
+        t.join(30)  # each ends within prefetch._IDLE_WAIT_S once the prefetcher is gone
+    assert ref() is None and prefetch_threads() == []
 
 
 def test_resume_mid_epoch_yields_the_rest_of_the_epoch(data, slow):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -169,7 +170,7 @@ class ShardPrefetcher:
         self._fetch_url = fetch
         self.high_water = 0
         self.fetches: Counter = Counter()
-        self._cond = threading.Condition()
+        self._cond = _Wakeup()
         self._held: OrderedDict[int, bytes] = OrderedDict()
         self._held_bytes = 0
         self._reserved = 0
@@ -211,11 +212,11 @@ class ShardPrefetcher:
             self._errors = {}
             self._next = 0
             while len(self._workers) < min(self.threads, len(self._order)):
-                t = threading.Thread(target=self._run, daemon=True,
-                                     name=f"{THREAD_PREFIX}-{len(self._workers)}")
+                t = threading.Thread(target=_fetch_loop, args=(weakref.ref(self), self._cond),
+                                     daemon=True, name=f"{THREAD_PREFIX}-{len(self._workers)}")
                 self._workers.append(t)
                 t.start()
-            self._cond.notify_all()
+            self._cond.wake()
 
     def get(self, s: int, token: object) -> bytes | None:
         """The bytes of shard ``s`` for a reader of the epoch ``token``, waiting for its fetch;
@@ -264,13 +265,13 @@ class ShardPrefetcher:
                     self._held.move_to_end(s)  # evicted after the ones finished before it
                     freed = True
             if freed:
-                self._cond.notify_all()
+                self._cond.wake()
 
     def close(self) -> None:
         """Stops the fetch threads (a fetch in flight ends first) and drops every shard."""
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
+            self._cond.wake()
             workers, self._workers = self._workers, []
         for t in workers:
             t.join()
@@ -279,37 +280,41 @@ class ShardPrefetcher:
             self._held_bytes = 0
             self._remaining = {}
 
-    # --- the fetch threads -------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                s = self._claim()
-                if s is None:
-                    return
-            data, err = self._fetch(s)
-            with self._cond:
-                self._reserved -= self.sizes[s]
-                self._inflight.discard(s)
-                if err is None and not self._closed:
-                    self._held[s] = data
-                    self._held_bytes += len(data)
-                    self.fetches[s] += 1
-                elif err is not None and s in self._remaining:
-                    self._errors[s] = err
-                self._cond.notify_all()
+    # --- the fetch threads (:func:`_fetch_loop`) -----------------------------------------------
+    def _next_job(self) -> tuple[object, int]:
+        """``(job, wakeups)``: the next shard to fetch with its size reserved, None (none, or
+        no room yet) or :data:`_STOP` once closed; ``wakeups``: the lock's count of wake-ups,
+        to wait for the next one."""
+        with self._cond:
+            s = _STOP if self._closed else self._claim()
+            return s, self._cond.wakeups
+
+    def _land(self, s: int, data: bytes | None, err: BaseException | None) -> None:
+        """Keeps a finished fetch (or its error, for the readers of ``s``)."""
+        with self._cond:
+            self._reserved -= self.sizes[s]
+            self._inflight.discard(s)
+            if err is None and not self._closed:
+                self._held[s] = data
+                self._held_bytes += len(data)
+                self.fetches[s] += 1
+            elif err is not None and s in self._remaining:
+                self._errors[s] = err
+            self._cond.wake()
 
     def _claim(self) -> int | None:
-        """The next shard to fetch, its size reserved (waits for room); None once closed."""
-        while not self._closed:
-            s = self._peek()
-            if s is not None and self._make_room(self.sizes[s]):
-                self._next += 1
-                self._reserved += self.sizes[s]
-                self._inflight.add(s)
-                self.high_water = max(self.high_water, self._held_bytes + self._reserved)
-                return s
-            self._cond.wait()
-        return None
+        """The next shard to fetch with its size reserved, or None (none, or no room yet).
+        Called with the lock held."""
+        if self._closed:
+            return None
+        s = self._peek()
+        if s is None or not self._make_room(self.sizes[s]):
+            return None
+        self._next += 1
+        self._reserved += self.sizes[s]
+        self._inflight.add(s)
+        self.high_water = max(self.high_water, self._held_bytes + self._reserved)
+        return s
 
     def _peek(self) -> int | None:
         """The next shard of the order not held or in flight (the fetch pointer moves past
@@ -372,6 +377,43 @@ class ShardPrefetcher:
                 f"{self.sizes[s]}: the object is not the packed shard (re-upload the dataset)",
                 shard=name)
         return data, None
+
+
+class _Wakeup(threading.Condition):
+    """A condition that counts its wake-ups (:meth:`wake`), so a fetch thread that let go of
+    the lock can tell whether it missed one before it waits."""
+
+    wakeups = 0
+
+    def wake(self) -> None:
+        """``notify_all`` (with the lock held), counted."""
+        self.wakeups += 1
+        self.notify_all()
+
+
+_STOP = object()
+_IDLE_WAIT_S = 1.0  # the longest an idle fetch thread waits before it looks again
+
+
+def _fetch_loop(ref: "weakref.ref[ShardPrefetcher]", cond: _Wakeup) -> None:
+    """A fetch thread: claims the next shard, fetches it, keeps it; ends when the prefetcher is
+    closed or gone. It holds the prefetcher only while it claims or fetches (it waits on
+    ``cond`` alone), so a loader dropped without ``close()`` is freed with its shards, and
+    its threads end within ``_IDLE_WAIT_S``."""
+    while True:
+        pf = ref()
+        if pf is None:
+            return
+        s, seen = pf._next_job()
+        if s is _STOP:
+            return
+        if s is not None:
+            pf._land(s, *pf._fetch(s))
+            continue
+        del pf
+        with cond:
+            if cond.wakeups == seen:  # nothing changed since the claim: wait for a change
+                cond.wait(_IDLE_WAIT_S)
 
 
 def _copy(err: BaseException) -> BaseException:
