@@ -358,10 +358,9 @@ class BatchDataset(_Iterable):
     def build(self, plan: EpochPlan, b: int, *, transform: Callable | None = None,
               pin: bool = False, scratch: bool = True, buffers: "BufferPool | None" = None):
         """Batch ``b`` of ``plan``: every sample read and transformed straight into one
-        preallocated ``(n, S, S, 3)`` buffer (no collation, no copy). The first build of a
-        plan in a process schedules the remote shards of this process's batches for the
-        prefetcher (:meth:`ShardSource.prefetch_epoch`); each build then frees its samples
-        there (:meth:`ShardSource.prefetch_done`), whatever became of them.
+        preallocated ``(n, S, S, 3)`` buffer (no collation, no copy). Remote shards: the first
+        build of a plan in a process schedules this process's batches for the prefetcher
+        (:meth:`ShardSource.prefetch_epoch`); each build frees its samples there.
 
         Args:
             transform: the calling thread's copy of ``self.transform`` (a transform keeps
@@ -371,24 +370,16 @@ class BatchDataset(_Iterable):
                 ``accepts_buffers = True`` (any bytes-like ``data``, not kept after the call).
             buffers: a :class:`BufferPool` to take the batch memory from (the thread backend's).
         """
-        if self.source.prefetch_wanted(plan):
-            self._prefetch(plan, plan.worker_batches(*worker_id_count(),
-                                                     self.sampling.state.start_batch))
-        self.source.prefetch_reading(plan)
+        src = self.source
+        if src.prefetch_wanted(plan):  # the first build of this plan in this process
+            batches = plan.worker_batches(*worker_id_count(), self.sampling.state.start_batch)
+            full = self.cache is not None and self.cache.stats()["filled_samples"] >= len(src)
+            src.prefetch_epoch(plan, batches[:0] if full else batches)  # a full cache reads none
+        src.prefetch_reading(plan)
         try:
             return self._build_rows(plan, b, transform, pin, scratch, buffers)
         finally:
-            self.source.prefetch_done(plan, plan.positions[plan.batch_slice(b)])
-
-    def _prefetch(self, plan: EpochPlan, batches: np.ndarray) -> None:
-        """Schedules ``batches`` of ``plan`` for the prefetcher; none when the decoded cache
-        already holds every sample (its epochs read no shard)."""
-        cache = self.cache
-        if cache is not None:
-            stats = cache.stats()
-            if stats["num_samples"] and stats["filled_samples"] >= stats["num_samples"]:
-                batches = batches[:0]
-        self.source.prefetch_epoch(plan, batches)
+            src.prefetch_done(plan, plan.positions[plan.batch_slice(b)])
 
     def _build_rows(self, plan: EpochPlan, b: int, transform, pin: bool, scratch: bool,
                     buffers: "BufferPool | None"):

@@ -1,11 +1,13 @@
 """The read side of one split: :class:`ShardSource`, shared by every consumer in a process.
 
 A source holds the split index (numpy arrays, field case 16), the few manifest fields readers
-need, and lazily opened per-shard readers. It is safe to share between the decoding threads of
-one process: readers read with ``pread`` at an offset (no shared file position), the reader
-table is guarded by a lock, and per-thread state (decoder handles: a TurboJPEG handle is not
-thread-safe; scratch buffers) lives in ``threading.local``. It pickles without any open handle,
-so DataLoader worker processes (fork, forkserver or spawn, field case 19) each open their own.
+need, lazily opened per-shard readers and, for a remote root, this process's shard prefetcher
+(:mod:`.prefetch`: whole shards fetched ahead in the epoch plan's order). It is safe to share
+between the decoding threads of one process: readers read with ``pread`` at an offset (no
+shared file position), the reader table is guarded by a lock, and per-thread state (decoder
+handles: a TurboJPEG handle is not thread-safe; scratch buffers) lives in ``threading.local``.
+It pickles without any open handle (or prefetcher), so DataLoader worker processes (fork,
+forkserver or spawn, field case 19) each open their own.
 """
 from __future__ import annotations
 
@@ -124,6 +126,11 @@ class ShardSource:
         verify_reads: as given. verified: True when reads are checked (``verify_reads`` and an
             index with checksums; an index packed before checksums existed is read unchecked,
             said once per process and split at WARNING on the ``shardkit.stream`` logger).
+        prefetch_bytes: for a remote root, the memory bound in bytes of the shards fetched
+            ahead of the reads (:meth:`prefetch_epoch`, :mod:`shardkit.stream.prefetch`;
+            default :data:`~shardkit.stream.prefetch.DEFAULT_SHARD_PREFETCH_BYTES`, 0: off).
+            Shards outside a prefetch schedule are fetched whole on their first read and kept
+            in an LRU of ``max_open`` shards per process.
 
     Raises:
         ManifestError: no finished dataset at ``root``, unknown ``split``, or a manifest or
