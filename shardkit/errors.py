@@ -20,6 +20,7 @@ is defined here (the CLI's ``click`` exception aside: ``shardkit.cli_common.Comm
     +-- PackInvariantError
     +-- ManifestError
     +-- ShardCorruptError
+    +-- ShardFetchError
     +-- ResourceLimitError
     +-- DecodeError
     |   +-- PixelLimitError
@@ -35,7 +36,8 @@ from __future__ import annotations
 
 __all__ = [
     "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
-    "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "DecodeError",
+    "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "ShardFetchError",
+    "DecodeError",
     "LoaderError", "SharedMemoryError", "CheckpointError", "ResourceLimitError", "ResumeMismatchError",
     "TransformInputError", "OutputLockedError", "DiskFullError", "UploadError",
     "PackInvariantError", "PixelLimitError", "DecodeWarningError", "EvalCountError",
@@ -118,6 +120,21 @@ class ShardCorruptError(ShardkitError):
         super().__init__(*args)
         self.shard = shard
         self.key = key
+
+
+class ShardFetchError(ShardkitError):
+    """A remote shard could not be fetched (HTTP 404 or 500, a refused connection, a timeout),
+    after the prefetcher's retries (:mod:`shardkit.stream.prefetch`). Never a sample's fault:
+    ``on_error="skip"`` never skips it, so an epoch never ends short for it.
+
+    Attributes:
+        shard: the shard's path in the dataset (as the manifest lists it). url: the URL fetched.
+    """
+
+    def __init__(self, message: str, shard: str | None = None, url: str | None = None):
+        super().__init__(message)
+        self.shard = shard
+        self.url = url
 
 
 class ResourceLimitError(ShardkitError):

@@ -2,7 +2,8 @@
 
 - :func:`build_split`: a split of real photos written with the formats API, shards of exact
   sizes, independent of ``shardkit.pack`` (the read-path tests);
-- :func:`serve_http`: a folder served over HTTP on 127.0.0.1, counting GETs (remote reads);
+- :func:`serve_http`: a folder served over HTTP on 127.0.0.1, counting GETs (remote reads),
+  with an optional latency per request and failing paths;
 - :func:`placeholder`: a made "image not found" placeholder JPEG (degenerate-image tests).
 
 Fixtures stay in ``conftest.py``; these are plain functions, imported as ``from helpers import``.
@@ -14,6 +15,7 @@ import hashlib
 import io
 import json
 import threading
+import time
 from collections import Counter
 from contextlib import contextmanager
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -68,20 +70,38 @@ def build_split(sample_dir: Path, out: Path, fmt: str, shard_sizes: list[int],
 
 class _CountingHandler(SimpleHTTPRequestHandler):
     requests: Counter  # set per server
+    latency: float = 0.0
+    fail: dict | None = None
 
     def do_GET(self):  # noqa: N802 - http.server API
         self.requests[self.path] += 1
+        if self.latency:
+            time.sleep(self.latency)
+        status = (self.fail or {}).get(self.path)
+        if status:
+            self.send_error(status)
+            return
         super().do_GET()
+
+    def do_HEAD(self):  # noqa: N802 - http.server API
+        if self.latency:
+            time.sleep(self.latency)
+        super().do_HEAD()
 
     def log_message(self, *args):  # keep test output clean
         pass
 
 
 @contextmanager
-def serve_http(root):
-    """``(url, counter)``: ``root`` served on 127.0.0.1; ``counter[path]`` counts GETs."""
+def serve_http(root, latency: float = 0.0, fail: dict | None = None):
+    """``(url, counter)``: ``root`` served on 127.0.0.1; ``counter[path]`` counts GETs.
+
+    ``latency``: seconds every GET and HEAD waits before its answer (an object store's time to
+    first byte). ``fail``: ``{path: HTTP status}`` answered instead of the file (e.g.
+    ``{"/shards/train-000001.tar": 500}``); the caller may change it while serving."""
     counter: Counter = Counter()
-    handler = type("H", (_CountingHandler,), {"requests": counter})
+    handler = type("H", (_CountingHandler,), {"requests": counter, "latency": float(latency),
+                                              "fail": fail})
     server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -72,14 +72,15 @@ def test_remote_shards_fetched_about_once_per_worker_per_epoch(sample_dir, tmp_p
     a thread loader's cache of 2 * num_workers = 4 remote shards, or a worker process's 2), 2
     workers, 3 epochs: every epoch is exactly-once, every shard is fetched at most once per
     worker (2) and the epoch costs at most one fetch per shard plus one per worker (the shard a
-    stream boundary cuts, or one evicted while still in use); not a fetch per sample (92)."""
+    stream boundary cuts, or one evicted while still in use); not a fetch per sample (92).
+    The lazy path (prefetching off); the prefetcher's counts: tests/test_remote_prefetch.py."""
     sizes = [12, 9, 15, 4, 7, 3, 20, 6, 11, 5]
     root = tmp_path / "data"
     build_split(sample_dir, root, "wds", sizes, stride=3)
     shards = {f"/shards/train-{i:06d}.tar" for i in range(len(sizes))}
     with serve_http(root) as (url, counter):
         loader = make_loader(url, "train", 4, num_workers=2, image_size=8, return_meta=True,
-                             workers=WorkerOptions(backend=backend))
+                             workers=WorkerOptions(backend=backend, shard_prefetch_bytes=0))
         s = loader.dataset.sampling
         assert s.block and s.streams == 2
         assert loader.dataset.source.max_open == (4 if backend == "thread" else 2)

@@ -16,8 +16,10 @@ size, so a local reader fetches one sample with a single ``pread`` of its 512-by
 plus data, without parsing the tar (``pread`` rather than ``mmap``: one copy and no per-page
 faults, measurably cheaper here). Before returning bytes it checks that header (member name and
 size), so a shifted, truncated or overwritten shard raises :class:`ShardCorruptError` instead of
-feeding garbage to the decoder. Remote shards (fsspec URLs) are fetched whole, once per process,
-and then sliced the same way.
+feeding garbage to the decoder. Remote shards (fsspec URLs) are fetched whole and then sliced
+the same way: ahead of the readers by the loaders' prefetcher (:class:`MemoryReader` reads its
+bytes, :mod:`shardkit.stream.prefetch`), else by :class:`Reader` on the first read, once per
+process.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from shardkit.dataset.manifest import json_bytes
 from shardkit.storage.urls import is_url
 from .base import FormatReader, FormatWriter
 
-__all__ = ["Writer", "Reader", "suffix", "sample_members"]
+__all__ = ["Writer", "Reader", "MemoryReader", "checked_member", "suffix", "sample_members"]
 
 suffix = ".tar"
 BLOCK = tarfile.BLOCKSIZE  # 512
@@ -129,22 +131,63 @@ class Reader(FormatReader):
                 chunk = chunk[:os.preadv(handle, [chunk], header)]
         finally:
             self._release(lease)
-        if len(chunk) != BLOCK + size:
-            raise ShardCorruptError(f"shard {self.name}: sample {key!r} at bytes "
-                                    f"{offset}..{offset + size} lies outside the shard: "
-                                    "truncated shard?", shard=self.name, key=key)
-        head = bytes(chunk[:136])
-        name = head[:100].split(b"\0", 1)[0]
-        try:
-            stored_size = int(head[124:136].split(b"\0", 1)[0].strip() or b"x", 8)
-        except ValueError:
-            stored_size = -1
-        if not name.startswith(key.encode("ascii") + b".") or stored_size != size:
-            raise ShardCorruptError(f"shard {self.name}: no tar member for sample {key!r} at "
-                                    f"offset {offset} (found header name {name[:40]!r}, size "
-                                    f"{stored_size}): the shard does not match the index",
+        return checked_member(chunk, self.name, key, offset, size)
+
+
+def checked_member(chunk, shard: str, key: str, offset: int, size: int) -> memoryview:
+    """The data of sample ``key`` from ``chunk``, the bytes ``offset - 512 .. offset + size`` of
+    tar shard ``shard`` (its 512-byte ustar header, then the member's data), after checking
+    that the header names ``key`` and ``size``.
+
+    Raises:
+        ShardCorruptError: ``chunk`` is short (a truncated shard), or the header is another
+            member's (the shard does not match the index); names shard and key.
+    """
+    if len(chunk) != BLOCK + size:
+        raise ShardCorruptError(f"shard {shard}: sample {key!r} at bytes "
+                                f"{offset}..{offset + size} lies outside the shard: "
+                                "truncated shard?", shard=shard, key=key)
+    head = bytes(chunk[:136])
+    name = head[:100].split(b"\0", 1)[0]
+    try:
+        stored_size = int(head[124:136].split(b"\0", 1)[0].strip() or b"x", 8)
+    except ValueError:
+        stored_size = -1
+    if not name.startswith(key.encode("ascii") + b".") or stored_size != size:
+        raise ShardCorruptError(f"shard {shard}: no tar member for sample {key!r} at "
+                                f"offset {offset} (found header name {name[:40]!r}, size "
+                                f"{stored_size}): the shard does not match the index",
+                                shard=shard, key=key)
+    return chunk[BLOCK:]
+
+
+class MemoryReader:
+    """The reader of one tar shard whose bytes are in memory (a remote shard the prefetcher
+    fetched, :mod:`shardkit.stream.prefetch`): each read is a slice of ``data``, checked as
+    :meth:`Reader.read_into` checks a ``pread``. Nothing to open or close.
+
+    Args:
+        name: the shard's path in the dataset (named in errors). data: the whole shard.
+    """
+
+    def __init__(self, name: str, data: bytes | memoryview):
+        self.name = name
+        self.data = data
+
+    def read(self, key: str, offset: int, size: int) -> bytes:
+        return bytes(self.read_into(key, offset, size, None))
+
+    def read_into(self, key: str, offset: int, size: int, buf=None) -> memoryview:
+        """A view of the member's bytes in :attr:`data` (``buf`` is not needed: no copy)."""
+        if offset < BLOCK:
+            raise ShardCorruptError(f"shard {self.name}: sample {key!r} has offset {offset}, "
+                                    f"before the first tar header: the index is corrupt",
                                     shard=self.name, key=key)
-        return chunk[BLOCK:]
+        return checked_member(memoryview(self.data)[offset - BLOCK:offset + size], self.name,
+                              key, offset, size)
+
+    def close(self) -> None:
+        pass
 
 
 def sample_members(path, keys, offsets, sizes) -> list[list[tuple[str, int, int]]]:

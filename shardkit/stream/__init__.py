@@ -16,6 +16,8 @@ between releases without notice.
 Seams, one module each:
 
 - :mod:`.source`: ``ShardSource``, the split's index and shard readers, shared by threads;
+- :mod:`.prefetch`: ``ShardPrefetcher``, remote shards fetched whole ahead of the readers in
+  the epoch plan's order, within a memory bound;
 - :mod:`.state`: ``Sampling`` (one rank's epoch plans) and ``EpochState`` (epoch, resume point
   and streams in shared memory, seen by worker processes);
 - :mod:`.stages`: the per-sample stages every dataset runs (read, verify, cache, decode or

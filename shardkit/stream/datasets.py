@@ -158,14 +158,17 @@ class ShardDataset(_Iterable):
     def __iter__(self) -> Iterator[dict]:
         plan, batches = self._worker_batches()
         src, item, seed = self.source, self.stages.item, self.sampling.seed
+        src.prefetch_epoch(plan, batches)  # remote shards fetched ahead, in this order
         for b in batches:
             sl = plan.batch_slice(int(b))
+            src.prefetch_reading(plan)
             for j in range(sl.start, sl.stop):
                 pos = int(plan.positions[j])
                 image = item(pos, (seed, plan.epoch, plan.rank, plan.place(j)), self.skipped)
                 if image is not LEFT_OUT:
                     yield {"key": src.key(pos), "label": int(src.index.label[pos]),
                            "image": image, "index": pos, "valid": bool(plan.valid[j])}
+            src.prefetch_done(plan, plan.positions[sl])
 
 
 class MapShardDataset(Dataset):
@@ -357,7 +360,9 @@ class BatchDataset(_Iterable):
     def build(self, plan: EpochPlan, b: int, *, transform: Callable | None = None,
               pin: bool = False, scratch: bool = True, buffers: "BufferPool | None" = None):
         """Batch ``b`` of ``plan``: every sample read and transformed straight into one
-        preallocated ``(n, S, S, 3)`` buffer (no collation, no copy).
+        preallocated ``(n, S, S, 3)`` buffer (no collation, no copy). Remote shards: the first
+        build of a plan in a process schedules this process's batches for the prefetcher
+        (:meth:`ShardSource.prefetch_epoch`); each build frees its samples there.
 
         Args:
             transform: the calling thread's copy of ``self.transform`` (a transform keeps
@@ -367,6 +372,20 @@ class BatchDataset(_Iterable):
                 ``accepts_buffers = True`` (any bytes-like ``data``, not kept after the call).
             buffers: a :class:`BufferPool` to take the batch memory from (the thread backend's).
         """
+        src = self.source
+        if src.prefetch_wanted(plan):  # the first build of this plan in this process
+            batches = plan.worker_batches(*worker_id_count(), self.sampling.state.start_batch)
+            full = self.cache is not None and self.cache.stats()["filled_samples"] >= len(src)
+            src.prefetch_epoch(plan, batches[:0] if full else batches)  # a full cache reads none
+        src.prefetch_reading(plan)
+        try:
+            return self._build_rows(plan, b, transform, pin, scratch, buffers)
+        finally:
+            src.prefetch_done(plan, plan.positions[plan.batch_slice(b)])
+
+    def _build_rows(self, plan: EpochPlan, b: int, transform, pin: bool, scratch: bool,
+                    buffers: "BufferPool | None"):
+        """:meth:`build` without the prefetcher's bookkeeping."""
         tf = transform or self.transform
         if self.device_decode:
             return self._build_encoded(plan, b, tf)

@@ -30,6 +30,7 @@ from .cache import make_cache, parse_cache, shm_reserve
 from .datasets import BatchDataset
 from .options import (SamplingOptions, WorkerOptions, is_eval_split, resolve_train,
                       resolve_transform_input)
+from .prefetch import resolve_prefetch_bytes
 from .source import ShardSource, dist_rank_world
 from .state import Sampling, check_epoch
 from .tuning import check_counts, plan_tuning
@@ -348,7 +349,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
         sampling: :class:`SamplingOptions` (shuffle, drop_last, even, mode, balance,
             samples_per_epoch, block, rank, world_size).
         workers: :class:`WorkerOptions` (backend, persistent_workers, multiprocessing_context,
-            timeout).
+            timeout, shard_prefetch_bytes: the memory bound of remote shards fetched ahead).
         on_error: ``"raise"`` (names shard and key) or ``"skip"`` (keys in ``loader.skipped``).
         on_warning: ``"keep"`` (keys in ``loader.warned``, logged once), ``"skip"`` or
             ``"raise"`` for samples whose JPEG decode gives libjpeg warnings (field case 12).
@@ -424,6 +425,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
                                         why)
     sampling = _rank_sampling(sampling, train, split)
     source = ShardSource(root, split, on_error, verify_reads, max_pixels)
+    source.prefetch_bytes = resolve_prefetch_bytes(workers.shard_prefetch_bytes)
     plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
     counts = plan_tuning(workers.backend, num_workers, prefetch_factor, batch_size, size)
     num_workers, prefetch_factor = counts[:2]  # the pool's size; the auto choice is tuned

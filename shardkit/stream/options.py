@@ -131,6 +131,11 @@ class WorkerOptions:
             context; default ``"forkserver"`` with ``pin_memory`` under DDP (field case 19), else
             the platform's.
         timeout: seconds to wait for one batch before failing loudly (field case 19); > 0.
+        shard_prefetch_bytes: memory bound, in bytes, of the remote shards fetched ahead of
+            the readers (an fsspec URL root; :mod:`shardkit.stream.prefetch`): None (default)
+            is :data:`~shardkit.stream.prefetch.DEFAULT_SHARD_PREFETCH_BYTES` (1 GiB), split
+            evenly between worker processes; 0 fetches each shard on its first read instead.
+            Local datasets ignore it.
 
     Raises:
         ConfigError: a value outside the documented set.
@@ -140,8 +145,10 @@ class WorkerOptions:
     persistent_workers: bool = False
     multiprocessing_context: object = None
     timeout: float = 120.0
+    shard_prefetch_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        check_int("shard_prefetch_bytes", self.shard_prefetch_bytes, 0, optional=True)
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend={self.backend!r}: expected one of {list(BACKENDS)}")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \

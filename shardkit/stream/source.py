@@ -1,11 +1,13 @@
 """The read side of one split: :class:`ShardSource`, shared by every consumer in a process.
 
 A source holds the split index (numpy arrays, field case 16), the few manifest fields readers
-need, and lazily opened per-shard readers. It is safe to share between the decoding threads of
-one process: readers read with ``pread`` at an offset (no shared file position), the reader
-table is guarded by a lock, and per-thread state (decoder handles: a TurboJPEG handle is not
-thread-safe; scratch buffers) lives in ``threading.local``. It pickles without any open handle,
-so DataLoader worker processes (fork, forkserver or spawn, field case 19) each open their own.
+need, lazily opened per-shard readers and, for a remote root, this process's shard prefetcher
+(:mod:`.prefetch`: whole shards fetched ahead in the epoch plan's order). It is safe to share
+between the decoding threads of one process: readers read with ``pread`` at an offset (no
+shared file position), the reader table is guarded by a lock, and per-thread state (decoder
+handles: a TurboJPEG handle is not thread-safe; scratch buffers) lives in ``threading.local``.
+It pickles without any open handle (or prefetcher), so DataLoader worker processes (fork,
+forkserver or spawn, field case 19) each open their own.
 """
 from __future__ import annotations
 
@@ -20,10 +22,13 @@ from torch.utils.data import get_worker_info
 from ..errors import ConfigError, DecodeError, PixelLimitError, ShardCorruptError
 from ..validate import is_int
 from ..formats import open_reader
+from ..formats.wds import MemoryReader
 from shardkit.images.sniff import resolve_max_pixels
 from shardkit.dataset.manifest import load_index, load_manifest, sample_checksum
 from shardkit.storage.urls import is_url, join
 from .options import ON_ERROR
+from .prefetch import (ShardPrefetcher, plan_shards, resolve_prefetch_bytes,
+                       schedule_epoch)
 
 __all__ = ["ShardSource", "check_shard_files", "dist_rank_world", "worker_id_count"]
 
@@ -121,6 +126,11 @@ class ShardSource:
         verify_reads: as given. verified: True when reads are checked (``verify_reads`` and an
             index with checksums; an index packed before checksums existed is read unchecked,
             said once per process and split at WARNING on the ``shardkit.stream`` logger).
+        prefetch_bytes: for a remote root, the memory bound in bytes of the shards fetched
+            ahead of the reads (:meth:`prefetch_epoch`, :mod:`shardkit.stream.prefetch`;
+            default :data:`~shardkit.stream.prefetch.DEFAULT_SHARD_PREFETCH_BYTES`, 0: off).
+            Shards outside a prefetch schedule are fetched whole on their first read and kept
+            in an LRU of ``max_open`` shards per process.
 
     Raises:
         ManifestError: no finished dataset at ``root``, unknown ``split``, or a manifest or
@@ -159,7 +169,10 @@ class ShardSource:
         if not self.remote:
             check_shard_files(root, split, self.shards)
         # a remote tar shard is fetched whole into memory: keep at most this many per process
+        # (shards read outside the prefetcher's schedule)
         self.max_open = 2 if self.remote else None
+        #: bytes of remote shards the prefetcher may hold (0: off; local roots: unused)
+        self.prefetch_bytes = resolve_prefetch_bytes(None)
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -167,6 +180,9 @@ class ShardSource:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._pid = os.getpid()
+        self._prefetcher: ShardPrefetcher | None = None
+        self._prefetch_plan = None  # the plan whose epoch the prefetcher runs
+        self._prefetch_refused = False  # said once that an order cannot be prefetched
 
     def _forked(self) -> None:
         """In a forked child (a DataLoader worker), start with a fresh lock and reader table:
@@ -177,7 +193,7 @@ class ShardSource:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for name in ("_readers", "_lock", "_local"):
+        for name in ("_readers", "_lock", "_local", "_prefetcher", "_prefetch_plan"):
             del state[name]
         return state
 
@@ -202,6 +218,12 @@ class ShardSource:
     def _reader(self, s: int):
         if self._pid != os.getpid():
             self._forked()
+        pf = self._prefetcher
+        if pf is not None:
+            # waits for its fetch; None: not in the schedule of this thread's epoch
+            data = pf.get(s, getattr(self._local, "plan", None))
+            if data is not None:
+                return MemoryReader(self.shards[s]["path"], data)
         reader = self._readers.get(s)
         if reader is not None:
             if self.max_open is not None:
@@ -299,9 +321,82 @@ class ShardSource:
                     f"max_pixels={packed} to read it, if you trust it")
         return ""
 
+    # --- remote shards prefetched ahead of the reads (:mod:`.prefetch`) -------------------------
+    @property
+    def prefetcher(self) -> ShardPrefetcher | None:
+        """This process's :class:`~shardkit.stream.prefetch.ShardPrefetcher` (None: a local
+        root, prefetching off, or no epoch scheduled yet in this process)."""
+        return self._prefetcher if self._pid == os.getpid() else None
+
+    def prefetch_wanted(self, plan) -> bool:
+        """Whether :meth:`prefetch_epoch` of ``plan`` would schedule anything: a remote root,
+        :attr:`prefetch_bytes` > 0 and ``plan`` not yet scheduled in this process."""
+        return self.remote and self.prefetch_bytes > 0 and not (
+            self._pid == os.getpid() and self._prefetch_plan is plan)
+
+    def prefetch_epoch(self, plan, batches) -> None:
+        """Schedules the remote shards of ``plan``'s batches ``batches`` (the ones this process
+        builds, in its order) for prefetching; nothing for a local root, with
+        :attr:`prefetch_bytes` 0, or when ``plan`` is already the scheduled one. In a
+        DataLoader worker process of ``k`` the bound is ``prefetch_bytes // k``. An order
+        whose shards cannot stay within the bound is read lazily instead (one warning)."""
+        if not self.remote or self.prefetch_bytes <= 0:
+            return
+        if self._pid != os.getpid():
+            self._forked()
+        with self._lock:
+            if self._prefetch_plan is not plan:
+                self._schedule(plan, batches)
+                self._prefetch_plan = plan  # last: a reader that sees it finds the schedule
+
+    def _schedule(self, plan, batches) -> None:
+        """:meth:`prefetch_epoch`'s work, under the lock."""
+        sizes = [rec.get("bytes") for rec in self.shards]
+        if any(not isinstance(b, int) for b in sizes):
+            return  # an old manifest without shard sizes: no bound can be kept
+        bound = max(1, self.prefetch_bytes // worker_id_count()[1])
+        shards, batch_of = plan_shards(plan, batches, self.index.shard)
+        sched = schedule_epoch(shards, batch_of, sizes)
+        if sched.peak_bytes > bound:
+            if not self._prefetch_refused:
+                self._prefetch_refused = True
+                log.warning("%s: this epoch's order needs %.1f MB of shards in memory at "
+                            "once, over the prefetch bound of %.1f MB: its shards are "
+                            "fetched on first read instead (use shard-block order, "
+                            "SamplingOptions(block=True), or a larger "
+                            "WorkerOptions(shard_prefetch_bytes=...))", self.root,
+                            sched.peak_bytes / 1e6, bound / 1e6)
+            if self._prefetcher is not None:
+                self._prefetcher.close()
+                self._prefetcher = None
+            return
+        if self._prefetcher is None or self._prefetcher.bound != bound:
+            if self._prefetcher is not None:
+                self._prefetcher.close()
+            self._prefetcher = ShardPrefetcher(
+                [join(self.root, rec["path"]) for rec in self.shards],
+                [rec["path"] for rec in self.shards], sizes, bound)
+        self._prefetcher.schedule(plan, sched)
+
+    def prefetch_reading(self, plan) -> None:
+        """The calling thread reads for ``plan``'s epoch from now on: it waits for the
+        prefetcher's fetches only while that epoch is the scheduled one."""
+        self._local.plan = plan
+
+    def prefetch_done(self, plan, positions) -> None:
+        """The samples at ``positions`` (split positions) of ``plan``'s epoch are consumed
+        (built, served from a cache or skipped): their shards' last samples free them."""
+        pf = self._prefetcher
+        if pf is not None and self._pid == os.getpid():
+            pf.consumed(plan, self.index.shard[np.asarray(positions, dtype=np.int64)])
+
     def close(self) -> None:
-        """Closes every open shard reader of this process (they reopen lazily if read again)."""
+        """Closes every open shard reader of this process (they reopen lazily if read again)
+        and stops its prefetcher (dropping the shards it holds)."""
         with self._lock:
             for reader in self._readers.values():
                 reader.close()
             self._readers.clear()
+            pf, self._prefetcher, self._prefetch_plan = self._prefetcher, None, None
+        if pf is not None and self._pid == os.getpid():
+            pf.close()

@@ -31,7 +31,8 @@ import numpy as np
 
 from ..augment.prims import apply_hwc
 from ..decode.base import DecodeWarningError, apply_warning_policy
-from ..errors import ConfigError, DecodeError, ShardCorruptError, ShardkitError
+from ..errors import (ConfigError, DecodeError, ShardCorruptError, ShardFetchError,
+                      ShardkitError)
 from ..formats import resource_error
 from ..sharding import sample_rng
 from .options import ON_ERROR, ON_WARNING
@@ -76,17 +77,18 @@ class ErrorHandler:
 
     Under every handler that names samples, the OS running out of a resource (open files,
     memory: :func:`shardkit.formats.base.resource_error`) is never the sample's fault: it
-    raises :class:`~shardkit.errors.ResourceLimitError`; and a
-    :class:`~shardkit.decode.DecodeWarningError` (``on_warning="raise"``, the user's choice) is
-    raised as it is, never handled as an error.
+    raises :class:`~shardkit.errors.ResourceLimitError`; a
+    :class:`~shardkit.decode.DecodeWarningError` (``on_warning="raise"``, the user's choice) and
+    a :class:`~shardkit.errors.ShardFetchError` (a remote shard that could not be fetched) are
+    raised as they are, never handled as an error.
     """
 
     name = ""
 
     def __call__(self, err: BaseException, source: ShardSource, pos: int) -> str:
         shard, key = source.shard_name(pos), source.key(pos)
-        if isinstance(err, DecodeWarningError):
-            raise err
+        if isinstance(err, (DecodeWarningError, ShardFetchError)):
+            raise err  # the user's choice; a shard that cannot be fetched is no sample's fault
         resource = resource_error(err, f"shard {shard}: sample {key!r}")
         if resource is not None:
             if resource is err:
