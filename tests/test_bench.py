@@ -341,6 +341,10 @@ def test_recommendation_is_cheapest_within_5_percent_of_best():
     # with pin off (row 3) is cheapest.
     assert rec["recommended_row"] == 3
     assert rec["throughput_img_s"] == 99.5
+    assert rec["text"].startswith("Recommended: wds/") and "(row 3): 100 img/s, 96% of the " \
+        "fastest (" in rec["text"] and "row 2, 104 img/s), with fewer resources." in rec["text"]
+    alone = recommend(rows[2:3], {"kind": "sleep"})["text"]   # the fastest row is the pick:
+    assert "(row 2): 104 img/s, the fastest row." in alone and alone.count("row 2") == 1
     rec_none = recommend(rows, {"kind": "none"})
     assert rec_none["data_bound"] is None
     assert recommend([], {"kind": "none"})["recommended_row"] is None

@@ -162,8 +162,10 @@ def _recommend_rows(ok: list[dict], step: dict, tolerance: float, threshold: flo
     frac = median_of(rec, "data_wait_fraction")
     thr = median_of(rec, "throughput_img_s")
     text = [f"Recommended: {_label(rec)} (row {rec['id']}): {thr:.0f} img/s, "
-            f"{thr / median_of(best, 'throughput_img_s'):.0%} of the best ({_label(best)}, row "
-            f"{best['id']}, {median_of(best, 'throughput_img_s'):.0f} img/s)."]
+            + ("the fastest row." if rec is best else
+               f"{thr / median_of(best, 'throughput_img_s'):.0%} of the fastest ({_label(best)}, "
+               f"row {best['id']}, {median_of(best, 'throughput_img_s'):.0f} img/s), with fewer "
+               "resources.")]
     text += _cache_advice(rec, ok)
     if step.get("kind") == "none":
         bound = None

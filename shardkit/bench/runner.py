@@ -189,7 +189,8 @@ def run_rows(rows: list[GridRow], cfg: RunConfig, step: Step, *,
             s = row.setting
             progress(f"[{kind} row {row.id}] {s.format or ''} decoder={s.decoder} "
                      f"backend={s.backend} workers={s.num_workers} "
-                     f"prefetch={s.prefetch_factor} pin={s.pin_memory} "
+                     f"prefetch={'-' if s.prefetch_factor is None else s.prefetch_factor} "
+                     f"pin={s.pin_memory} "
                      f"persistent={s.persistent_workers}"
                      + (f" cache={s.cache}" if getattr(s, "cache", "none") != "none" else "")
                      + (f" augment={augment_label(s.augment)}" if s.augment != "none" else ""))
@@ -399,5 +400,7 @@ def format_auto(rows: list[dict]) -> str:
         lines.append(f"{head} {rate:.0f} img/s = {r['ratio_to_best']:.2f}x the best grid row "
                      f"(row {r['best_row']}){vs_default}; num_workers={t.get('num_workers')} "
                      f"prefetch_factor={t.get('prefetch_factor')}"
-                     f"{'' if t.get('settled') else ' (still measuring)'}: {t.get('reason')}")
+                     + (f": {t.get('reason')}" if t.get("settled") else
+                        f", not settled within the row's {r.get('num_batches', '?')} batches "
+                        "(it compares windows of 8 batches; more with --batches)"))
     return "\n".join(lines)
