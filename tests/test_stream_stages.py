@@ -298,3 +298,52 @@ def test_no_shared_memory_for_a_batch_buffer_is_one_clear_error(clean, monkeypat
     assert isinstance(e.value, LoaderError) and isinstance(e.value, ShardkitError)
     assert "could not allocate shared memory" in str(e.value) and "/dev/shm" in str(e.value)
     assert "refused by the test" in str(e.value)
+
+
+def test_the_last_batch_built_in_parts_is_the_batch_built_whole(clean, tmp_path, monkeypatch):
+    """The thread backend builds an epoch's last batch in row ranges on every thread (so none
+    idles while one builds it alone): the same rows, labels, meta, skipped key and augment
+    programs as one thread building it, also with a damaged sample in that batch."""
+    from shardkit.stream.datasets import BatchDataset
+
+    root = tmp_path / "ds"
+    shutil.copytree(clean, root)
+    last = 27                                         # val: 30 samples, batch 8: rows 24-29
+    idx = load_index(root, SPLIT)
+    src = ShardSource(root, SPLIT)
+    shard, key = src.shard_name(last), src.key(last)
+    with open(root / shard, "r+b") as f:
+        f.seek(int(idx.offset[last]))
+        f.write(bytes(int(idx.size[last])))
+    parts = []
+    real = BatchDataset.build_part
+
+    def counted(self, batch, lo, hi, *args, **kw):
+        parts.append((batch.b, lo, hi))
+        return real(self, batch, lo, hi, *args, **kw)
+
+    monkeypatch.setattr(BatchDataset, "build_part", counted)
+
+    def epoch(num_workers, **kw):
+        with make_loader(root, SPLIT, 8, train=True, image_size=S, num_workers=num_workers,
+                         return_meta=True, on_error="skip", seed=3,
+                         sampling=SamplingOptions(shuffle=False), **kw) as loader:
+            got = [(x.clone(), y.clone(), {k: (v.clone() if torch.is_tensor(v) else v)
+                                           for k, v in m.items()}) for x, y, m in loader]
+            return got, loader.skipped
+
+    for kw in ({}, {"augment": "randaugment"}, {"augment": "standard", "augment_device": "cpu"}):
+        parts.clear()
+        whole, skipped_whole = epoch(0, **kw)
+        assert parts == [(b, 0, n) for b, n in enumerate([8, 8, 8, 6])]
+        parts.clear()
+        split, skipped_split = epoch(2, **kw)
+        assert sorted(p for p in parts if p[0] == 3) == [(3, 0, 1), (3, 1, 3), (3, 3, 4),
+                                                         (3, 4, 6)]     # 2 x 2 threads
+        assert skipped_whole == skipped_split == [key]
+        assert len(whole) == len(split) == 4
+        for (xa, ya, ma), (xb, yb, mb) in zip(whole, split):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+            assert torch.equal(ma["index"], mb["index"]) and torch.equal(ma["valid"], mb["valid"])
+            assert ma.get("augment") == mb.get("augment")
+        assert last not in split[3][2]["index"].tolist() and len(split[3][0]) == 5

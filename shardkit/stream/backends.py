@@ -106,10 +106,36 @@ class ThreadBackend(_Backend):
         finally:
             self._gate.leave()
 
+    def _part(self, batch, lo: int, hi: int):
+        """``(tally, build seconds)`` of rows ``lo:hi`` of ``batch``, in this thread (through
+        the gate when tuned)."""
+        if self._gate is not None:
+            self._gate.enter(batch.b)
+        try:
+            t0 = time.perf_counter()
+            tally = self.dataset.build_part(batch, lo, hi, self._transform())
+            return tally, time.perf_counter() - t0
+        finally:
+            if self._gate is not None:
+                self._gate.leave()
+
+    def _submit(self, plan, b: int, last: bool, workers: int, gated: bool):
+        """A future of batch ``b`` (``(batch, build seconds)`` when ``gated``). The epoch's
+        ``last`` batch is built in ``2 x workers`` parts by every thread (:class:`_SplitBatch`):
+        built whole, one thread would build it while the others idle (~2% of an epoch of 30
+        batches on 2 cores). Device-decode batches (bytes only) are never split."""
+        if last and workers > 1 and not self.dataset.device_decode:
+            n = plan.batch_slice(b).stop - plan.batch_slice(b).start
+            if n >= 2 * workers:
+                return _SplitBatch(self, plan, b, 2 * workers, gated)
+        return self._pool.submit(self._build_gated if gated else self._build, plan, b)
+
     def batches(self, start: int, describe: Callable[[], str]) -> Iterator[tuple]:
         """The current epoch's batches ``start, start + 1, ...`` in order."""
         plan = self.dataset.plan()
-        todo = (int(b) for b in plan.worker_batches(0, 1, start))
+        numbers = plan.worker_batches(0, 1, start)
+        last = int(numbers[-1]) if len(numbers) else -1
+        todo = (int(b) for b in numbers)
         if self.num_workers == 0:
             for b in todo:
                 yield self._build(plan, b)
@@ -117,13 +143,13 @@ class ThreadBackend(_Backend):
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="shardkit")
         if self.tuner is not None:
-            yield from self._tuned(plan, todo, describe)
+            yield from self._tuned(plan, todo, last, describe)
             return
         pending: deque = deque()
         depth = self.num_workers * self.prefetch_factor
         try:
             for b in todo:
-                pending.append(self._pool.submit(self._build, plan, b))
+                pending.append(self._submit(plan, b, b == last, self.num_workers, False))
                 if len(pending) >= depth:
                     yield self._result(pending.popleft(), describe)
             while pending:
@@ -132,7 +158,7 @@ class ThreadBackend(_Backend):
             for f in pending:
                 f.cancel()
 
-    def _tuned(self, plan, todo, describe) -> Iterator[tuple]:
+    def _tuned(self, plan, todo, last: int, describe) -> Iterator[tuple]:
         """The batches of ``todo`` in order, ``tuner.depth()`` in flight, measured per batch
         for the tuner (wait, step, build) until it settles."""
         tuner, pending = self.tuner, deque()
@@ -145,7 +171,7 @@ class ThreadBackend(_Backend):
                     b = next(todo, None)
                     if b is None:
                         break
-                    pending.append(self._pool.submit(self._build_gated, plan, b))
+                    pending.append(self._submit(plan, b, b == last, tuner.workers, True))
                 if not pending:
                     return
                 t0 = time.perf_counter()
@@ -183,6 +209,37 @@ class ThreadBackend(_Backend):
             pool.shutdown(wait=True, cancel_futures=True)
         self.buffers.clear()
         self.dataset.source.close()
+
+
+class _SplitBatch:
+    """One batch built in ``parts`` row ranges by the pool's threads at once (the memory and
+    positions taken now, in the consumer's thread); :meth:`result` waits for every part and
+    assembles the batch (:meth:`BatchDataset.finish_batch`): the same batch as one build.
+    Quacks like the ``Future`` of a whole build (``result(timeout)``, ``cancel()``)."""
+
+    def __init__(self, backend: ThreadBackend, plan, b: int, parts: int, timed: bool):
+        self.dataset, self.timed = backend.dataset, timed
+        self.batch = backend.dataset.start_batch(plan, b, pin=backend.pin_memory,
+                                                 buffers=backend.buffers)
+        n = self.batch.n
+        bounds = [n * k // parts for k in range(parts + 1)]
+        self.futures = [backend._pool.submit(backend._part, self.batch, lo, hi)
+                        for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+    def result(self, timeout: float | None = None):
+        """The batch (``(batch, summed build seconds)`` when timed); a part's error is raised.
+
+        Raises:
+            concurrent.futures.TimeoutError: the parts not done within ``timeout`` seconds.
+        """
+        end = None if timeout is None else time.monotonic() + timeout
+        done = [f.result(None if end is None else max(0.0, end - time.monotonic()))
+                for f in self.futures]
+        batch = self.dataset.finish_batch(self.batch, [tally for tally, _ in done])
+        return (batch, sum(t for _, t in done)) if self.timed else batch
+
+    def cancel(self) -> bool:
+        return all([f.cancel() for f in self.futures])
 
 
 class _Gate:

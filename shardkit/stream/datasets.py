@@ -243,6 +243,20 @@ class EncodedBatch(NamedTuple):
         return images.contiguous(memory_format=torch.channels_last)
 
 
+class BatchInProgress(NamedTuple):
+    """A batch whose rows are being built (:meth:`BatchDataset.start_batch`): its ``plan``,
+    number ``b``, ``slice`` of the plan, ``n`` rows, ``images`` (uint8 ``(n, 3, S, S)``
+    channels_last), ``rows`` (the same memory as ``(n, S, S, 3)``) and ``positions``."""
+
+    plan: EpochPlan
+    b: int
+    slice: slice
+    n: int
+    images: torch.Tensor
+    rows: np.ndarray
+    positions: np.ndarray
+
+
 class BatchReport(NamedTuple):
     """Per-batch accounting: ``skipped`` keys (left out: ``on_error``/``on_warning="skip"``)
     and ``warned`` keys (kept although their decode gave libjpeg warnings); with a decoded cache,
@@ -371,36 +385,68 @@ class BatchDataset(_Iterable):
                 buffer (:meth:`ShardSource.read_scratch`) when the transform declares
                 ``accepts_buffers = True`` (any bytes-like ``data``, not kept after the call).
             buffers: a :class:`BufferPool` to take the batch memory from (the thread backend's).
+
+        :meth:`start_batch`, :meth:`build_part` and :meth:`finish_batch` are the same work in
+        pieces, so that several threads can build the rows of one batch (the thread backend
+        does so for an epoch's last batch); the result is the same batch.
         """
+        tf = transform or self.transform
+        if self.device_decode:
+            self._schedule(plan)
+            self.source.prefetch_reading(plan)
+            try:
+                return self._build_encoded(plan, b, tf)
+            finally:
+                self.source.prefetch_done(plan, plan.positions[plan.batch_slice(b)])
+        batch = self.start_batch(plan, b, pin=pin, buffers=buffers)
+        part = self.build_part(batch, 0, batch.n, tf, scratch)
+        return self.finish_batch(batch, [part])
+
+    def _schedule(self, plan: EpochPlan) -> None:
         src = self.source
         if src.prefetch_wanted(plan):  # the first build of this plan in this process
             batches = plan.worker_batches(*worker_id_count(), self.sampling.state.start_batch)
             full = self.cache is not None and self.cache.stats()["filled_samples"] >= len(src)
             src.prefetch_epoch(plan, batches[:0] if full else batches)  # a full cache reads none
-        src.prefetch_reading(plan)
-        try:
-            return self._build_rows(plan, b, transform, pin, scratch, buffers)
-        finally:
-            src.prefetch_done(plan, plan.positions[plan.batch_slice(b)])
 
-    def _build_rows(self, plan: EpochPlan, b: int, transform, pin: bool, scratch: bool,
-                    buffers: "BufferPool | None"):
-        """:meth:`build` without the prefetcher's bookkeeping."""
-        tf = transform or self.transform
-        if self.device_decode:
-            return self._build_encoded(plan, b, tf)
-        size, stages = self.image_size, self.stages
+    def start_batch(self, plan: EpochPlan, b: int, *, pin: bool = False,
+                    buffers: "BufferPool | None" = None) -> "BatchInProgress":
+        """Batch ``b``'s memory (uint8 ``(n, 3, S, S)`` channels_last, from ``buffers`` when
+        given) and positions, its rows not yet built (not for ``device_decode``)."""
+        self._schedule(plan)
         sl = plan.batch_slice(b)
         n = sl.stop - sl.start
+        size = self.image_size
         images = buffers.get(n, size, pin) if buffers is not None else _batch_buffer(n, size, pin)
-        rows = images.permute(0, 2, 3, 1).numpy()  # (n, S, S, 3) C-contiguous view, same memory
-        positions = plan.positions[sl]
-        read = stages.reader(tf, scratch)
+        return BatchInProgress(plan, b, sl, n, images, images.permute(0, 2, 3, 1).numpy(),
+                               plan.positions[sl])
+
+    def build_part(self, batch: "BatchInProgress", lo: int, hi: int, transform: Callable,
+                   scratch: bool = True) -> BatchTally:
+        """Rows ``lo:hi`` of ``batch`` read and transformed into its memory with ``transform``
+        (the calling thread's copy); returns their :class:`BatchTally` (row ``lo`` is its 0).
+        Parts of one batch may run in different threads at once."""
+        plan, stages, src = batch.plan, self.stages, self.source
+        rows, positions, first = batch.rows, batch.positions, batch.slice.start
+        read = stages.reader(transform, scratch)
         seed, epoch, rank = self.sampling.seed, plan.epoch, plan.rank
-        tally = BatchTally(n, epoch)
-        for i in range(n):
-            stages.row(tally, i, int(positions[i]),
-                       sample_rng(seed, epoch, rank, plan.place(sl.start + i)), rows[i], tf, read)
+        tally = BatchTally(hi - lo, epoch)
+        src.prefetch_reading(plan)
+        try:
+            for i in range(lo, hi):
+                stages.row(tally, i - lo, int(positions[i]),
+                           sample_rng(seed, epoch, rank, plan.place(first + i)), rows[i],
+                           transform, read)
+        finally:
+            src.prefetch_done(plan, positions[lo:hi])
+        return tally
+
+    def finish_batch(self, batch: "BatchInProgress", parts: list[BatchTally]):
+        """The batch ``(images, labels, meta, BatchReport)`` once ``parts`` (the tallies of
+        :meth:`build_part`, in row order, covering every row) are built: rows left out
+        dropped, labels, ``meta``, batch ops (mixup / cutmix)."""
+        tally = BatchTally.join(parts, batch.plan.epoch)
+        stages, positions, images = self.stages, batch.positions, batch.images
         keep, programs = tally.keep, tally.programs
         if tally.skipped:
             positions = positions[keep]
@@ -408,11 +454,12 @@ class BatchDataset(_Iterable):
             images = images[torch.from_numpy(np.flatnonzero(keep))].contiguous(
                 memory_format=torch.channels_last)
         labels = torch.from_numpy(self.source.index.label[positions])
-        meta = _meta(plan, sl, positions, keep)
+        meta = _meta(batch.plan, batch.slice, positions, keep)
         on_device = stages.augment_on_device and stages.augment is not None
         if on_device:
             meta["augment"] = programs
-        images, labels = self._mix(plan, b, images, labels, meta, ready=not on_device)
+        images, labels = self._mix(batch.plan, batch.b, images, labels, meta,
+                                   ready=not on_device)
         return images, labels, meta, BatchReport(tuple(tally.skipped), tuple(tally.warned),
                                                  tally.hits, tally.misses, tally.fill_s)
 

@@ -232,6 +232,23 @@ class BatchTally:
         self.keep[i] = False
         self.skipped.append(key)
 
+    @classmethod
+    def join(cls, parts: list["BatchTally"], epoch: int) -> "BatchTally":
+        """The tally of a batch whose rows were built in ``parts`` (in row order): one part is
+        itself; more are concatenated (keys, programs and ``keep`` in row order, counts
+        summed)."""
+        if len(parts) == 1:
+            return parts[0]
+        whole = cls(0, epoch)
+        whole.keep = np.concatenate([p.keep for p in parts])
+        for p in parts:
+            for name in ("skipped", "warned", "programs", "datas", "boxes", "flips"):
+                getattr(whole, name).extend(getattr(p, name))
+            whole.hits += p.hits
+            whole.misses += p.misses
+            whole.fill_s += p.fill_s
+        return whole
+
 
 class SampleStages:
     """read -> verify -> cache -> decode or transform -> augment -> policy, for one dataset.
