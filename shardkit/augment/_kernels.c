@@ -56,6 +56,9 @@ enum { PATH_PORTABLE = 0, PATH_FMA = 1 };
 static int path_best = PATH_PORTABLE, path_used = PATH_PORTABLE;
 /* tests only: round a + b * k twice, as torch's scalar DEFAULT kernels do */
 static int separate_rounding = 0;
+/* runs of pixelwise colour ops in one pass per contrast op (do_chain); 0: a pass per op (the
+ * reference the tests compare the chains with) */
+static int fuse_chains = 1;
 
 static int u8_format(const char *f) {
     return f == NULL || !strcmp(f, "B") || !strcmp(f, "=B") || !strcmp(f, "@B") ||
@@ -463,6 +466,193 @@ static void equalize_lut(const int32_t *hist, Py_ssize_t n, uint8_t *l) {
     }
 }
 
+/* ---- pixelwise chains: a run of consecutive brightness / contrast / saturation / grayscale /
+ * posterize / solarize ops in one pass over the image per contrast op (instead of a pass per
+ * op, a gray pass and a lookup table per op), with the same values: every op's arithmetic is
+ * the per-op code's expression on the same integer-valued floats (a lookup-table entry
+ * to_u8(v * f) is computed as the clamp and truncation of v * f, which is what the table
+ * holds), so the bytes are those of the per-op path (_set_fused(0), tested). Pixels are
+ * handled in blocks of CHAIN_BLOCK, deinterleaved into three float rows, so that each stage is
+ * a loop the compiler vectorises. A contrast op needs the mean gray of the image it sees: the
+ * pass before it sums the gray of its result (do_gray's values), and the contrast becomes the
+ * first stage of the next pass. */
+enum { ST_SCALE = 1, ST_CONTRAST, ST_SAT, ST_POSTERIZE, ST_SOLARIZE };
+typedef struct {
+    int kind;
+    float f, k, m; /* factor, 1 - factor, contrast mean */
+    int32_t mask, t; /* posterize mask, solarize integer threshold */
+} stage_t;
+#define CHAIN_BLOCK 64
+#define MAX_STAGES 64
+
+/* to_u8 of a value that is never NaN (finite factors), in a form GCC vectorises */
+static inline int32_t clamp_trunc(float v) {
+    v = v < 255.0f ? v : 255.0f;
+    v = v > 0.0f ? v : 0.0f;
+    return (int32_t)v;
+}
+
+/* pixels as int32 between the stages (a float -> int -> float round trip would be turned into
+ * truncf, which GCC does not vectorise under -ftrapping-math) */
+#define CHAIN_BODY(FUSE)                                                                   \
+    long long total = 0;                                                                   \
+    int32_t r[CHAIN_BLOCK], g[CHAIN_BLOCK], b[CHAIN_BLOCK];                                \
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += CHAIN_BLOCK) {                                  \
+        const int m = (int)(n - i0 < CHAIN_BLOCK ? n - i0 : CHAIN_BLOCK);                 \
+        uint8_t *restrict q = p + 3 * i0;                                                  \
+        for (int i = 0; i < m; i++) {                                                      \
+            r[i] = q[3 * i];                                                               \
+            g[i] = q[3 * i + 1];                                                           \
+            b[i] = q[3 * i + 2];                                                           \
+        }                                                                                  \
+        for (int s = 0; s < ns; s++) {                                                     \
+            const float f = st[s].f, k = st[s].k, mu = st[s].m;                            \
+            const int32_t mask = st[s].mask, t = st[s].t;                                  \
+            switch (st[s].kind) {                                                          \
+            case ST_SCALE:                                                                 \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] = clamp_trunc((float)r[i] * f);                                   \
+                    g[i] = clamp_trunc((float)g[i] * f);                                   \
+                    b[i] = clamp_trunc((float)b[i] * f);                                   \
+                }                                                                          \
+                break;                                                                     \
+            case ST_CONTRAST:                                                              \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] = clamp_trunc(FUSE((float)r[i] * f, mu, k));                      \
+                    g[i] = clamp_trunc(FUSE((float)g[i] * f, mu, k));                      \
+                    b[i] = clamp_trunc(FUSE((float)b[i] * f, mu, k));                      \
+                }                                                                          \
+                break;                                                                     \
+            case ST_SAT:                                                                   \
+                for (int i = 0; i < m; i++) {                                              \
+                    const float R = (float)r[i], G = (float)g[i], B = (float)b[i];         \
+                    const float gy =                                                       \
+                        (float)(int32_t)FUSE(FUSE(R * 0.2989f, G, 0.587f), B, 0.114f);     \
+                    r[i] = clamp_trunc(FUSE(R * f, gy, k));                                \
+                    g[i] = clamp_trunc(FUSE(G * f, gy, k));                                \
+                    b[i] = clamp_trunc(FUSE(B * f, gy, k));                                \
+                }                                                                          \
+                break;                                                                     \
+            case ST_POSTERIZE:                                                             \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] &= mask;                                                          \
+                    g[i] &= mask;                                                          \
+                    b[i] &= mask;                                                          \
+                }                                                                          \
+                break;                                                                     \
+            default: /* ST_SOLARIZE: v >= t, t the least integer >= the threshold */      \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] = r[i] >= t ? 255 - r[i] : r[i];                                  \
+                    g[i] = g[i] >= t ? 255 - g[i] : g[i];                                  \
+                    b[i] = b[i] >= t ? 255 - b[i] : b[i];                                  \
+                }                                                                          \
+                break;                                                                     \
+            }                                                                              \
+        }                                                                                  \
+        if (want_gray) {                                                                   \
+            int32_t acc = 0;                                                               \
+            for (int i = 0; i < m; i++) {                                                  \
+                const float v =                                                            \
+                    FUSE(FUSE((float)r[i] * 0.2989f, (float)g[i], 0.587f), (float)b[i], 0.114f); \
+                acc += (int32_t)(v < 255.0f ? v : 255.0f);                                 \
+            }                                                                              \
+            total += acc;                                                                  \
+        }                                                                                  \
+        if (ns > 0)                                                                        \
+            for (int i = 0; i < m; i++) {                                                  \
+                q[3 * i] = (uint8_t)r[i];                                                  \
+                q[3 * i + 1] = (uint8_t)g[i];                                              \
+                q[3 * i + 2] = (uint8_t)b[i];                                              \
+            }                                                                              \
+    }                                                                                      \
+    return total;
+
+static long long chain_generic(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                               int want_gray) {
+    CHAIN_BODY(fused)
+}
+static long long chain_unfused(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                               int want_gray) {
+    CHAIN_BODY(unfused)
+}
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                                      int want_gray) {
+    CHAIN_BODY(fused_fma)
+}
+#endif
+
+/* one pass: the stages (written back when there are any), and the sum of do_gray's values of
+ * the result when want_gray */
+static long long chain_pass(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                            int want_gray) {
+    if (separate_rounding) return chain_unfused(p, n, st, ns, want_gray);
+#ifdef HAVE_FMA_CLONE
+    if (path_used == PATH_FMA) return chain_fma(p, n, st, ns, want_gray);
+#endif
+    return chain_generic(p, n, st, ns, want_gray);
+}
+
+static int chainable(int code) {
+    return code == OP_BRIGHTNESS || code == OP_CONTRAST || code == OP_SATURATION ||
+           code == OP_GRAYSCALE || code == OP_POSTERIZE || code == OP_SOLARIZE;
+}
+
+/* ops[0..nops) all chainable: applies them in order, one pass per contrast op plus one */
+static void do_chain(uint8_t *p, Py_ssize_t n, const double *ops, Py_ssize_t nops) {
+    stage_t st[MAX_STAGES];
+    int ns = 0;
+    for (Py_ssize_t k = 0; k < nops; k++) {
+        const double *a = ops + k * OP_WIDTH + 1;
+        const int code = (int)ops[k * OP_WIDTH];
+        stage_t s = {0, 0.0f, 0.0f, 0.0f, 0, 0};
+        if (ns == MAX_STAGES) { /* flush (a long program) */
+            chain_pass(p, n, st, ns, 0);
+            ns = 0;
+        }
+        switch (code) {
+        case OP_BRIGHTNESS:
+            s.kind = ST_SCALE;
+            s.f = (float)a[0];
+            break;
+        case OP_CONTRAST: {
+            const long long total = chain_pass(p, n, st, ns, 1);
+            ns = 0;
+            s.kind = ST_CONTRAST;
+            s.f = (float)a[0];
+            s.k = (float)(1.0 - a[0]);
+            s.m = (float)total / (float)n;
+            break;
+        }
+        case OP_SATURATION:
+            s.kind = ST_SAT;
+            s.f = (float)a[0];
+            s.k = (float)(1.0 - a[0]);
+            break;
+        case OP_GRAYSCALE:
+            s.kind = ST_SAT;
+            s.f = 0.0f;
+            s.k = 1.0f;
+            break;
+        case OP_POSTERIZE: {
+            const int bits = (int)a[0];
+            if (bits >= 8) continue;
+            s.kind = ST_POSTERIZE;
+            s.mask = ((1 << bits) - 1) << (8 - bits);
+            break;
+        }
+        default: { /* OP_SOLARIZE: (float)v >= (float)threshold <=> v >= ceil((float)threshold) */
+            const float thr = (float)a[0];
+            s.kind = ST_SOLARIZE;
+            s.t = thr <= 0.0f ? 0 : thr > 255.0f ? 256 : (int32_t)ceilf(thr);
+            break;
+        }
+        }
+        st[ns++] = s;
+    }
+    if (ns > 0) chain_pass(p, n, st, ns, 0);
+}
+
 /* every row already passed op_problem() */
 static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *ops,
                         Py_ssize_t nops, uint8_t *scratch) {
@@ -471,6 +661,13 @@ static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *op
     int32_t hist[768];
     for (Py_ssize_t k = 0; k < nops; k++) {
         const double *a = ops + k * OP_WIDTH + 1;
+        if (fuse_chains && chainable((int)ops[k * OP_WIDTH])) {
+            Py_ssize_t j = k + 1;
+            while (j < nops && chainable((int)ops[j * OP_WIDTH])) j++;
+            do_chain(p, n, ops + k * OP_WIDTH, j - k);
+            k = j - 1;
+            continue;
+        }
         switch ((int)ops[k * OP_WIDTH]) {
         case OP_BRIGHTNESS: {
             const float f = (float)a[0];
@@ -633,6 +830,15 @@ static PyObject *k_set_separate_rounding(PyObject *self, PyObject *args) {
     return PyBool_FromLong(before);
 }
 
+static PyObject *k_set_fused(PyObject *self, PyObject *args) {
+    int flag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
+    const int before = fuse_chains;
+    fuse_chains = flag;
+    return PyBool_FromLong(before);
+}
+
 static PyMethodDef kernel_methods[] = {
     {"run", k_run, METH_VARARGS,
      "run(image, h, w, ops) -> None: a program (float64 (n, 10) rows: opcode, arguments) in "
@@ -649,6 +855,9 @@ static PyMethodDef kernel_methods[] = {
     {"_set_separate_rounding", k_set_separate_rounding, METH_VARARGS,
      "_set_separate_rounding(flag) -> the previous flag: round a + b * k twice, as torch's "
      "scalar DEFAULT kernels; tests only"},
+    {"_set_fused", k_set_fused, METH_VARARGS,
+     "_set_fused(flag) -> the previous flag: runs of pixelwise colour ops in one pass per "
+     "contrast op (1, the default) or a pass per op (0, the reference); tests only"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef kernel_module = {PyModuleDef_HEAD_INIT, "_kernels",

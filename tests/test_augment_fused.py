@@ -1,0 +1,129 @@
+"""The fused CPU augmentation gives the pixels of the per-op path, byte for byte.
+
+``_kernels.run`` applies a run of consecutive pixelwise colour ops (brightness, contrast,
+saturation, grayscale, posterize, solarize) in one pass per contrast op (``do_chain``); with
+``_kernels._set_fused(False)`` it runs them one pass per op, the code that the per-op tests of
+tests/test_augment_ops.py compare with torchvision. Here the two are compared on real photos:
+random chains on the kernel, and whole loader epochs of the ``standard`` and ``randaugment``
+presets (the batches a training run sees), on every code path of this host (portable C and the
+AVX2+FMA clones, torch's fused and separate rounding)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shardkit.augment import AugmentSpec, apply_hwc, prims
+from shardkit.stream import make_loader
+
+kernels = prims._kernels
+pytestmark = pytest.mark.skipif(kernels is None, reason="shardkit.augment._kernels not built")
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "flowers-sample"
+CHAINABLE = (1, 2, 3, 5, 6, 9)  # brightness, contrast, saturation, posterize, solarize, gray
+
+
+@pytest.fixture(scope="module")
+def photos():
+    from PIL import Image
+
+    out = []
+    for path in sorted(SAMPLE.glob("*/*.jpg"))[::12]:
+        a = np.asarray(Image.open(path).convert("RGB"))
+        out.append(np.ascontiguousarray(a[:200, :190]))  # odd sizes: a partial last block
+    return out
+
+
+class _Mode:
+    """Sets the kernels' flags for a block and restores them."""
+
+    def __init__(self, fused=None, path=None, separate=None):
+        self.want = (fused, path, separate)
+
+    def __enter__(self):
+        fused, path, separate = self.want
+        self.before = (kernels._set_fused(True), kernels.path()[0],
+                       kernels._set_separate_rounding(False))
+        kernels._set_fused(self.before[0] if fused is None else fused)
+        kernels._set_path(self.before[1] if path is None else path)
+        kernels._set_separate_rounding(self.before[2] if separate is None else separate)
+        return self
+
+    def __exit__(self, *exc):
+        kernels._set_fused(self.before[0])
+        kernels._set_path(self.before[1])
+        kernels._set_separate_rounding(self.before[2])
+
+
+def _random_ops(rng) -> np.ndarray:
+    rows = []
+    for _ in range(int(rng.integers(1, 6))):
+        code = int(rng.choice(CHAINABLE))
+        args = {1: [rng.uniform(0, 2.5)], 2: [rng.uniform(0, 2.5)], 3: [rng.uniform(0, 2.5)],
+                5: [int(rng.integers(0, 9))], 6: [rng.uniform(-10, 270)], 9: []}[code]
+        if code in (1, 2, 3) and rng.random() < 0.1:
+            args = [float(rng.choice([0.0, 1.0, 40.0]))]  # edge factors: black, identity, huge
+        if code == 6 and rng.random() < 0.2:
+            args = [float(rng.integers(0, 256))]  # integral threshold: the >= boundary
+        rows.append([code, *args] + [0.0] * (9 - len(args)))
+    return np.array(rows, np.float64)
+
+
+@pytest.mark.parametrize("path", [0, 1])
+@pytest.mark.parametrize("separate", [False, True])
+def test_chains_equal_the_per_op_kernels(photos, path, separate):
+    rng = np.random.default_rng(7 + path + 2 * separate)
+    checked = 0
+    for trial in range(120):
+        img = photos[trial % len(photos)]
+        ops = _random_ops(rng)
+        with _Mode(fused=True, path=path, separate=separate):
+            got = img.copy()
+            kernels.run(got, *img.shape[:2], ops)
+        with _Mode(fused=False, path=path, separate=separate):
+            want = img.copy()
+            kernels.run(want, *img.shape[:2], ops)
+        assert np.array_equal(got, want), (
+            f"ops {ops[:, :2].tolist()}: {(got != want).sum()} values differ")
+        checked += int((want != img).any())
+    assert checked > 100  # the chains changed the photos: the comparison is not vacuous
+
+
+@pytest.mark.parametrize("preset", ["standard", "randaugment", "trivialaugment"])
+def test_programs_of_a_preset_equal_the_per_op_path(photos, preset):
+    """apply_hwc of drawn programs (the runs of C primitives, as the loader applies them)."""
+    spec = AugmentSpec.parse(preset)
+    for k, img in enumerate(photos * 4):
+        program = spec.draw(np.random.default_rng(k), *img.shape[:2], 0)
+        got, want = img.copy(), img.copy()
+        with _Mode(fused=True):
+            apply_hwc(got, program)
+        with _Mode(fused=False):
+            apply_hwc(want, program)
+        assert np.array_equal(got, want), f"{program}: {(got != want).sum()} values differ"
+
+
+@pytest.fixture(scope="module")
+def root(packed_sample):
+    return packed_sample("wds")
+
+
+def _epoch(root, preset, fused):
+    with _Mode(fused=fused):
+        loader = make_loader(root, "train", 16, image_size=224, num_workers=0, seed=11,
+                             augment=preset)
+        loader.set_epoch(2)
+        with loader:
+            return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@pytest.mark.parametrize("preset", ["standard", "randaugment"])
+def test_loader_batches_equal_the_per_op_path(root, preset):
+    got, want = _epoch(root, preset, True), _epoch(root, preset, False)
+    plain = _epoch(root, "none", True)
+    assert len(got) == len(want) == len(plain) >= 8
+    for k, ((x, y), (wx, wy), (px, _)) in enumerate(zip(got, want, plain)):
+        assert torch.equal(y, wy)
+        assert torch.equal(x, wx), f"batch {k}: {(x != wx).sum().item()} values differ"
+        assert not torch.equal(x, px), f"batch {k}: {preset} left the batch as it was"
