@@ -127,3 +127,48 @@ def test_loader_batches_equal_the_per_op_path(root, preset):
         assert torch.equal(y, wy)
         assert torch.equal(x, wx), f"batch {k}: {(x != wx).sum().item()} values differ"
         assert not torch.equal(x, px), f"batch {k}: {preset} left the batch as it was"
+
+
+def _reference_color_jitter(rng, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0):
+    """color_jitter's draw as it was before its ranges were cached (the same RNG calls)."""
+    from shardkit.augment.ops import _range  # noqa: PLC2701 (the op's own helper, a test)
+
+    ranges = [_range(brightness, "brightness", 1.0), _range(contrast, "contrast", 1.0),
+              _range(saturation, "saturation", 1.0), _range(hue, "hue", None)]
+    names = ("brightness", "contrast", "saturation", "hue")
+    order = rng.permutation(4)
+    factors = [None if r == ((1.0, 1.0) if k < 3 else (0.0, 0.0)) else rng.uniform(*r)
+               for k, r in enumerate(ranges)]
+    return [(names[k], (float(factors[k]),)) for k in order if factors[k] is not None]
+
+
+@pytest.mark.parametrize("params", [dict(brightness=0.4, contrast=0.4, saturation=0.4),
+                                    dict(brightness=[0.5, 1.2], saturation=0.3, hue=0.1),
+                                    dict(contrast=0.0, hue=[-0.2, 0.05])])
+def test_cached_colour_jitter_draws_the_same_programs(params):
+    from shardkit.augment import ops
+
+    for seed in range(200):
+        got = ops.color_jitter(np.random.default_rng(seed), 224, 224, **params)
+        want = _reference_color_jitter(np.random.default_rng(seed), **params)
+        assert got == want
+
+
+def test_cached_magnitudes_equal_torchvisions_tables():
+    """Every cached magnitude (and AugMix table) is the float of torchvision's tensor entry."""
+    from shardkit.augment import ops, vendored
+
+    for space in (vendored.RAND_AUGMENT_SPACE, vendored.TRIVIAL_AUGMENT_SPACE,
+                  vendored.AUGMIX_SPACE):
+        for name, (table_fn, _) in space.items():
+            for bins, h, w in ((31, 224, 224), (10, 160, 192)):
+                table = table_fn(bins, h, w)
+                cached = ops._table(table_fn, bins, h, w)
+                if table is None:
+                    assert cached is None and ops._magnitude(table_fn, bins, h, w, 3.0) is None
+                    continue
+                assert cached == tuple(float(v) for v in table), name
+                for m in range(bins):
+                    assert ops._magnitude(table_fn, bins, h, w, float(m)) == float(table[m])
+                frac = ops._magnitude(table_fn, bins, h, w, 2.25)
+                assert frac == float(table[2]) * 0.75 + float(table[3]) * 0.25, name
