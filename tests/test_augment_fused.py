@@ -172,3 +172,37 @@ def test_cached_magnitudes_equal_torchvisions_tables():
                     assert ops._magnitude(table_fn, bins, h, w, float(m)) == float(table[m])
                 frac = ops._magnitude(table_fn, bins, h, w, 2.25)
                 assert frac == float(table[2]) * 0.75 + float(table[3]) * 0.25, name
+
+
+@pytest.mark.parametrize("path", [0, 1])
+def test_hue_kernel_equals_torchvision_exactly(photos, path):
+    """The C hue kernel against torchvision's adjust_hue (float32 HSV): equal bytes, on full
+    photos, with random factors and the range's ends (no tolerance: max difference 0)."""
+    import torchvision.transforms.v2.functional as F
+
+    rng = np.random.default_rng(5)
+    for img in photos:
+        for factor in [*rng.uniform(-0.5, 0.5, 2), -0.5, 0.5, 0.0]:
+            got = img.copy()
+            with _Mode(path=path):
+                kernels.run(got, *img.shape[:2], np.array([[12, factor] + [0.0] * 8]))
+            want = F.adjust_hue(torch.from_numpy(img.copy()).permute(2, 0, 1), float(factor))
+            want = want.permute(1, 2, 0).numpy()
+            assert np.array_equal(got, want), (
+                f"factor {factor}: {(got != want).sum()} values differ, max "
+                f"{np.abs(got.astype(int) - want).max()}")
+            if factor != 0.0:
+                assert (got != img).mean() > 0.2  # the hue moved: not vacuous
+
+
+def test_hue_factor_out_of_range_is_refused(photos):
+    img = photos[0].copy()
+    with pytest.raises(ValueError, match=r"hue factor must be in \[-0.5, 0.5\]"):
+        kernels.run(img, *img.shape[:2], np.array([[12, 0.6] + [0.0] * 8]))
+    assert np.array_equal(img, photos[0])  # nothing written
+
+
+def test_colour_jitter_with_hue_takes_the_c_path():
+    spec = AugmentSpec.parse([{"op": "color_jitter", "brightness": 0.4, "hue": 0.1}])
+    assert spec.torch_path_ops() == []
+    assert "hue" in prims.C_PRIMITIVES

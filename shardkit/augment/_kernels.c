@@ -20,6 +20,8 @@
  *   1. The bytes are the same on every host: no -march, -ffp-contract=off (checked at import:
  *      a build that contracts a * b + c refuses to load), every fused operation is fmaf, and the
  *      AVX2+FMA clones give the bytes of the portable path (_set_path(0) vs 1, tested).
+ *   2a. Hue: torchvision's bytes on every host (do_hue: no fused operation on either side).
+ *   2b. Runs of pixelwise colour ops (do_chain): the bytes of one pass per op (_set_fused(0)).
  *   2. Colour, sharpness, posterize, solarize, autocontrast, equalize, grayscale, erase:
  *      torchvision's pixels exactly where torch's kernels fuse multiply-adds (AVX2, AVX-512,
  *      NEON: x86-64 CPUs with AVX2, every aarch64 one). torch's scalar DEFAULT kernels (an
@@ -370,14 +372,14 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
  * here with the float32 steps of shardkit/augment/prims.py (which follow torchvision), so the
  * result equals the per-primitive path exactly. */
 enum { OP_BRIGHTNESS = 1, OP_CONTRAST, OP_SATURATION, OP_SHARPNESS, OP_POSTERIZE, OP_SOLARIZE,
-       OP_AUTOCONTRAST, OP_EQUALIZE, OP_GRAYSCALE, OP_AFFINE, OP_ERASE };
+       OP_AUTOCONTRAST, OP_EQUALIZE, OP_GRAYSCALE, OP_AFFINE, OP_ERASE, OP_HUE };
 #define OP_WIDTH 10
 
 static int integral(double v, double lo, double hi) {
     return v >= lo && v <= hi && v == floor(v); /* false for NaN */
 }
 
-/* NULL when the row is a valid op, else what is wrong with it. Rules: opcode 1..11; colour
+/* NULL when the row is a valid op, else what is wrong with it. Rules: opcode 1..12; colour
  * and sharpness factors finite and >= 0 (torchvision's rule); posterize bits an integer 0..8;
  * solarize threshold finite; affine matrix 6 finite float32 values; fill and erase values 3
  * integers 0..255; erase i, j, h, w integers >= 0 (the box is clipped at the bottom and right
@@ -386,13 +388,16 @@ static int integral(double v, double lo, double hi) {
 static const char *op_problem(const double *r) {
     const double *a = r + 1;
     int i;
-    if (!integral(r[0], OP_BRIGHTNESS, OP_ERASE)) return "unknown opcode (expected 1..11)";
+    if (!integral(r[0], OP_BRIGHTNESS, OP_HUE)) return "unknown opcode (expected 1..12)";
     switch ((int)r[0]) {
     case OP_BRIGHTNESS:
     case OP_CONTRAST:
     case OP_SATURATION:
     case OP_SHARPNESS:
         if (!(a[0] >= 0.0 && a[0] <= FLT_MAX)) return "factor must be a finite number >= 0";
+        break;
+    case OP_HUE:
+        if (!(a[0] >= -0.5 && a[0] <= 0.5)) return "hue factor must be in [-0.5, 0.5]";
         break;
     case OP_POSTERIZE:
         if (!integral(a[0], 0, 8)) return "posterize bits must be an integer 0..8";
@@ -463,6 +468,51 @@ static void equalize_lut(const int32_t *hist, Py_ssize_t n, uint8_t *l) {
             long long q = (cum[v - 1] + step / 2) / step;
             lc[v] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
         }
+    }
+}
+
+
+/* hue: torchvision adjust_hue on uint8 (_rgb_to_hsv, h + factor remainder 1, _hsv_to_rgb, then
+ * to uint8 as to_dtype_image: x * 255.999 truncated), every step the float32 operation torch
+ * runs, in the same order: scalar factors as torch casts them to float32 (1/255, 1/6), the
+ * mask products of _rgb_to_hsv as the one term they select (the others are +-0, which leave a
+ * non-zero sum exact and a zero sum to +1 and fmod), torch.remainder(x, 1) as fmod plus 1 for a
+ * negative result. Divisions, fmod and floor are correctly rounded or exact in IEEE float32 on
+ * every CPU, and no multiply-add is fused here or in torch's kernels (alpha is 1), so the
+ * bytes equal torchvision's on any host (tests/test_augment_fused.py). */
+static void do_hue(uint8_t *p, Py_ssize_t n, float factor) {
+    const float inv255 = (float)(1.0 / 255.0), sixth = (float)(1.0 / 6.0);
+    const float to8 = (float)(255.0 + 1.0 - 1e-3);
+    for (Py_ssize_t i = 0; i < n; i++, p += 3) { /* selects, not branches: random per pixel */
+        const float r = (float)p[0] * inv255, g = (float)p[1] * inv255, b = (float)p[2] * inv255;
+        const float mx = r > g ? r : g, maxc = mx > b ? mx : b;
+        const float mn = r < g ? r : g, minc = mn < b ? mn : b;
+        const int eqc = maxc == minc;
+        const float cr = maxc - minc;
+        const float s = cr / (eqc ? 1.0f : maxc);
+        const float d = eqc ? 1.0f : cr;
+        const float rc = (maxc - r) / d, gc = (maxc - g) / d, bc = (maxc - b) / d;
+        const float hr = bc - gc, hg = (rc + 2.0f) - bc, hb = (gc + 4.0f) - rc;
+        float h = maxc == r ? hr : maxc == g ? hg : hb;
+        h = h * sixth + 1.0f; /* in [5/6, 11/6]: fmod(h, 1) is h - 1 (exact) from 1 on */
+        h = h >= 1.0f ? h - 1.0f : h;
+        h = h + factor; /* in [-0.5, 1.5): torch.remainder(h, 1) */
+        h = h >= 1.0f ? h - 1.0f : h < 0.0f ? h + 1.0f : h;
+        /* _hsv_to_rgb; h * 6 may round up to 6: sector 6 % 6 = 0 */
+        const float h6 = h * 6.0f, fl = floorf(h6), f = h6 - fl;
+        const int sector = (int)fl == 6 ? 0 : (int)fl;
+        const float v = maxc, sxf = s * f, oms = 1.0f - s;
+        float q = (1.0f - sxf) * v, t = (sxf + oms) * v, pp = oms * v;
+        q = q < 0.0f ? 0.0f : q > 1.0f ? 1.0f : q;
+        t = t < 0.0f ? 0.0f : t > 1.0f ? 1.0f : t;
+        pp = pp < 0.0f ? 0.0f : pp > 1.0f ? 1.0f : pp;
+        /* torchvision's select table: sector -> (r, g, b) of (v, p, q, t) */
+        const float vpqt[4] = {v, pp, q, t};
+        static const uint8_t pick[6][3] = {{0, 3, 1}, {2, 0, 1}, {1, 0, 3},
+                                           {1, 2, 0}, {3, 1, 0}, {0, 1, 2}};
+        p[0] = (uint8_t)(vpqt[pick[sector][0]] * to8);
+        p[1] = (uint8_t)(vpqt[pick[sector][1]] * to8);
+        p[2] = (uint8_t)(vpqt[pick[sector][2]] * to8);
     }
 }
 
@@ -718,6 +768,9 @@ static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *op
             break;
         case OP_GRAYSCALE:
             do_saturation(p, n, 0.0f, 1.0f);
+            break;
+        case OP_HUE:
+            do_hue(p, n, (float)a[0]);
             break;
         case OP_AFFINE: {
             const float t[6] = {(float)a[0], (float)a[1], (float)a[2],

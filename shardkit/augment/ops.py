@@ -69,8 +69,9 @@ def _fill_value(value, name: str = "fill", allow_none: bool = True):
 # ------------------------------------------------------------------ colour
 def color_jitter(rng, h, w, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0) -> Program:
     """``ColorJitter``: factors uniform in ``[max(0, 1 - x), 1 + x]`` (hue in ``[-x, x]``,
-    at most 0.5), applied in a random order. Hue is off unless asked (it is ~10x the cost of
-    the others and changes what colour-defined classes look like)."""
+    at most 0.5), applied in a random order. Hue is off unless asked (it changes what
+    colour-defined classes look like: ``shardkit check --augment`` warns; its C kernel costs
+    several times a brightness pass, benchmarks/bench_augment_ops.py)."""
     ranges = _jitter_ranges(_hashable(brightness), _hashable(contrast), _hashable(saturation),
                             _hashable(hue))
     order = rng.permutation(4)
