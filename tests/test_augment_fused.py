@@ -70,17 +70,20 @@ def _random_ops(rng) -> np.ndarray:
     return np.array(rows, np.float64)
 
 
-@pytest.mark.parametrize("path", [0, 1])
+@pytest.mark.parametrize("path, wide", [(0, False), (1, False), (1, True)])
 @pytest.mark.parametrize("separate", [False, True])
-def test_chains_equal_the_per_op_kernels(photos, path, separate):
-    rng = np.random.default_rng(7 + path + 2 * separate)
+def test_chains_equal_the_per_op_kernels(photos, path, wide, separate):
+    """Portable C, the AVX2+FMA clone and (where the CPU has it) the AVX-512 one."""
+    rng = np.random.default_rng(7 + path + 2 * separate + 4 * wide)
     checked = 0
     for trial in range(120):
         img = photos[trial % len(photos)]
         ops = _random_ops(rng)
         with _Mode(fused=True, path=path, separate=separate):
+            before = kernels._set_wide(wide)
             got = img.copy()
             kernels.run(got, *img.shape[:2], ops)
+            kernels._set_wide(before)
         with _Mode(fused=False, path=path, separate=separate):
             want = img.copy()
             kernels.run(want, *img.shape[:2], ops)

@@ -630,6 +630,13 @@ FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *s
                                       int want_gray) {
     CHAIN_BODY(fused_fma)
 }
+/* the same loops at 16 lanes where the CPU has AVX-512 (the same IEEE operations: same bytes) */
+#define AVX512_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
+static int chain_wide = -1; /* -1: not detected yet */
+AVX512_TARGET static long long chain_avx512(uint8_t *p, Py_ssize_t n, const stage_t *st,
+                                            int ns, int want_gray) {
+    CHAIN_BODY(fused_fma)
+}
 #endif
 
 /* one pass: the stages (written back when there are any), and the sum of do_gray's values of
@@ -638,7 +645,9 @@ static long long chain_pass(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
                             int want_gray) {
     if (separate_rounding) return chain_unfused(p, n, st, ns, want_gray);
 #ifdef HAVE_FMA_CLONE
-    if (path_used == PATH_FMA) return chain_fma(p, n, st, ns, want_gray);
+    if (path_used == PATH_FMA)
+        return chain_wide == 1 ? chain_avx512(p, n, st, ns, want_gray)
+                               : chain_fma(p, n, st, ns, want_gray);
 #endif
     return chain_generic(p, n, st, ns, want_gray);
 }
@@ -646,6 +655,16 @@ static long long chain_pass(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
 static int chainable(int code) {
     return code == OP_BRIGHTNESS || code == OP_CONTRAST || code == OP_SATURATION ||
            code == OP_GRAYSCALE || code == OP_POSTERIZE || code == OP_SOLARIZE;
+}
+
+/* whether one op alone is faster as a chain than as its per-op pass: saturation and grayscale
+ * (a float pass either way), any op with the AVX-512 clone; a lookup table of 8-lane AVX2 or
+ * portable code is a little faster alone (same bytes either way) */
+static int chain_pays(int code) {
+#ifdef HAVE_FMA_CLONE
+    if (path_used == PATH_FMA && chain_wide == 1) return 1;
+#endif
+    return code == OP_SATURATION || code == OP_GRAYSCALE;
 }
 
 /* ops[0..nops) all chainable: applies them in order, one pass per contrast op plus one */
@@ -714,9 +733,11 @@ static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *op
         if (fuse_chains && chainable((int)ops[k * OP_WIDTH])) {
             Py_ssize_t j = k + 1;
             while (j < nops && chainable((int)ops[j * OP_WIDTH])) j++;
-            do_chain(p, n, ops + k * OP_WIDTH, j - k);
-            k = j - 1;
-            continue;
+            if (j - k > 1 || chain_pays((int)ops[k * OP_WIDTH])) {
+                do_chain(p, n, ops + k * OP_WIDTH, j - k);
+                k = j - 1;
+                continue;
+            }
         }
         switch ((int)ops[k * OP_WIDTH]) {
         case OP_BRIGHTNESS: {
@@ -883,6 +904,22 @@ static PyObject *k_set_separate_rounding(PyObject *self, PyObject *args) {
     return PyBool_FromLong(before);
 }
 
+static PyObject *k_set_wide(PyObject *self, PyObject *args) {
+    int flag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
+#ifdef HAVE_FMA_CLONE
+    static int wide_best = -2;
+    if (wide_best == -2) wide_best = chain_wide;
+    const int before = chain_wide == 1;
+    chain_wide = flag && wide_best == 1;
+    return PyBool_FromLong(before);
+#else
+    (void)flag;
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyObject *k_set_fused(PyObject *self, PyObject *args) {
     int flag;
     (void)self;
@@ -908,6 +945,9 @@ static PyMethodDef kernel_methods[] = {
     {"_set_separate_rounding", k_set_separate_rounding, METH_VARARGS,
      "_set_separate_rounding(flag) -> the previous flag: round a + b * k twice, as torch's "
      "scalar DEFAULT kernels; tests only"},
+    {"_set_wide", k_set_wide, METH_VARARGS,
+     "_set_wide(flag) -> the previous flag: the colour chains' AVX-512 clone where the CPU has "
+     "it (1) or the AVX2 one (0); the same bytes; tests and benchmarks only"},
     {"_set_fused", k_set_fused, METH_VARARGS,
      "_set_fused(flag) -> the previous flag: runs of pixelwise colour ops in one pass per "
      "contrast op (1, the default) or a pass per op (0, the reference); tests only"},
@@ -934,6 +974,9 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     }
 #ifdef HAVE_FMA_CLONE
     path_best = cpu_has_fma() ? PATH_FMA : PATH_PORTABLE;
+    chain_wide = path_best == PATH_FMA && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512dq");
 #endif
     path_used = path_best;
     PyObject *m = PyModule_Create(&kernel_module);
