@@ -209,3 +209,25 @@ def test_colour_jitter_with_hue_takes_the_c_path():
     spec = AugmentSpec.parse([{"op": "color_jitter", "brightness": 0.4, "hue": 0.1}])
     assert spec.torch_path_ops() == []
     assert "hue" in prims.C_PRIMITIVES
+
+
+def test_whole_pixel_translations_equal_the_affine_grid(photos):
+    """RandAugment's TranslateX / TranslateY take a row-copy path: the bytes of the nearest
+    affine grid (``_set_fused(False)``), at every shift, inside and past the edges."""
+    rng = np.random.default_rng(3)
+    changed = 0
+    for img in photos:
+        h, w = img.shape[:2]
+        shifts = [(0, 0), (5, 0), (0, -7), (-100, 3), (w, 0), (0, -h), (1 - w, h - 1)]
+        shifts += [tuple(int(v) for v in rng.integers(-250, 250, 2)) for _ in range(6)]
+        for tx, ty in shifts:
+            fill = [int(v) for v in rng.integers(0, 256, 3)]
+            program = [("affine", (0.0, (tx, ty), 1.0, (0.0, 0.0), fill, "nearest"))]
+            got, want = img.copy(), img.copy()
+            with _Mode(fused=True):
+                apply_hwc(got, program)
+            with _Mode(fused=False):
+                apply_hwc(want, program)
+            assert np.array_equal(got, want), f"shift {(tx, ty)}: {(got != want).sum()} differ"
+            changed += int((tx, ty) != (0, 0) and (got != img).any())
+    assert changed >= 6 * len(photos)

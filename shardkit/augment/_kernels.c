@@ -367,6 +367,36 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
 }
 
 
+/* A whole-pixel translation (RandAugment's TranslateX / TranslateY): the inverse matrix
+ * [1, 0, tx; 0, 1, ty] with integer tx, ty. do_affine's grid then puts the source of output
+ * pixel x at x + tx exactly up to float rounding (~1e-4 px on sides <= 4096, far from the .5 px
+ * boundaries), so rows copied with a shift give its bytes (_set_fused(0) runs do_affine;
+ * tested) without the per-pixel gather. */
+static int is_translation(const float *t, Py_ssize_t h, Py_ssize_t w) {
+    return h <= 4096 && w <= 4096 && t[0] == 1.0f && t[1] == 0.0f && t[3] == 0.0f &&
+           t[4] == 1.0f && t[2] == floorf(t[2]) && t[5] == floorf(t[5]) &&
+           fabsf(t[2]) <= 8192.0f && fabsf(t[5]) <= 8192.0f;
+}
+
+/* src: scratch of h * w * 3 bytes; output pixel (y, x) = input (y + ty, x + tx) or the fill */
+static void do_translate(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, Py_ssize_t tx,
+                         Py_ssize_t ty, const uint8_t *f8) {
+    const Py_ssize_t stride = w * 3;
+    const Py_ssize_t x0 = tx < 0 ? -tx : 0, x1 = w - tx < w ? w - tx : w; /* valid [x0, x1) */
+    memcpy(src, p, (size_t)(h * stride));
+    for (Py_ssize_t y = 0; y < h; y++) {
+        uint8_t *o = p + y * stride;
+        const Py_ssize_t sy = y + ty;
+        Py_ssize_t x = 0;
+        if (sy >= 0 && sy < h && x0 < x1) {
+            for (; x < x0; x++) memcpy(o + 3 * x, f8, 3);
+            memcpy(o + 3 * x0, src + sy * stride + 3 * (x0 + tx), (size_t)(3 * (x1 - x0)));
+            x = x1;
+        }
+        for (; x < w; x++) memcpy(o + 3 * x, f8, 3);
+    }
+}
+
 /* ---- run(image, h, w, ops): a whole program in one call, without the GIL ----
  * ops: C-contiguous float64 (n, 10): opcode, then up to 9 arguments. Lookup tables are built
  * here with the float32 steps of shardkit/augment/prims.py (which follow torchvision), so the
@@ -797,7 +827,10 @@ static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *op
             const float t[6] = {(float)a[0], (float)a[1], (float)a[2],
                                 (float)a[3], (float)a[4], (float)a[5]};
             const uint8_t f8[3] = {(uint8_t)a[6], (uint8_t)a[7], (uint8_t)a[8]};
-            do_affine(p, scratch, h, w, t, f8);
+            if (fuse_chains && is_translation(t, h, w))
+                do_translate(p, scratch, h, w, (Py_ssize_t)t[2], (Py_ssize_t)t[5], f8);
+            else
+                do_affine(p, scratch, h, w, t, f8);
             break;
         }
         case OP_ERASE: { /* the box [i0, i0 + eh) x [j0, j0 + ew), clipped to the image */
