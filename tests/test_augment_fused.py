@@ -231,3 +231,33 @@ def test_whole_pixel_translations_equal_the_affine_grid(photos):
             assert np.array_equal(got, want), f"shift {(tx, ty)}: {(got != want).sum()} differ"
             changed += int((tx, ty) != (0, 0) and (got != img).any())
     assert changed >= 6 * len(photos)
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.1, 1.9, 2.6])
+def test_sharpness_clones_give_the_same_bytes(photos, factor):
+    """Sharpness on the AVX-512 clone (where the CPU has it), the AVX2+FMA one and portable C:
+    the same bytes, and torchvision's (on a host with fused multiply-adds in torch)."""
+    import torchvision.transforms.v2.functional as F
+
+    row = np.array([[4, factor] + [0.0] * 8])
+    for img in photos[:6]:
+        outs = []
+        for path, wide in ((1, True), (1, False), (0, False)):
+            got = img.copy()
+            with _Mode(path=path):
+                before = kernels._set_wide(wide)
+                kernels.run(got, *img.shape[:2], row)
+                kernels._set_wide(before)
+            outs.append(got)
+        assert all(np.array_equal(outs[0], o) for o in outs[1:])
+        if _torch_fuses():  # else torch rounds twice: tests/test_augment_ops.py covers it
+            want = F.adjust_sharpness(torch.from_numpy(img.copy()).permute(2, 0, 1), factor)
+            assert np.array_equal(outs[0], want.permute(1, 2, 0).numpy())
+
+
+def _torch_fuses() -> bool:
+    """Whether torch's ``a.add_(b, alpha=k)`` is one fused multiply-add on this host (as
+    tests/test_augment_ops.py ``torch_fuses``)."""
+    a = torch.full((64,), -1.00048828125)
+    out = a.add_(torch.full((64,), 1.000244140625), alpha=1.000244140625)
+    return float(out[0]) != 0.0

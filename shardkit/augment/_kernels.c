@@ -110,6 +110,9 @@ static int cpu_has_fma(void) {
 FMA_TARGET static inline float fused_fma(float a, float b, float k) {
     return __builtin_fmaf(b, k, a);
 }
+/* AVX-512 clones of the colour chains and sharpness, where the CPU has it (set at import) */
+#define AVX512_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
+static int chain_wide = -1; /* -1: not detected yet */
 #endif
 
 /* round half to even (torch.round / nearbyint in the default rounding mode), inlined as
@@ -246,9 +249,10 @@ static void do_hist(const uint8_t *p, Py_ssize_t n, int32_t *hst) {
         const uint8_t *restrict r1 = r0 + stride, *restrict r2 = r1 + stride;             \
         uint8_t *restrict o = p + y * stride;                                              \
         for (Py_ssize_t x = 3; x < stride - 3; x++) {                                      \
-            float ring = (float)r0[x - 3] + (float)r0[x] + (float)r0[x + 3] +              \
-                         (float)r1[x - 3] + (float)r1[x + 3] + (float)r2[x - 3] +          \
-                         (float)r2[x] + (float)r2[x + 3];                                   \
+            /* an integer sum <= 2040: the float sum of the 8 values, exactly */            \
+            const int32_t ring_i = r0[x - 3] + r0[x] + r0[x + 3] + r1[x - 3] + r1[x + 3] +  \
+                                   r2[x - 3] + r2[x] + r2[x + 3];                           \
+            const float ring = (float)ring_i;                                              \
             float blurred = round_even(ring * a + (float)r1[x] * b);                       \
             float v = FUSE((float)r1[x], blurred - (float)r1[x], k);                       \
             v = v < 0.0f ? 0.0f : v;                                                       \
@@ -276,6 +280,13 @@ FMA_TARGET static void sharpness_fma(uint8_t *p, const uint8_t *src, Py_ssize_t 
     SHARPNESS_BODY(fused_fma)
 #undef round_even
 }
+/* the same loop at 16 lanes where the CPU has AVX-512 (same IEEE operations: same bytes) */
+AVX512_TARGET static void sharpness_avx512(uint8_t *p, const uint8_t *src, Py_ssize_t h,
+                                           Py_ssize_t stride, float a, float b, float k) {
+#define round_even round_even_avx
+    SHARPNESS_BODY(fused_fma)
+#undef round_even
+}
 #endif
 
 /* src: scratch of h * w * 3 bytes */
@@ -290,7 +301,10 @@ static void do_sharpness(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, d
     }
 #ifdef HAVE_FMA_CLONE
     if (path_used == PATH_FMA) {
-        sharpness_fma(p, src, h, stride, a, b, k);
+        if (chain_wide == 1)
+            sharpness_avx512(p, src, h, stride, a, b, k);
+        else
+            sharpness_fma(p, src, h, stride, a, b, k);
         return;
     }
 #endif
@@ -661,8 +675,6 @@ FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *s
     CHAIN_BODY(fused_fma)
 }
 /* the same loops at 16 lanes where the CPU has AVX-512 (the same IEEE operations: same bytes) */
-#define AVX512_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
-static int chain_wide = -1; /* -1: not detected yet */
 AVX512_TARGET static long long chain_avx512(uint8_t *p, Py_ssize_t n, const stage_t *st,
                                             int ns, int want_gray) {
     CHAIN_BODY(fused_fma)
@@ -979,8 +991,9 @@ static PyMethodDef kernel_methods[] = {
      "_set_separate_rounding(flag) -> the previous flag: round a + b * k twice, as torch's "
      "scalar DEFAULT kernels; tests only"},
     {"_set_wide", k_set_wide, METH_VARARGS,
-     "_set_wide(flag) -> the previous flag: the colour chains' AVX-512 clone where the CPU has "
-     "it (1) or the AVX2 one (0); the same bytes; tests and benchmarks only"},
+     "_set_wide(flag) -> the previous flag: the AVX-512 clones of the colour chains and "
+     "sharpness where the CPU has them (1) or the AVX2 ones (0); the same bytes; tests and "
+     "benchmarks only"},
     {"_set_fused", k_set_fused, METH_VARARGS,
      "_set_fused(flag) -> the previous flag: runs of pixelwise colour ops in one pass per "
      "contrast op (1, the default) or a pass per op (0, the reference); tests only"},
