@@ -177,10 +177,11 @@ def test_cached_magnitudes_equal_torchvisions_tables():
                 assert frac == float(table[2]) * 0.75 + float(table[3]) * 0.25, name
 
 
-@pytest.mark.parametrize("path", [0, 1])
-def test_hue_kernel_equals_torchvision_exactly(photos, path):
-    """The C hue kernel against torchvision's adjust_hue (float32 HSV): equal bytes, on full
-    photos, with random factors and the range's ends (no tolerance: max difference 0)."""
+@pytest.mark.parametrize("path, wide", [(0, False), (1, False), (1, True)])
+def test_hue_kernel_equals_torchvision_exactly(photos, path, wide):
+    """The C hue kernel (portable, AVX2 and AVX-512 clones) against torchvision's adjust_hue
+    (float32 HSV): equal bytes, with random factors and the range's ends (no tolerance: max
+    difference 0)."""
     import torchvision.transforms.v2.functional as F
 
     rng = np.random.default_rng(5)
@@ -188,7 +189,9 @@ def test_hue_kernel_equals_torchvision_exactly(photos, path):
         for factor in [*rng.uniform(-0.5, 0.5, 2), -0.5, 0.5, 0.0]:
             got = img.copy()
             with _Mode(path=path):
+                before = kernels._set_wide(wide)
                 kernels.run(got, *img.shape[:2], np.array([[12, factor] + [0.0] * 8]))
+                kernels._set_wide(before)
             want = F.adjust_hue(torch.from_numpy(img.copy()).permute(2, 0, 1), float(factor))
             want = want.permute(1, 2, 0).numpy()
             assert np.array_equal(got, want), (

@@ -20,7 +20,8 @@
  *   1. The bytes are the same on every host: no -march, -ffp-contract=off (checked at import:
  *      a build that contracts a * b + c refuses to load), every fused operation is fmaf, and the
  *      AVX2+FMA clones give the bytes of the portable path (_set_path(0) vs 1, tested).
- *   2a. Hue: torchvision's bytes on every host (do_hue: no fused operation on either side).
+ *   2a. Hue: torchvision's bytes on every host (do_hue: no fused operation on either side;
+ *       vectorised with bit selects, the same bytes on every clone).
  *   2b. Runs of pixelwise colour ops (do_chain): the bytes of one pass per op (_set_fused(0)).
  *   2. Colour, sharpness, posterize, solarize, autocontrast, equalize, grayscale, erase:
  *      torchvision's pixels exactly where torch's kernels fuse multiply-adds (AVX2, AVX-512,
@@ -537,40 +538,83 @@ static void equalize_lut(const int32_t *hist, Py_ssize_t n, uint8_t *l) {
  * negative result. Divisions, fmod and floor are correctly rounded or exact in IEEE float32 on
  * every CPU, and no multiply-add is fused here or in torch's kernels (alpha is 1), so the
  * bytes equal torchvision's on any host (tests/test_augment_fused.py). */
-static void do_hue(uint8_t *p, Py_ssize_t n, float factor) {
-    const float inv255 = (float)(1.0 / 255.0), sixth = (float)(1.0 / 6.0);
-    const float to8 = (float)(255.0 + 1.0 - 1e-3);
-    for (Py_ssize_t i = 0; i < n; i++, p += 3) { /* selects, not branches: random per pixel */
-        const float r = (float)p[0] * inv255, g = (float)p[1] * inv255, b = (float)p[2] * inv255;
-        const float mx = r > g ? r : g, maxc = mx > b ? mx : b;
-        const float mn = r < g ? r : g, minc = mn < b ? mn : b;
-        const int eqc = maxc == minc;
-        const float cr = maxc - minc;
-        const float s = cr / (eqc ? 1.0f : maxc);
-        const float d = eqc ? 1.0f : cr;
-        const float rc = (maxc - r) / d, gc = (maxc - g) / d, bc = (maxc - b) / d;
-        const float hr = bc - gc, hg = (rc + 2.0f) - bc, hb = (gc + 4.0f) - rc;
-        float h = maxc == r ? hr : maxc == g ? hg : hb;
-        h = h * sixth + 1.0f; /* in [5/6, 11/6]: fmod(h, 1) is h - 1 (exact) from 1 on */
-        h = h >= 1.0f ? h - 1.0f : h;
-        h = h + factor; /* in [-0.5, 1.5): torch.remainder(h, 1) */
-        h = h >= 1.0f ? h - 1.0f : h < 0.0f ? h + 1.0f : h;
-        /* _hsv_to_rgb; h * 6 may round up to 6: sector 6 % 6 = 0 */
-        const float h6 = h * 6.0f, fl = floorf(h6), f = h6 - fl;
-        const int sector = (int)fl == 6 ? 0 : (int)fl;
-        const float v = maxc, sxf = s * f, oms = 1.0f - s;
-        float q = (1.0f - sxf) * v, t = (sxf + oms) * v, pp = oms * v;
-        q = q < 0.0f ? 0.0f : q > 1.0f ? 1.0f : q;
-        t = t < 0.0f ? 0.0f : t > 1.0f ? 1.0f : t;
-        pp = pp < 0.0f ? 0.0f : pp > 1.0f ? 1.0f : pp;
-        /* torchvision's select table: sector -> (r, g, b) of (v, p, q, t) */
-        const float vpqt[4] = {v, pp, q, t};
-        static const uint8_t pick[6][3] = {{0, 3, 1}, {2, 0, 1}, {1, 0, 3},
-                                           {1, 2, 0}, {3, 1, 0}, {0, 1, 2}};
-        p[0] = (uint8_t)(vpqt[pick[sector][0]] * to8);
-        p[1] = (uint8_t)(vpqt[pick[sector][1]] * to8);
-        p[2] = (uint8_t)(vpqt[pick[sector][2]] * to8);
+/* a ? x : y on floats by bits, so that GCC vectorises it (it does not if-convert a float
+ * comparison's select of computed values) */
+static inline float bit_select(int a, float x, float y) {
+    uint32_t ux, uy, m = -(uint32_t)a, r;
+    float out;
+    memcpy(&ux, &x, 4);
+    memcpy(&uy, &y, 4);
+    r = (ux & m) | (uy & ~m);
+    memcpy(&out, &r, 4);
+    return out;
+}
+
+static inline float clamp01(float v) {
+    v = v < 1.0f ? v : 1.0f;
+    return v > 0.0f ? v : 0.0f;
+}
+
+/* every select computes both sides first (no branch: the sector is random per pixel) */
+#define HUE_BODY                                                                           \
+    const float inv255 = (float)(1.0 / 255.0), sixth = (float)(1.0 / 6.0);                 \
+    const float to8 = (float)(255.0 + 1.0 - 1e-3);                                         \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                   \
+        uint8_t *q8 = p + 3 * i;                                                           \
+        const float r = (float)q8[0] * inv255, g = (float)q8[1] * inv255;                  \
+        const float b = (float)q8[2] * inv255;                                             \
+        const float mx = r > g ? r : g, maxc = mx > b ? mx : b;                            \
+        const float mn = r < g ? r : g, minc = mn < b ? mn : b;                            \
+        const int eqc = maxc == minc;                                                      \
+        const float cr = maxc - minc;                                                      \
+        const float s = cr / bit_select(eqc, 1.0f, maxc), d = bit_select(eqc, 1.0f, cr);   \
+        const float rc = (maxc - r) / d, gc = (maxc - g) / d, bc = (maxc - b) / d;         \
+        const float hr = bc - gc, hg = (rc + 2.0f) - bc, hb = (gc + 4.0f) - rc;            \
+        float h = bit_select(maxc == r, hr, bit_select(maxc == g, hg, hb));                \
+        h = h * sixth + 1.0f; /* in [5/6, 11/6]: fmod(h, 1) is h - 1 (exact) from 1 on */  \
+        const float h1 = h - 1.0f;                                                         \
+        h = bit_select(h >= 1.0f, h1, h);                                                  \
+        h = h + factor; /* in [-0.5, 1.5): torch.remainder(h, 1) */                        \
+        const float hd = h - 1.0f, hu = h + 1.0f;                                          \
+        h = bit_select(h >= 1.0f, hd, bit_select(h < 0.0f, hu, h));                        \
+        /* _hsv_to_rgb: h >= +0, so floor is the truncation; h * 6 may round up to 6 */    \
+        const float h6 = h * 6.0f;                                                         \
+        const int32_t fi = (int32_t)h6, sector = fi == 6 ? 0 : fi;                         \
+        const float f = h6 - (float)fi;                                                    \
+        const float v = maxc, sxf = s * f, oms = 1.0f - s;                                 \
+        const float qq = clamp01((1.0f - sxf) * v), t = clamp01((sxf + oms) * v);          \
+        const float pp = clamp01(oms * v);                                                 \
+        const int s0 = sector == 0, s1 = sector == 1, s2 = sector == 2, s3 = sector == 3;  \
+        const int s4 = sector == 4, s5 = sector == 5;                                      \
+        /* torchvision's select table: sector -> (r, g, b) of (v, p, q, t) */              \
+        const float o0 = bit_select(s0 | s5, v, bit_select(s1, qq, bit_select(s4, t, pp))); \
+        const float o1 = bit_select(s1 | s2, v, bit_select(s0, t, bit_select(s3, qq, pp))); \
+        const float o2 = bit_select(s3 | s4, v, bit_select(s2, t, bit_select(s5, qq, pp))); \
+        q8[0] = (uint8_t)(int32_t)(o0 * to8);                                              \
+        q8[1] = (uint8_t)(int32_t)(o1 * to8);                                              \
+        q8[2] = (uint8_t)(int32_t)(o2 * to8);                                              \
     }
+
+static void hue_generic(uint8_t *restrict p, Py_ssize_t n, float factor) { HUE_BODY }
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static void hue_avx2(uint8_t *restrict p, Py_ssize_t n, float factor) { HUE_BODY }
+AVX512_TARGET static void hue_avx512(uint8_t *restrict p, Py_ssize_t n, float factor) {
+    HUE_BODY
+}
+#endif
+
+/* the clones only differ in vector width: the same operations, the same bytes */
+static void do_hue(uint8_t *p, Py_ssize_t n, float factor) {
+#ifdef HAVE_FMA_CLONE
+    if (path_used == PATH_FMA) {
+        if (chain_wide == 1)
+            hue_avx512(p, n, factor);
+        else
+            hue_avx2(p, n, factor);
+        return;
+    }
+#endif
+    hue_generic(p, n, factor);
 }
 
 /* ---- pixelwise chains: a run of consecutive brightness / contrast / saturation / grayscale /

@@ -71,7 +71,7 @@ def color_jitter(rng, h, w, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.
     """``ColorJitter``: factors uniform in ``[max(0, 1 - x), 1 + x]`` (hue in ``[-x, x]``,
     at most 0.5), applied in a random order. Hue is off unless asked (it changes what
     colour-defined classes look like: ``shardkit check --augment`` warns; its C kernel costs
-    several times a brightness pass, benchmarks/bench_augment_ops.py)."""
+    a few times a brightness pass, benchmarks/bench_augment_ops.py)."""
     ranges = _jitter_ranges(_hashable(brightness), _hashable(contrast), _hashable(saturation),
                             _hashable(hue))
     order = rng.permutation(4)
