@@ -360,7 +360,7 @@ FMA_TARGET static void affine_coords_fma(int32_t *restrict ix, int32_t *restrict
 #endif
 
 static size_t affine_scratch(Py_ssize_t h, Py_ssize_t w) {
-    return (size_t)(h * w * 3) + (size_t)(2 * w) * sizeof(int32_t);
+    return (size_t)(h * w * 3) + (size_t)(2 * w) * sizeof(int32_t) + 4; /* + the fill */
 }
 
 /* src: scratch of affine_scratch(h, w) bytes */
@@ -369,6 +369,11 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
     const Py_ssize_t stride = w * 3;
     int32_t *ix = (int32_t *)(src + h * stride), *iy = ix + w;
     memcpy(src, p, (size_t)(h * stride));
+    /* the fill after the coordinates: offsets from src reach it (images under 2 GiB) */
+    uint8_t *fill = (uint8_t *)(iy + w);
+    const int small = (size_t)(fill - src) + 3 <= (size_t)INT32_MAX;
+    const int32_t fill_at = small ? (int32_t)(fill - src) : 0;
+    memcpy(fill, f8, 3);
     /* rescaled theta: theta^T / (0.5 w, 0.5 h); grid = base @ rescaled */
     const float hw = 0.5f * (float)w, hh = 0.5f * (float)h;
     const float r00 = t[0] / hw, r10 = t[1] / hw, r20 = t[2] / hw;
@@ -382,6 +387,21 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
 #endif
             affine_coords_generic(ix, iy, w, h, by, r00, r10, r20, r01, r11, r21);
         uint8_t *o = p + y * stride;
+        if (small) { /* offsets in a vectorised loop, then a gather without tests */
+            const int32_t w32 = (int32_t)w, h32 = (int32_t)h, st = (int32_t)stride;
+            for (Py_ssize_t x = 0; x < w; x++) {
+                const int32_t sx = ix[x], sy = iy[x];
+                const int inside = (sx >= 0) & (sy >= 0) & (sx < w32) & (sy < h32);
+                ix[x] = inside ? sy * st + sx * 3 : fill_at;
+            }
+            for (Py_ssize_t x = 0; x < w; x++, o += 3) {
+                const uint8_t *s = src + ix[x];
+                o[0] = s[0];
+                o[1] = s[1];
+                o[2] = s[2];
+            }
+            continue;
+        }
         for (Py_ssize_t x = 0; x < w; x++, o += 3) {
             const int32_t sx = ix[x], sy = iy[x];
             const uint8_t *s = (sx >= 0 && sy >= 0 && sx < w && sy < h)
