@@ -466,7 +466,7 @@ def _row(*values) -> np.ndarray:
     (dict(image=np.zeros((8, 8, 6), np.uint8)[..., :3]), "contiguous"),
     (dict(ops=np.zeros((1, 9))), "float64 (n, 10)"), (dict(ops=np.zeros((1, 10), np.float32)),
                                                       "float64 (n, 10)"),
-    (dict(ops=_row(0)), "unknown opcode"), (dict(ops=_row(12)), "unknown opcode"),
+    (dict(ops=_row(0)), "unknown opcode"), (dict(ops=_row(13)), "unknown opcode"),
     (dict(ops=_row(1.5, 1.0)), "unknown opcode"), (dict(ops=_row(np.nan)), "unknown opcode"),
     (dict(ops=_row(1, -0.5)), "factor must be"), (dict(ops=_row(3, np.inf)), "factor must be"),
     (dict(ops=_row(4, np.nan)), "factor must be"), (dict(ops=_row(5, 9)), "posterize bits"),

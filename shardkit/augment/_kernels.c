@@ -20,6 +20,9 @@
  *   1. The bytes are the same on every host: no -march, -ffp-contract=off (checked at import:
  *      a build that contracts a * b + c refuses to load), every fused operation is fmaf, and the
  *      AVX2+FMA clones give the bytes of the portable path (_set_path(0) vs 1, tested).
+ *   2a. Hue: torchvision's bytes on every host (do_hue: no fused operation on either side;
+ *       vectorised with bit selects, the same bytes on every clone).
+ *   2b. Runs of pixelwise colour ops (do_chain): the bytes of one pass per op (_set_fused(0)).
  *   2. Colour, sharpness, posterize, solarize, autocontrast, equalize, grayscale, erase:
  *      torchvision's pixels exactly where torch's kernels fuse multiply-adds (AVX2, AVX-512,
  *      NEON: x86-64 CPUs with AVX2, every aarch64 one). torch's scalar DEFAULT kernels (an
@@ -56,6 +59,9 @@ enum { PATH_PORTABLE = 0, PATH_FMA = 1 };
 static int path_best = PATH_PORTABLE, path_used = PATH_PORTABLE;
 /* tests only: round a + b * k twice, as torch's scalar DEFAULT kernels do */
 static int separate_rounding = 0;
+/* runs of pixelwise colour ops in one pass per contrast op (do_chain); 0: a pass per op (the
+ * reference the tests compare the chains with) */
+static int fuse_chains = 1;
 
 static int u8_format(const char *f) {
     return f == NULL || !strcmp(f, "B") || !strcmp(f, "=B") || !strcmp(f, "@B") ||
@@ -105,6 +111,9 @@ static int cpu_has_fma(void) {
 FMA_TARGET static inline float fused_fma(float a, float b, float k) {
     return __builtin_fmaf(b, k, a);
 }
+/* AVX-512 clones of the colour chains and sharpness, where the CPU has it (set at import) */
+#define AVX512_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
+static int chain_wide = -1; /* -1: not detected yet */
 #endif
 
 /* round half to even (torch.round / nearbyint in the default rounding mode), inlined as
@@ -221,13 +230,26 @@ static void do_saturation(uint8_t *p, Py_ssize_t n, float f, float k) {
 }
 
 
+/* two histograms per channel (even and odd pixels), summed: neighbouring pixels often share a
+ * value, and one table would wait on its own increment (the same counts) */
 static void do_hist(const uint8_t *p, Py_ssize_t n, int32_t *hst) {
-    memset(hst, 0, 3 * 256 * 4);
-    for (Py_ssize_t i = 0; i < n; i++, p += 3) {
-        hst[p[0]]++;
-        hst[256 + p[1]]++;
-        hst[512 + p[2]]++;
+    int32_t two[2 * 768];
+    memset(two, 0, sizeof(two));
+    Py_ssize_t i = 0;
+    for (; i + 1 < n; i += 2, p += 6) {
+        two[p[0]]++;
+        two[256 + p[1]]++;
+        two[512 + p[2]]++;
+        two[768 + p[3]]++;
+        two[1024 + p[4]]++;
+        two[1280 + p[5]]++;
     }
+    if (i < n) {
+        two[p[0]]++;
+        two[256 + p[1]]++;
+        two[512 + p[2]]++;
+    }
+    for (int v = 0; v < 768; v++) hst[v] = two[v] + two[768 + v];
 }
 
 
@@ -241,9 +263,10 @@ static void do_hist(const uint8_t *p, Py_ssize_t n, int32_t *hst) {
         const uint8_t *restrict r1 = r0 + stride, *restrict r2 = r1 + stride;             \
         uint8_t *restrict o = p + y * stride;                                              \
         for (Py_ssize_t x = 3; x < stride - 3; x++) {                                      \
-            float ring = (float)r0[x - 3] + (float)r0[x] + (float)r0[x + 3] +              \
-                         (float)r1[x - 3] + (float)r1[x + 3] + (float)r2[x - 3] +          \
-                         (float)r2[x] + (float)r2[x + 3];                                   \
+            /* an integer sum <= 2040: the float sum of the 8 values, exactly */            \
+            const int32_t ring_i = r0[x - 3] + r0[x] + r0[x + 3] + r1[x - 3] + r1[x + 3] +  \
+                                   r2[x - 3] + r2[x] + r2[x + 3];                           \
+            const float ring = (float)ring_i;                                              \
             float blurred = round_even(ring * a + (float)r1[x] * b);                       \
             float v = FUSE((float)r1[x], blurred - (float)r1[x], k);                       \
             v = v < 0.0f ? 0.0f : v;                                                       \
@@ -271,6 +294,13 @@ FMA_TARGET static void sharpness_fma(uint8_t *p, const uint8_t *src, Py_ssize_t 
     SHARPNESS_BODY(fused_fma)
 #undef round_even
 }
+/* the same loop at 16 lanes where the CPU has AVX-512 (same IEEE operations: same bytes) */
+AVX512_TARGET static void sharpness_avx512(uint8_t *p, const uint8_t *src, Py_ssize_t h,
+                                           Py_ssize_t stride, float a, float b, float k) {
+#define round_even round_even_avx
+    SHARPNESS_BODY(fused_fma)
+#undef round_even
+}
 #endif
 
 /* src: scratch of h * w * 3 bytes */
@@ -285,7 +315,10 @@ static void do_sharpness(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, d
     }
 #ifdef HAVE_FMA_CLONE
     if (path_used == PATH_FMA) {
-        sharpness_fma(p, src, h, stride, a, b, k);
+        if (chain_wide == 1)
+            sharpness_avx512(p, src, h, stride, a, b, k);
+        else
+            sharpness_fma(p, src, h, stride, a, b, k);
         return;
     }
 #endif
@@ -327,7 +360,7 @@ FMA_TARGET static void affine_coords_fma(int32_t *restrict ix, int32_t *restrict
 #endif
 
 static size_t affine_scratch(Py_ssize_t h, Py_ssize_t w) {
-    return (size_t)(h * w * 3) + (size_t)(2 * w) * sizeof(int32_t);
+    return (size_t)(h * w * 3) + (size_t)(2 * w) * sizeof(int32_t) + 4; /* + the fill */
 }
 
 /* src: scratch of affine_scratch(h, w) bytes */
@@ -336,6 +369,11 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
     const Py_ssize_t stride = w * 3;
     int32_t *ix = (int32_t *)(src + h * stride), *iy = ix + w;
     memcpy(src, p, (size_t)(h * stride));
+    /* the fill after the coordinates: offsets from src reach it (images under 2 GiB) */
+    uint8_t *fill = (uint8_t *)(iy + w);
+    const int small = (size_t)(fill - src) + 3 <= (size_t)INT32_MAX;
+    const int32_t fill_at = small ? (int32_t)(fill - src) : 0;
+    memcpy(fill, f8, 3);
     /* rescaled theta: theta^T / (0.5 w, 0.5 h); grid = base @ rescaled */
     const float hw = 0.5f * (float)w, hh = 0.5f * (float)h;
     const float r00 = t[0] / hw, r10 = t[1] / hw, r20 = t[2] / hw;
@@ -349,6 +387,21 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
 #endif
             affine_coords_generic(ix, iy, w, h, by, r00, r10, r20, r01, r11, r21);
         uint8_t *o = p + y * stride;
+        if (small) { /* offsets in a vectorised loop, then a gather without tests */
+            const int32_t w32 = (int32_t)w, h32 = (int32_t)h, st = (int32_t)stride;
+            for (Py_ssize_t x = 0; x < w; x++) {
+                const int32_t sx = ix[x], sy = iy[x];
+                const int inside = (sx >= 0) & (sy >= 0) & (sx < w32) & (sy < h32);
+                ix[x] = inside ? sy * st + sx * 3 : fill_at;
+            }
+            for (Py_ssize_t x = 0; x < w; x++, o += 3) {
+                const uint8_t *s = src + ix[x];
+                o[0] = s[0];
+                o[1] = s[1];
+                o[2] = s[2];
+            }
+            continue;
+        }
         for (Py_ssize_t x = 0; x < w; x++, o += 3) {
             const int32_t sx = ix[x], sy = iy[x];
             const uint8_t *s = (sx >= 0 && sy >= 0 && sx < w && sy < h)
@@ -362,19 +415,49 @@ static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, cons
 }
 
 
+/* A whole-pixel translation (RandAugment's TranslateX / TranslateY): the inverse matrix
+ * [1, 0, tx; 0, 1, ty] with integer tx, ty. do_affine's grid then puts the source of output
+ * pixel x at x + tx exactly up to float rounding (~1e-4 px on sides <= 4096, far from the .5 px
+ * boundaries), so rows copied with a shift give its bytes (_set_fused(0) runs do_affine;
+ * tested) without the per-pixel gather. */
+static int is_translation(const float *t, Py_ssize_t h, Py_ssize_t w) {
+    return h <= 4096 && w <= 4096 && t[0] == 1.0f && t[1] == 0.0f && t[3] == 0.0f &&
+           t[4] == 1.0f && t[2] == floorf(t[2]) && t[5] == floorf(t[5]) &&
+           fabsf(t[2]) <= 8192.0f && fabsf(t[5]) <= 8192.0f;
+}
+
+/* src: scratch of h * w * 3 bytes; output pixel (y, x) = input (y + ty, x + tx) or the fill */
+static void do_translate(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, Py_ssize_t tx,
+                         Py_ssize_t ty, const uint8_t *f8) {
+    const Py_ssize_t stride = w * 3;
+    const Py_ssize_t x0 = tx < 0 ? -tx : 0, x1 = w - tx < w ? w - tx : w; /* valid [x0, x1) */
+    memcpy(src, p, (size_t)(h * stride));
+    for (Py_ssize_t y = 0; y < h; y++) {
+        uint8_t *o = p + y * stride;
+        const Py_ssize_t sy = y + ty;
+        Py_ssize_t x = 0;
+        if (sy >= 0 && sy < h && x0 < x1) {
+            for (; x < x0; x++) memcpy(o + 3 * x, f8, 3);
+            memcpy(o + 3 * x0, src + sy * stride + 3 * (x0 + tx), (size_t)(3 * (x1 - x0)));
+            x = x1;
+        }
+        for (; x < w; x++) memcpy(o + 3 * x, f8, 3);
+    }
+}
+
 /* ---- run(image, h, w, ops): a whole program in one call, without the GIL ----
  * ops: C-contiguous float64 (n, 10): opcode, then up to 9 arguments. Lookup tables are built
  * here with the float32 steps of shardkit/augment/prims.py (which follow torchvision), so the
  * result equals the per-primitive path exactly. */
 enum { OP_BRIGHTNESS = 1, OP_CONTRAST, OP_SATURATION, OP_SHARPNESS, OP_POSTERIZE, OP_SOLARIZE,
-       OP_AUTOCONTRAST, OP_EQUALIZE, OP_GRAYSCALE, OP_AFFINE, OP_ERASE };
+       OP_AUTOCONTRAST, OP_EQUALIZE, OP_GRAYSCALE, OP_AFFINE, OP_ERASE, OP_HUE };
 #define OP_WIDTH 10
 
 static int integral(double v, double lo, double hi) {
     return v >= lo && v <= hi && v == floor(v); /* false for NaN */
 }
 
-/* NULL when the row is a valid op, else what is wrong with it. Rules: opcode 1..11; colour
+/* NULL when the row is a valid op, else what is wrong with it. Rules: opcode 1..12; colour
  * and sharpness factors finite and >= 0 (torchvision's rule); posterize bits an integer 0..8;
  * solarize threshold finite; affine matrix 6 finite float32 values; fill and erase values 3
  * integers 0..255; erase i, j, h, w integers >= 0 (the box is clipped at the bottom and right
@@ -383,13 +466,16 @@ static int integral(double v, double lo, double hi) {
 static const char *op_problem(const double *r) {
     const double *a = r + 1;
     int i;
-    if (!integral(r[0], OP_BRIGHTNESS, OP_ERASE)) return "unknown opcode (expected 1..11)";
+    if (!integral(r[0], OP_BRIGHTNESS, OP_HUE)) return "unknown opcode (expected 1..12)";
     switch ((int)r[0]) {
     case OP_BRIGHTNESS:
     case OP_CONTRAST:
     case OP_SATURATION:
     case OP_SHARPNESS:
         if (!(a[0] >= 0.0 && a[0] <= FLT_MAX)) return "factor must be a finite number >= 0";
+        break;
+    case OP_HUE:
+        if (!(a[0] >= -0.5 && a[0] <= 0.5)) return "hue factor must be in [-0.5, 0.5]";
         break;
     case OP_POSTERIZE:
         if (!integral(a[0], 0, 8)) return "posterize bits must be an integer 0..8";
@@ -463,6 +549,298 @@ static void equalize_lut(const int32_t *hist, Py_ssize_t n, uint8_t *l) {
     }
 }
 
+
+/* hue: torchvision adjust_hue on uint8 (_rgb_to_hsv, h + factor remainder 1, _hsv_to_rgb, then
+ * to uint8 as to_dtype_image: x * 255.999 truncated), every step the float32 operation torch
+ * runs, in the same order: scalar factors as torch casts them to float32 (1/255, 1/6), the
+ * mask products of _rgb_to_hsv as the one term they select (the others are +-0, which leave a
+ * non-zero sum exact and a zero sum to +1 and fmod), torch.remainder(x, 1) as fmod plus 1 for a
+ * negative result. Divisions, fmod and floor are correctly rounded or exact in IEEE float32 on
+ * every CPU, and no multiply-add is fused here or in torch's kernels (alpha is 1), so the
+ * bytes equal torchvision's on any host (tests/test_augment_fused.py). */
+/* a ? x : y on floats by bits, so that GCC vectorises it (it does not if-convert a float
+ * comparison's select of computed values) */
+static inline float bit_select(int a, float x, float y) {
+    uint32_t ux, uy, m = -(uint32_t)a, r;
+    float out;
+    memcpy(&ux, &x, 4);
+    memcpy(&uy, &y, 4);
+    r = (ux & m) | (uy & ~m);
+    memcpy(&out, &r, 4);
+    return out;
+}
+
+static inline float clamp01(float v) {
+    v = v < 1.0f ? v : 1.0f;
+    return v > 0.0f ? v : 0.0f;
+}
+
+/* every select computes both sides first (no branch: the sector is random per pixel) */
+#define HUE_BODY                                                                           \
+    const float inv255 = (float)(1.0 / 255.0), sixth = (float)(1.0 / 6.0);                 \
+    const float to8 = (float)(255.0 + 1.0 - 1e-3);                                         \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                   \
+        uint8_t *q8 = p + 3 * i;                                                           \
+        const float r = (float)q8[0] * inv255, g = (float)q8[1] * inv255;                  \
+        const float b = (float)q8[2] * inv255;                                             \
+        const float mx = r > g ? r : g, maxc = mx > b ? mx : b;                            \
+        const float mn = r < g ? r : g, minc = mn < b ? mn : b;                            \
+        const int eqc = maxc == minc;                                                      \
+        const float cr = maxc - minc;                                                      \
+        const float s = cr / bit_select(eqc, 1.0f, maxc), d = bit_select(eqc, 1.0f, cr);   \
+        const float rc = (maxc - r) / d, gc = (maxc - g) / d, bc = (maxc - b) / d;         \
+        const float hr = bc - gc, hg = (rc + 2.0f) - bc, hb = (gc + 4.0f) - rc;            \
+        float h = bit_select(maxc == r, hr, bit_select(maxc == g, hg, hb));                \
+        h = h * sixth + 1.0f; /* in [5/6, 11/6]: fmod(h, 1) is h - 1 (exact) from 1 on */  \
+        const float h1 = h - 1.0f;                                                         \
+        h = bit_select(h >= 1.0f, h1, h);                                                  \
+        h = h + factor; /* in [-0.5, 1.5): torch.remainder(h, 1) */                        \
+        const float hd = h - 1.0f, hu = h + 1.0f;                                          \
+        h = bit_select(h >= 1.0f, hd, bit_select(h < 0.0f, hu, h));                        \
+        /* _hsv_to_rgb: h >= +0, so floor is the truncation; h * 6 may round up to 6 */    \
+        const float h6 = h * 6.0f;                                                         \
+        const int32_t fi = (int32_t)h6, sector = fi == 6 ? 0 : fi;                         \
+        const float f = h6 - (float)fi;                                                    \
+        const float v = maxc, sxf = s * f, oms = 1.0f - s;                                 \
+        const float qq = clamp01((1.0f - sxf) * v), t = clamp01((sxf + oms) * v);          \
+        const float pp = clamp01(oms * v);                                                 \
+        const int s0 = sector == 0, s1 = sector == 1, s2 = sector == 2, s3 = sector == 3;  \
+        const int s4 = sector == 4, s5 = sector == 5;                                      \
+        /* torchvision's select table: sector -> (r, g, b) of (v, p, q, t) */              \
+        const float o0 = bit_select(s0 | s5, v, bit_select(s1, qq, bit_select(s4, t, pp))); \
+        const float o1 = bit_select(s1 | s2, v, bit_select(s0, t, bit_select(s3, qq, pp))); \
+        const float o2 = bit_select(s3 | s4, v, bit_select(s2, t, bit_select(s5, qq, pp))); \
+        q8[0] = (uint8_t)(int32_t)(o0 * to8);                                              \
+        q8[1] = (uint8_t)(int32_t)(o1 * to8);                                              \
+        q8[2] = (uint8_t)(int32_t)(o2 * to8);                                              \
+    }
+
+static void hue_generic(uint8_t *restrict p, Py_ssize_t n, float factor) { HUE_BODY }
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static void hue_avx2(uint8_t *restrict p, Py_ssize_t n, float factor) { HUE_BODY }
+AVX512_TARGET static void hue_avx512(uint8_t *restrict p, Py_ssize_t n, float factor) {
+    HUE_BODY
+}
+#endif
+
+/* the clones only differ in vector width: the same operations, the same bytes */
+static void do_hue(uint8_t *p, Py_ssize_t n, float factor) {
+#ifdef HAVE_FMA_CLONE
+    if (path_used == PATH_FMA) {
+        if (chain_wide == 1)
+            hue_avx512(p, n, factor);
+        else
+            hue_avx2(p, n, factor);
+        return;
+    }
+#endif
+    hue_generic(p, n, factor);
+}
+
+/* ---- pixelwise chains: a run of consecutive brightness / contrast / saturation / grayscale /
+ * posterize / solarize ops in one pass over the image per contrast op (instead of a pass per
+ * op, a gray pass and a lookup table per op), with the same values: every op's arithmetic is
+ * the per-op code's expression on the same integer-valued floats (a lookup-table entry
+ * to_u8(v * f) is computed as the clamp and truncation of v * f, which is what the table
+ * holds), so the bytes are those of the per-op path (_set_fused(0), tested). Pixels are
+ * handled in blocks of CHAIN_BLOCK, deinterleaved into three float rows, so that each stage is
+ * a loop the compiler vectorises. A contrast op needs the mean gray of the image it sees: the
+ * pass before it sums the gray of its result (do_gray's values), and the contrast becomes the
+ * first stage of the next pass. */
+enum { ST_SCALE = 1, ST_CONTRAST, ST_SAT, ST_POSTERIZE, ST_SOLARIZE };
+typedef struct {
+    int kind;
+    float f, k, m; /* factor, 1 - factor, contrast mean */
+    int32_t mask, t; /* posterize mask, solarize integer threshold */
+} stage_t;
+#define CHAIN_BLOCK 64
+#define MAX_STAGES 64
+
+/* to_u8 of a value that is never NaN (finite factors), in a form GCC vectorises */
+static inline int32_t clamp_trunc(float v) {
+    v = v < 255.0f ? v : 255.0f;
+    v = v > 0.0f ? v : 0.0f;
+    return (int32_t)v;
+}
+
+/* pixels as int32 between the stages (a float -> int -> float round trip would be turned into
+ * truncf, which GCC does not vectorise under -ftrapping-math) */
+#define CHAIN_BODY(FUSE)                                                                   \
+    long long total = 0;                                                                   \
+    int32_t r[CHAIN_BLOCK], g[CHAIN_BLOCK], b[CHAIN_BLOCK];                                \
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += CHAIN_BLOCK) {                                  \
+        const int m = (int)(n - i0 < CHAIN_BLOCK ? n - i0 : CHAIN_BLOCK);                 \
+        uint8_t *restrict q = p + 3 * i0;                                                  \
+        for (int i = 0; i < m; i++) {                                                      \
+            r[i] = q[3 * i];                                                               \
+            g[i] = q[3 * i + 1];                                                           \
+            b[i] = q[3 * i + 2];                                                           \
+        }                                                                                  \
+        for (int s = 0; s < ns; s++) {                                                     \
+            const float f = st[s].f, k = st[s].k, mu = st[s].m;                            \
+            const int32_t mask = st[s].mask, t = st[s].t;                                  \
+            switch (st[s].kind) {                                                          \
+            case ST_SCALE:                                                                 \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] = clamp_trunc((float)r[i] * f);                                   \
+                    g[i] = clamp_trunc((float)g[i] * f);                                   \
+                    b[i] = clamp_trunc((float)b[i] * f);                                   \
+                }                                                                          \
+                break;                                                                     \
+            case ST_CONTRAST:                                                              \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] = clamp_trunc(FUSE((float)r[i] * f, mu, k));                      \
+                    g[i] = clamp_trunc(FUSE((float)g[i] * f, mu, k));                      \
+                    b[i] = clamp_trunc(FUSE((float)b[i] * f, mu, k));                      \
+                }                                                                          \
+                break;                                                                     \
+            case ST_SAT:                                                                   \
+                for (int i = 0; i < m; i++) {                                              \
+                    const float R = (float)r[i], G = (float)g[i], B = (float)b[i];         \
+                    const float gy =                                                       \
+                        (float)(int32_t)FUSE(FUSE(R * 0.2989f, G, 0.587f), B, 0.114f);     \
+                    r[i] = clamp_trunc(FUSE(R * f, gy, k));                                \
+                    g[i] = clamp_trunc(FUSE(G * f, gy, k));                                \
+                    b[i] = clamp_trunc(FUSE(B * f, gy, k));                                \
+                }                                                                          \
+                break;                                                                     \
+            case ST_POSTERIZE:                                                             \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] &= mask;                                                          \
+                    g[i] &= mask;                                                          \
+                    b[i] &= mask;                                                          \
+                }                                                                          \
+                break;                                                                     \
+            default: /* ST_SOLARIZE: v >= t, t the least integer >= the threshold */      \
+                for (int i = 0; i < m; i++) {                                              \
+                    r[i] = r[i] >= t ? 255 - r[i] : r[i];                                  \
+                    g[i] = g[i] >= t ? 255 - g[i] : g[i];                                  \
+                    b[i] = b[i] >= t ? 255 - b[i] : b[i];                                  \
+                }                                                                          \
+                break;                                                                     \
+            }                                                                              \
+        }                                                                                  \
+        if (want_gray) {                                                                   \
+            int32_t acc = 0;                                                               \
+            for (int i = 0; i < m; i++) {                                                  \
+                const float v =                                                            \
+                    FUSE(FUSE((float)r[i] * 0.2989f, (float)g[i], 0.587f), (float)b[i], 0.114f); \
+                acc += (int32_t)(v < 255.0f ? v : 255.0f);                                 \
+            }                                                                              \
+            total += acc;                                                                  \
+        }                                                                                  \
+        if (ns > 0)                                                                        \
+            for (int i = 0; i < m; i++) {                                                  \
+                q[3 * i] = (uint8_t)r[i];                                                  \
+                q[3 * i + 1] = (uint8_t)g[i];                                              \
+                q[3 * i + 2] = (uint8_t)b[i];                                              \
+            }                                                                              \
+    }                                                                                      \
+    return total;
+
+static long long chain_generic(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                               int want_gray) {
+    CHAIN_BODY(fused)
+}
+static long long chain_unfused(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                               int want_gray) {
+    CHAIN_BODY(unfused)
+}
+#ifdef HAVE_FMA_CLONE
+FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                                      int want_gray) {
+    CHAIN_BODY(fused_fma)
+}
+/* the same loops at 16 lanes where the CPU has AVX-512 (the same IEEE operations: same bytes) */
+AVX512_TARGET static long long chain_avx512(uint8_t *p, Py_ssize_t n, const stage_t *st,
+                                            int ns, int want_gray) {
+    CHAIN_BODY(fused_fma)
+}
+#endif
+
+/* one pass: the stages (written back when there are any), and the sum of do_gray's values of
+ * the result when want_gray */
+static long long chain_pass(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                            int want_gray) {
+    if (separate_rounding) return chain_unfused(p, n, st, ns, want_gray);
+#ifdef HAVE_FMA_CLONE
+    if (path_used == PATH_FMA)
+        return chain_wide == 1 ? chain_avx512(p, n, st, ns, want_gray)
+                               : chain_fma(p, n, st, ns, want_gray);
+#endif
+    return chain_generic(p, n, st, ns, want_gray);
+}
+
+static int chainable(int code) {
+    return code == OP_BRIGHTNESS || code == OP_CONTRAST || code == OP_SATURATION ||
+           code == OP_GRAYSCALE || code == OP_POSTERIZE || code == OP_SOLARIZE;
+}
+
+/* whether one op alone is faster as a chain than as its per-op pass: saturation and grayscale
+ * (a float pass either way), any op with the AVX-512 clone; a lookup table of 8-lane AVX2 or
+ * portable code is a little faster alone (same bytes either way) */
+static int chain_pays(int code) {
+#ifdef HAVE_FMA_CLONE
+    if (path_used == PATH_FMA && chain_wide == 1) return 1;
+#endif
+    return code == OP_SATURATION || code == OP_GRAYSCALE;
+}
+
+/* ops[0..nops) all chainable: applies them in order, one pass per contrast op plus one */
+static void do_chain(uint8_t *p, Py_ssize_t n, const double *ops, Py_ssize_t nops) {
+    stage_t st[MAX_STAGES];
+    int ns = 0;
+    for (Py_ssize_t k = 0; k < nops; k++) {
+        const double *a = ops + k * OP_WIDTH + 1;
+        const int code = (int)ops[k * OP_WIDTH];
+        stage_t s = {0, 0.0f, 0.0f, 0.0f, 0, 0};
+        if (ns == MAX_STAGES) { /* flush (a long program) */
+            chain_pass(p, n, st, ns, 0);
+            ns = 0;
+        }
+        switch (code) {
+        case OP_BRIGHTNESS:
+            s.kind = ST_SCALE;
+            s.f = (float)a[0];
+            break;
+        case OP_CONTRAST: {
+            const long long total = chain_pass(p, n, st, ns, 1);
+            ns = 0;
+            s.kind = ST_CONTRAST;
+            s.f = (float)a[0];
+            s.k = (float)(1.0 - a[0]);
+            s.m = (float)total / (float)n;
+            break;
+        }
+        case OP_SATURATION:
+            s.kind = ST_SAT;
+            s.f = (float)a[0];
+            s.k = (float)(1.0 - a[0]);
+            break;
+        case OP_GRAYSCALE:
+            s.kind = ST_SAT;
+            s.f = 0.0f;
+            s.k = 1.0f;
+            break;
+        case OP_POSTERIZE: {
+            const int bits = (int)a[0];
+            if (bits >= 8) continue;
+            s.kind = ST_POSTERIZE;
+            s.mask = ((1 << bits) - 1) << (8 - bits);
+            break;
+        }
+        default: { /* OP_SOLARIZE: (float)v >= (float)threshold <=> v >= ceil((float)threshold) */
+            const float thr = (float)a[0];
+            s.kind = ST_SOLARIZE;
+            s.t = thr <= 0.0f ? 0 : thr > 255.0f ? 256 : (int32_t)ceilf(thr);
+            break;
+        }
+        }
+        st[ns++] = s;
+    }
+    if (ns > 0) chain_pass(p, n, st, ns, 0);
+}
+
 /* every row already passed op_problem() */
 static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *ops,
                         Py_ssize_t nops, uint8_t *scratch) {
@@ -471,6 +849,15 @@ static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *op
     int32_t hist[768];
     for (Py_ssize_t k = 0; k < nops; k++) {
         const double *a = ops + k * OP_WIDTH + 1;
+        if (fuse_chains && chainable((int)ops[k * OP_WIDTH])) {
+            Py_ssize_t j = k + 1;
+            while (j < nops && chainable((int)ops[j * OP_WIDTH])) j++;
+            if (j - k > 1 || chain_pays((int)ops[k * OP_WIDTH])) {
+                do_chain(p, n, ops + k * OP_WIDTH, j - k);
+                k = j - 1;
+                continue;
+            }
+        }
         switch ((int)ops[k * OP_WIDTH]) {
         case OP_BRIGHTNESS: {
             const float f = (float)a[0];
@@ -522,11 +909,17 @@ static void run_program(uint8_t *p, Py_ssize_t h, Py_ssize_t w, const double *op
         case OP_GRAYSCALE:
             do_saturation(p, n, 0.0f, 1.0f);
             break;
+        case OP_HUE:
+            do_hue(p, n, (float)a[0]);
+            break;
         case OP_AFFINE: {
             const float t[6] = {(float)a[0], (float)a[1], (float)a[2],
                                 (float)a[3], (float)a[4], (float)a[5]};
             const uint8_t f8[3] = {(uint8_t)a[6], (uint8_t)a[7], (uint8_t)a[8]};
-            do_affine(p, scratch, h, w, t, f8);
+            if (fuse_chains && is_translation(t, h, w))
+                do_translate(p, scratch, h, w, (Py_ssize_t)t[2], (Py_ssize_t)t[5], f8);
+            else
+                do_affine(p, scratch, h, w, t, f8);
             break;
         }
         case OP_ERASE: { /* the box [i0, i0 + eh) x [j0, j0 + ew), clipped to the image */
@@ -633,6 +1026,31 @@ static PyObject *k_set_separate_rounding(PyObject *self, PyObject *args) {
     return PyBool_FromLong(before);
 }
 
+static PyObject *k_set_wide(PyObject *self, PyObject *args) {
+    int flag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
+#ifdef HAVE_FMA_CLONE
+    static int wide_best = -2;
+    if (wide_best == -2) wide_best = chain_wide;
+    const int before = chain_wide == 1;
+    chain_wide = flag && wide_best == 1;
+    return PyBool_FromLong(before);
+#else
+    (void)flag;
+    Py_RETURN_FALSE;
+#endif
+}
+
+static PyObject *k_set_fused(PyObject *self, PyObject *args) {
+    int flag;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
+    const int before = fuse_chains;
+    fuse_chains = flag;
+    return PyBool_FromLong(before);
+}
+
 static PyMethodDef kernel_methods[] = {
     {"run", k_run, METH_VARARGS,
      "run(image, h, w, ops) -> None: a program (float64 (n, 10) rows: opcode, arguments) in "
@@ -649,6 +1067,13 @@ static PyMethodDef kernel_methods[] = {
     {"_set_separate_rounding", k_set_separate_rounding, METH_VARARGS,
      "_set_separate_rounding(flag) -> the previous flag: round a + b * k twice, as torch's "
      "scalar DEFAULT kernels; tests only"},
+    {"_set_wide", k_set_wide, METH_VARARGS,
+     "_set_wide(flag) -> the previous flag: the AVX-512 clones of the colour chains and "
+     "sharpness where the CPU has them (1) or the AVX2 ones (0); the same bytes; tests and "
+     "benchmarks only"},
+    {"_set_fused", k_set_fused, METH_VARARGS,
+     "_set_fused(flag) -> the previous flag: runs of pixelwise colour ops in one pass per "
+     "contrast op (1, the default) or a pass per op (0, the reference); tests only"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef kernel_module = {PyModuleDef_HEAD_INIT, "_kernels",
@@ -672,6 +1097,9 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     }
 #ifdef HAVE_FMA_CLONE
     path_best = cpu_has_fma() ? PATH_FMA : PATH_PORTABLE;
+    chain_wide = path_best == PATH_FMA && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512dq");
 #endif
     path_used = path_best;
     PyObject *m = PyModule_Create(&kernel_module);

@@ -19,6 +19,7 @@ interpolation between torchvision's bins; integer magnitudes are torchvision's b
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -68,17 +69,33 @@ def _fill_value(value, name: str = "fill", allow_none: bool = True):
 # ------------------------------------------------------------------ colour
 def color_jitter(rng, h, w, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0) -> Program:
     """``ColorJitter``: factors uniform in ``[max(0, 1 - x), 1 + x]`` (hue in ``[-x, x]``,
-    at most 0.5), applied in a random order. Hue is off unless asked (it is ~10x the cost of
-    the others and changes what colour-defined classes look like)."""
+    at most 0.5), applied in a random order. Hue is off unless asked (it changes what
+    colour-defined classes look like: ``shardkit check --augment`` warns; its C kernel costs
+    a few times a brightness pass, benchmarks/bench_augment_ops.py)."""
+    ranges = _jitter_ranges(_hashable(brightness), _hashable(contrast), _hashable(saturation),
+                            _hashable(hue))
+    order = rng.permutation(4)
+    factors = [None if r is None else rng.uniform(*r) for r in ranges]
+    return [(_JITTER_NAMES[k], (float(factors[k]),)) for k in order if factors[k] is not None]
+
+
+_JITTER_NAMES = ("brightness", "contrast", "saturation", "hue")
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+@functools.lru_cache(maxsize=256)
+def _jitter_ranges(brightness, contrast, saturation, hue) -> tuple:
+    """The 4 factor ranges of :func:`color_jitter` (None: the op is off), checked once per
+    parameter set (this runs per sample)."""
     ranges = [_range(brightness, "brightness", 1.0), _range(contrast, "contrast", 1.0),
               _range(saturation, "saturation", 1.0), _range(hue, "hue", None)]
     if not -0.5 <= ranges[3][0] <= ranges[3][1] <= 0.5:
         raise ConfigError(f"hue={hue!r}; expected a value in [0, 0.5] or a pair in [-0.5, 0.5]")
-    names = ("brightness", "contrast", "saturation", "hue")
-    order = rng.permutation(4)
-    factors = [None if r == ((1.0, 1.0) if k < 3 else (0.0, 0.0)) else rng.uniform(*r)
-               for k, r in enumerate(ranges)]
-    return [(names[k], (float(factors[k]),)) for k in order if factors[k] is not None]
+    return tuple(None if r == ((1.0, 1.0) if k < 3 else (0.0, 0.0)) else r
+                 for k, r in enumerate(ranges))
 
 
 def grayscale(rng, h, w, p=0.1) -> Program:
@@ -199,9 +216,12 @@ def random_erasing(rng, h, w, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value
 
 
 # ------------------------------------------------------------------ policies
+@functools.lru_cache(maxsize=4096)
 def _magnitude(table_fn, bins: int, h: int, w: int, magnitude: float) -> float | None:
     """torchvision's magnitude table at bin ``magnitude``; a fractional magnitude (a strength
-    schedule) interpolates linearly between the neighbouring bins."""
+    schedule) interpolates linearly between the neighbouring bins. Cached: a pure function of
+    its arguments (the table is a torch tensor built per call, ~10 us, and this runs per op of
+    every sample)."""
     table = table_fn(bins, h, w)
     if table is None:
         return None
@@ -210,6 +230,13 @@ def _magnitude(table_fn, bins: int, h: int, w: int, magnitude: float) -> float |
     if frac == 0.0 or lo + 1 >= bins:
         return float(table[min(lo, bins - 1)])
     return float(table[lo]) * (1 - frac) + float(table[lo + 1]) * frac
+
+
+@functools.lru_cache(maxsize=1024)
+def _table(table_fn, bins: int, h: int, w: int) -> tuple[float, ...] | None:
+    """A magnitude table as Python floats (``float`` of each torch element), or None."""
+    table = table_fn(bins, h, w)
+    return None if table is None else tuple(float(v) for v in table)
 
 
 def _named(op: str, magnitude: float, fill, interpolation="nearest") -> Program:
@@ -305,11 +332,11 @@ def aug_mix(rng, h, w, severity=3, mixture_width=3, chain_depth=-1, alpha=1.0, a
             keys = tuple(space)
             op = keys[int(rng.integers(len(keys)))]
             table_fn, signed = space[op]
-            table = table_fn(10, h, w)  # AugMix()._PARAMETER_MAX (set in its __init__)
+            table = _table(table_fn, 10, h, w)  # AugMix()._PARAMETER_MAX (its __init__)
             if table is None:
                 mag = 0.0
             else:
-                mag = float(table[int(rng.integers(int(severity)))])
+                mag = table[int(rng.integers(int(severity)))]
                 if signed and rng.random() <= 0.5:
                     mag = -mag
             chain += _named(op, mag, fill, interpolation)

@@ -12,6 +12,11 @@ parameters; the reasons are in ``shardkit/augment/_kernels.c``):
 
 - the same bytes on every host (x86-64 with or without AVX2/FMA, aarch64): the kernels use no
   CPU-specific rounding;
+- hue equals torchvision's pixels exactly on every host (its float32 HSV steps are divisions,
+  floors and single additions and products, correctly rounded everywhere; no multiply-add);
+- a run of consecutive pixelwise colour primitives (brightness, contrast, saturation,
+  grayscale, posterize, solarize) runs in one pass per contrast primitive, with the bytes of
+  one pass per primitive (``_kernels._set_fused``, tests/test_augment_fused.py);
 - colour, sharpness, posterize, solarize, autocontrast, equalize, grayscale and erase equal
   torchvision's pixels exactly wherever torch's CPU kernels fuse multiply-adds (AVX2, AVX-512,
   NEON) and on CUDA. On an x86-64 CPU without AVX2, torch rounds twice and a value within float
@@ -216,7 +221,7 @@ def fast_path_available() -> bool:
 
 _OPCODES = {"brightness": 1, "contrast": 2, "saturation": 3, "sharpness": 4, "posterize": 5,
             "solarize": 6, "autocontrast": 7, "equalize": 8, "grayscale": 9, "affine": 10,
-            "shear_origin": 10, "rotate": 10, "erase": 11}
+            "shear_origin": 10, "rotate": 10, "erase": 11, "hue": 12}
 """Primitive -> opcode of ``_kernels.run`` (a program run in one call without the GIL)."""
 C_PRIMITIVES = frozenset(_OPCODES)
 """Primitives with a C kernel (geometry only with nearest interpolation and, for ``rotate``,

@@ -245,14 +245,13 @@ class AugmentSpec:
         return self.preset or json.dumps(self.to_config(), sort_keys=True)
 
     def torch_path_ops(self) -> list[str]:
-        """Ops that run torchvision's tensor functions on the CPU path (no C kernel): hue
-        jitter, perspective, gaussian_blur, aug_mix, and rotation/affine with an
-        interpolation other than nearest."""
+        """Ops that run torchvision's tensor functions on the CPU path (no C kernel):
+        perspective, gaussian_blur, aug_mix, and rotation/affine with an interpolation other
+        than nearest (hue jitter has a C kernel)."""
         out = []
         for epoch in sorted({0, self.last_scheduled_epoch()}):
             for name, params in self.resolved(epoch):
                 slow = (name in ("perspective", "gaussian_blur", "aug_mix")
-                        or (name == "color_jitter" and self.uses_hue(epoch))
                         or params.get("interpolation", "nearest") != "nearest")
                 if slow and name not in out:
                     out.append(name)
