@@ -66,6 +66,10 @@ class ThreadBackend(_Backend):
     in flight; both may change between batches, never what a batch holds.
     """
 
+    #: Build an epoch's last batch in parts on every thread (see :meth:`_submit`); False
+    #: builds it whole, as any other batch (benchmarks/bench_overhead.py compares the two).
+    split_last = True
+
     def __init__(self, dataset: BatchDataset, num_workers: int, prefetch_factor: int,
                  pin_memory: bool, timeout: float, tuner: AutoTuner | None = None):
         self.dataset = dataset
@@ -124,7 +128,7 @@ class ThreadBackend(_Backend):
         ``last`` batch is built in ``2 x workers`` parts by every thread (:class:`_SplitBatch`):
         built whole, one thread would build it while the others idle (~2% of an epoch of 30
         batches on 2 cores). Device-decode batches (bytes only) are never split."""
-        if last and workers > 1 and not self.dataset.device_decode:
+        if last and self.split_last and workers > 1 and not self.dataset.device_decode:
             n = plan.batch_slice(b).stop - plan.batch_slice(b).start
             if n >= 2 * workers:
                 return _SplitBatch(self, plan, b, 2 * workers, gated)
