@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from shardkit.stream import make_loader
-from shardkit.stream.datasets import BufferPool
+from shardkit.stream.buffers import BufferPool
 from helpers import build_split
 
 

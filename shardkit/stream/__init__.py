@@ -22,7 +22,9 @@ Seams, one module each:
   and streams in shared memory, seen by worker processes);
 - :mod:`.stages`: the per-sample stages every dataset runs (read, verify, cache, decode or
   transform, augment) and the ``on_error`` / ``on_warning`` handlers;
-- :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and ``BatchDataset``;
+- :mod:`.datasets`: :class:`ShardDataset`, :class:`MapShardDataset` and ``BatchDataset``
+  (a batch whole, or in row ranges built by several threads);
+- :mod:`.buffers`: batch memory (``batch_buffer``, the thread backend's ``BufferPool``);
 - :mod:`.backends`: ``ThreadBackend`` and ``ProcessBackend`` (``close()``, ``with``);
 - :mod:`.tuning`: ``num_workers="auto"`` / ``prefetch_factor="auto"`` (``AutoTuner``, the
   ``Tuning`` record in ``loader.tuning``);

@@ -21,7 +21,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import LoaderError, SharedMemoryError
-from .datasets import BatchDataset, BufferPool
+from .buffers import BufferPool
+from .datasets import BatchDataset
 from .options import WorkerOptions
 from .source import worker_id_count
 from .tuning import AutoTuner, Tuning
@@ -55,7 +56,7 @@ class ThreadBackend(_Backend):
     and all fork/spawn hazards; batches land in private (or pinned) memory of the consumer, as in
     FFCV and DALI. All threads share the dataset's :class:`ShardSource` (shard readers, index);
     each has its own copy of the transform (decoder handles are not thread-safe) and its own
-    read buffer; batch memory is recycled through a :class:`~shardkit.stream.datasets.BufferPool`
+    read buffer; batch memory is recycled through a :class:`~shardkit.stream.buffers.BufferPool`
     once the consumer has dropped a batch. ``prefetch_factor`` batches per thread are in
     flight; they are yielded in batch order. ``num_workers=0`` builds every batch in the
     consumer's thread.
