@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardkit.errors import ConfigError, ShardFetchError
+from shardkit.errors import ConfigError, ShardCorruptError, ShardFetchError
 from shardkit.stream import SamplingOptions, WorkerOptions, make_loader
 from shardkit.stream import prefetch
 from shardkit.stream.prefetch import (ShardPrefetcher, plan_shards, prefetch_threads,
@@ -197,7 +197,7 @@ def test_a_shard_that_fails_mid_epoch_raises_naming_its_url(data, slow, status, 
     """A shard answering 404 or 500 (the fifth shard the plan reads: mid-epoch) stops the epoch
     with a ShardFetchError naming the shard and its URL, also under on_error="skip" (no short
     epoch); a 500 is tried FETCH_ATTEMPTS times, a 404 once."""
-    monkeypatch.setattr(prefetch, "RETRY_DELAY_S", 0.0)
+    monkeypatch.setattr("shardkit.storage.fetch.RETRY_DELAY_S", 0.0)
     url, counter, fail = slow
     loader = make_loader(url, "train", 4, num_workers=2, image_size=8, on_error="skip",
                          sampling=SamplingOptions(shuffle=False))
@@ -300,3 +300,39 @@ def test_shard_prefetch_bytes_is_checked():
     for bad in (-1, 1.5, True, "1GB"):
         with pytest.raises(ConfigError, match="shard_prefetch_bytes"):
             WorkerOptions(shard_prefetch_bytes=bad)
+
+
+@pytest.mark.parametrize("prefetch_bytes", [None, 0])
+def test_a_truncated_or_failing_shard_never_gives_a_short_epoch_under_skip(data, prefetch_bytes,
+                                                                        monkeypatch):
+    """on_error="skip" leaves out damaged samples, never a whole shard: a remote shard cut short
+    (not the manifest's size) is a ShardCorruptError naming it, and one whose GETs fail is a
+    ShardFetchError, with the prefetcher (default) and without it (each shard fetched on its
+    first read); a local dataset refuses the same damage before its first batch."""
+    monkeypatch.setattr("shardkit.storage.fetch.RETRY_DELAY_S", 0.0)
+    cut = data.parent / "cut"
+    import shutil
+
+    shutil.copytree(data, cut)
+    shard = cut / SHARDS[3][1:]
+    shard.write_bytes(shard.read_bytes()[:-2048])
+    workers = WorkerOptions() if prefetch_bytes is None else WorkerOptions(
+        shard_prefetch_bytes=prefetch_bytes)
+    with serve_http(cut) as (url, counter):
+        loader = make_loader(url, "train", 4, num_workers=2, image_size=8, on_error="skip",
+                             sampling=SamplingOptions(shuffle=False), workers=workers)
+        with pytest.raises(ShardCorruptError) as info:
+            for _ in loader:
+                pass
+        loader.close()
+        assert info.value.shard == SHARDS[3][1:] and info.value.key is None
+        assert "the manifest says" in str(info.value) and loader.skipped == []
+    with serve_http(data, fail={SHARDS[3]: 500}) as (url, counter):
+        loader = make_loader(url, "train", 4, num_workers=2, image_size=8, on_error="skip",
+                             sampling=SamplingOptions(shuffle=False), workers=workers)
+        with pytest.raises(ShardFetchError) as info:
+            for _ in loader:
+                pass
+        loader.close()
+        assert info.value.shard == SHARDS[3][1:] and "500" in str(info.value)
+        assert counter[SHARDS[3]] == prefetch.FETCH_ATTEMPTS and loader.skipped == []

@@ -282,6 +282,8 @@ class FormatReader(ABC):
     def __init__(self, location: str, name: str | None = None):
         self.location = str(location)
         self.name = name or self.location
+        #: the manifest's size of the shard in bytes, or None (unchecked); set by open_reader
+        self.expected_bytes: int | None = None
         self._key = None  # (pid, table key), computed on first use in a process
 
     def _identity(self) -> tuple:

@@ -48,4 +48,6 @@ def open_reader(root, manifest: dict, split: str, shard_idx: int) -> FormatReade
     if manifest["format"] != "wds" and is_url(root):
         raise ConfigError(f"format {manifest['format']!r} needs a local path; only 'wds' tar shards "
                           f"can be read from a URL ({root})")
-    return fmt.Reader(join(root, record["path"]), name=record["path"])
+    reader = fmt.Reader(join(root, record["path"]), name=record["path"])
+    reader.expected_bytes = record.get("bytes")  # a remote shard's fetch checks its size
+    return reader

@@ -29,6 +29,7 @@ import tarfile
 
 from ..errors import ShardCorruptError
 from shardkit.dataset.manifest import json_bytes
+from shardkit.storage.fetch import fetch_shard
 from shardkit.storage.urls import is_url
 from .base import FormatReader, FormatWriter
 
@@ -94,15 +95,13 @@ class Reader(FormatReader):
         return super()._identity()
 
     def _open(self):
-        if is_url(self.location):
-            import fsspec
-
-            with fsspec.open(self.location, "rb") as f:
-                return f.read()  # bytes: the whole shard
+        if is_url(self.location):  # bytes: the whole shard, retried, its size checked
+            return fetch_shard(self.location, self.name, self.expected_bytes)
         try:
             return os.open(self.location, os.O_RDONLY)  # int: a file descriptor
         except FileNotFoundError:
-            raise ShardCorruptError(f"shard {self.name} is missing ({self.location})") from None
+            raise ShardCorruptError(f"shard {self.name} is missing ({self.location})",
+                                    shard=self.name) from None
 
     @staticmethod
     def _close_handle(handle) -> None:

@@ -17,12 +17,62 @@ from __future__ import annotations
 
 import collections
 import itertools
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
+from shardkit.errors import ShardCorruptError, ShardFetchError
 from shardkit.storage.urls import is_url, read_location
 
-__all__ = ["iter_read", "read_one", "DEFAULT_CONCURRENCY"]
+__all__ = ["iter_read", "read_one", "fetch_shard", "DEFAULT_CONCURRENCY", "FETCH_ATTEMPTS",
+           "RETRY_DELAY_S"]
+
+FETCH_ATTEMPTS = 3
+"""Tries of one remote shard's GET before it is a ShardFetchError (a missing or forbidden
+object: one try). Waits of :data:`RETRY_DELAY_S`, then twice that, between tries."""
+RETRY_DELAY_S = 0.2
+
+
+def fetch_shard(url: str, name: str, size: int | None = None, *,
+                read: Callable[[str], bytes] = read_location,
+                stop: Callable[[], bool] = lambda: False) -> bytes:
+    """The whole bytes of the remote shard ``name`` at ``url`` (one GET through ``read``),
+    tried :data:`FETCH_ATTEMPTS` times (a missing or forbidden object once; no more tries once
+    ``stop()`` is true), and checked against the manifest's ``size`` (bytes) when given.
+    Every remote read of a shard goes through here: the prefetcher's and a lazy reader's.
+
+    Raises:
+        ShardFetchError: the GET failed every time (names the shard, the URL and the cause; a
+            refused connection, HTTP 404/403/500, a timeout).
+        ShardCorruptError: the object is not ``size`` bytes long (a shard-level fault: ``key``
+            is None).
+    """
+    data, err, attempt = None, None, 0
+    for attempt in range(1, FETCH_ATTEMPTS + 1):
+        try:
+            data, err = read(url), None
+            break
+        except (FileNotFoundError, PermissionError) as e:
+            err = e  # a missing or forbidden object: trying again will not help
+            break
+        except Exception as e:  # noqa: BLE001 - fsspec's and the client's own errors
+            err = e
+            if stop():
+                break
+            if attempt < FETCH_ATTEMPTS:
+                time.sleep(RETRY_DELAY_S * 2 ** (attempt - 1))
+    if err is not None:
+        tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
+        why = {FileNotFoundError: "no such object (HTTP 404, a missing key, or no server)",
+               PermissionError: "access denied (HTTP 403)"}.get(type(err), type(err).__name__)
+        raise ShardFetchError(f"shard {name}: cannot fetch {url} ({tries}): {why}: {err}; the "
+                              "epoch cannot be read whole: check the URL and the server (a "
+                              "missing object is not retried)", shard=name, url=url) from err
+    if size is not None and len(data) != int(size):
+        raise ShardCorruptError(
+            f"shard {name}: {url} returned {len(data)} bytes, the manifest says {int(size)}: "
+            "the object is not the packed shard (re-upload the dataset)", shard=name)
+    return data
 
 DEFAULT_CONCURRENCY = 16
 """Reads of remote files in flight per check worker (a process, or a Ray task). With a first-byte

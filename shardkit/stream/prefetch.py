@@ -39,7 +39,6 @@ response whose length is not the manifest's ``bytes`` is a
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ import numpy as np
 
 from ..errors import ShardCorruptError, ShardFetchError
 from ..validate import check_int
+from shardkit.storage.fetch import FETCH_ATTEMPTS, RETRY_DELAY_S, fetch_shard
 from shardkit.storage.urls import read_location
 
 __all__ = ["ShardPrefetcher", "EpochSchedule", "schedule_epoch", "plan_shards",
@@ -63,12 +63,6 @@ DEFAULT_SHARD_PREFETCH_BYTES = 1 << 30
 FETCH_THREADS = 4
 """Whole-shard fetches in flight per prefetcher: with ~30 ms to the first byte, a few fetches
 keep the link busy; more only help on higher latency or smaller shards."""
-
-FETCH_ATTEMPTS = 3
-"""Tries of one shard's fetch before its readers get a ShardFetchError (a missing or forbidden
-object: one try). Waits of :data:`RETRY_DELAY_S`, then twice that, between tries."""
-
-RETRY_DELAY_S = 0.2
 
 THREAD_PREFIX = "shardkit-prefetch"
 """Name prefix of the prefetcher's fetch threads (:func:`prefetch_threads` lists them)."""
@@ -345,38 +339,13 @@ class ShardPrefetcher:
         return max(ahead, key=self._rank.__getitem__) if ahead else None
 
     def _fetch(self, s: int) -> tuple[bytes | None, BaseException | None]:
-        url, name = self.urls[s], self.names[s]
-        data, err, attempt = None, None, 0
-        for attempt in range(1, FETCH_ATTEMPTS + 1):
-            try:
-                data, err = self._fetch_url(url), None
-                break
-            except (FileNotFoundError, PermissionError) as e:
-                err = e  # a missing or forbidden object: trying again will not help
-                break
-            except Exception as e:  # noqa: BLE001 - fsspec's and the client's own errors
-                err = e
-                if self._closed:
-                    break
-                if attempt < FETCH_ATTEMPTS:
-                    time.sleep(RETRY_DELAY_S * 2 ** (attempt - 1))
-        if err is not None:
-            tries = f"{attempt} attempt{'s' if attempt > 1 else ''}"
-            why = {FileNotFoundError: "no such object (HTTP 404, or a missing key)",
-                   PermissionError: "access denied (HTTP 403)"}.get(type(err),
-                                                                     type(err).__name__)
-            fe = ShardFetchError(f"shard {name}: cannot fetch {url} ({tries}): "
-                                 f"{why}: {err}; the epoch cannot be read "
-                                 "whole: check the URL and the server (a missing object is "
-                                 "not retried)", shard=name, url=url)
-            fe.__cause__ = err
-            return None, fe
-        if len(data) != self.sizes[s]:
-            return None, ShardCorruptError(
-                f"shard {name}: {url} returned {len(data)} bytes, the manifest says "
-                f"{self.sizes[s]}: the object is not the packed shard (re-upload the dataset)",
-                shard=name)
-        return data, None
+        """``(bytes, None)`` of shard ``s``, or ``(None, the ShardFetchError /
+        ShardCorruptError its readers get)`` (:func:`shardkit.storage.fetch.fetch_shard`)."""
+        try:
+            return fetch_shard(self.urls[s], self.names[s], self.sizes[s], read=self._fetch_url,
+                               stop=lambda: self._closed), None
+        except (ShardFetchError, ShardCorruptError) as e:
+            return None, e
 
 
 class _Wakeup(threading.Condition):

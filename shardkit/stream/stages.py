@@ -77,18 +77,22 @@ class ErrorHandler:
 
     Under every handler that names samples, the OS running out of a resource (open files,
     memory: :func:`shardkit.formats.base.resource_error`) is never the sample's fault: it
-    raises :class:`~shardkit.errors.ResourceLimitError`; a
-    :class:`~shardkit.decode.DecodeWarningError` (``on_warning="raise"``, the user's choice) and
-    a :class:`~shardkit.errors.ShardFetchError` (a remote shard that could not be fetched) are
-    raised as they are, never handled as an error.
+    raises :class:`~shardkit.errors.ResourceLimitError`. Raised as they are, never handled as a
+    sample's error: a :class:`~shardkit.decode.DecodeWarningError` (``on_warning="raise"``,
+    the user's choice), a :class:`~shardkit.errors.ShardFetchError` (a remote shard that could
+    not be fetched) and a :class:`~shardkit.errors.ShardCorruptError` about the sample's whole
+    shard (``key`` None: missing, or not the manifest's size): skipping would leave out every
+    sample of that shard, a short epoch (a local dataset is refused for the same fault before
+    its first batch).
     """
 
     name = ""
 
     def __call__(self, err: BaseException, source: ShardSource, pos: int) -> str:
         shard, key = source.shard_name(pos), source.key(pos)
-        if isinstance(err, (DecodeWarningError, ShardFetchError)):
-            raise err  # the user's choice; a shard that cannot be fetched is no sample's fault
+        if isinstance(err, (DecodeWarningError, ShardFetchError)) or (
+                isinstance(err, ShardCorruptError) and err.shard == shard and err.key is None):
+            raise err  # the user's choice; a shard that cannot be read is no sample's fault
         resource = resource_error(err, f"shard {shard}: sample {key!r}")
         if resource is not None:
             if resource is err:
