@@ -292,7 +292,14 @@ def test_an_order_over_the_bound_is_read_lazily_with_a_warning(data, slow, caplo
             idx = torch.cat([m["index"] for _, _, m in loader]).numpy()
             assert loader.dataset.source.prefetcher is None
     assert np.array_equal(np.sort(idx), np.arange(sum(SIZES)))
-    assert any("over the prefetch bound" in r.getMessage() for r in caplog.records)
+    (said,) = [r.getMessage() for r in caplog.records if "over the prefetch bound" in r.getMessage()]
+    need = int(said.split("shard_prefetch_bytes=...) to at least ")[1].split(";")[0])
+    assert need >= _total_bytes(data) - 2048 * len(SIZES) and need > bound   # every shard, held
+    with make_loader(url, "train", 4, num_workers=2, image_size=8,        # the advice works
+                     sampling=SamplingOptions(block=False, shuffle=True),
+                     workers=WorkerOptions(shard_prefetch_bytes=need)) as loader:
+        next(iter(loader))
+        assert loader.dataset.source.prefetcher is not None
 
 
 def test_shard_prefetch_bytes_is_checked():

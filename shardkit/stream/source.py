@@ -12,6 +12,7 @@ forkserver or spawn, field case 19) each open their own.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from typing import Any
@@ -361,11 +362,13 @@ class ShardSource:
             if not self._prefetch_refused:
                 self._prefetch_refused = True
                 log.warning("%s: this epoch's order needs %.1f MB of shards in memory at "
-                            "once, over the prefetch bound of %.1f MB: its shards are "
-                            "fetched on first read instead (use shard-block order, "
-                            "SamplingOptions(block=True), or a larger "
-                            "WorkerOptions(shard_prefetch_bytes=...))", self.root,
-                            sched.peak_bytes / 1e6, bound / 1e6)
+                            "once, over the prefetch bound of %.1f MB of this process: no shard "
+                            "is prefetched, each is fetched on its first read instead (set "
+                            "WorkerOptions(shard_prefetch_bytes=...) to at least %d; shard-block "
+                            "order, SamplingOptions(block=True), the default for URLs, needs "
+                            "about one shard per stream plus one)",
+                            self.root, sched.peak_bytes / 1e6, bound / 1e6,
+                            math.ceil(sched.peak_bytes * self.prefetch_bytes / max(1, bound)))
             if self._prefetcher is not None:
                 self._prefetcher.close()
                 self._prefetcher = None
