@@ -132,6 +132,13 @@ def test_tuning_has_its_fields_after_an_epoch(packed_sample):
     for trial in d["trials"]:
         assert {"workers", "prefetch", "batches", "wait_fraction", "step_ms",
                 "build_ms"} <= set(trial)
+    short = make_loader(packed_sample("wds"), "val", 16, num_workers="auto", image_size=S)
+    assert short.tuning.reason.startswith("measuring: it compares windows of 8 batches")
+    for _ in short:   # 2 batches: shorter than a window
+        pass
+    assert not short.tuning.settled and short.tuning.reason.startswith(
+        "not settled yet: 0 window(s) of 8 batches measured")
+    assert "goes on measuring in the next" in short.tuning.reason
     fixed = make_loader(packed_sample("wds"), "train", 8, num_workers=1, image_size=S).tuning
     assert (fixed.num_workers, fixed.prefetch_factor, fixed.settled, fixed.reason) == \
         (1, 2, True, "given")

@@ -190,6 +190,7 @@ class ThreadBackend(_Backend):
             for f in pending:
                 f.cancel()
             self._gate.set_limit(1 << 30)  # builds already waiting run out; none is stranded
+            tuner.end_epoch()
 
     def _result(self, future, describe):
         try:

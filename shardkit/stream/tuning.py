@@ -238,7 +238,8 @@ class AutoTuner:
         self.tuning = Tuning(
             self.workers, self.prefetch, "thread",
             {"num_workers": self.tune_workers, "prefetch_factor": self.tune_prefetch},
-            settled=False, reason="measuring", cpus=cpus, max_workers=self.max_workers,
+            settled=False, reason=f"measuring: it compares windows of {window} batches, "
+            "then settles", cpus=cpus, max_workers=self.max_workers,
             memory={"batch_bytes": int(batch_bytes), "budget_bytes": int(budget_bytes),
                     "max_in_flight": int(self.max_in_flight)})
         self._skip = 0
@@ -258,6 +259,18 @@ class AutoTuner:
         """An iteration starts: the first batches (the queue filling) are not measured."""
         if not self.settled:
             self._begin(self.depth())
+
+    def end_epoch(self) -> None:
+        """An iteration ended (the epoch's last batch, or the caller stopped): while unsettled,
+        the reason says how far measuring got; the next epoch goes on from there."""
+        if self.settled:
+            return
+        t, w = self.tuning, self._win
+        done = 0 if w is None else w.batches
+        t.reason = (f"not settled yet: {len(self._windows)} window(s) of {self.window} batches "
+                    f"measured and {done} batch(es) of the current one (at {self.workers} "
+                    f"workers x prefetch {self.prefetch}); an epoch too short to finish one "
+                    "goes on measuring in the next")
 
     def _begin(self, skip: int) -> None:
         # a new window of the current setting after ``skip`` (>= 1) unmeasured batches
@@ -292,7 +305,7 @@ class AutoTuner:
         nxt, why = self._next_workers(win) if self.tune_workers else (None, "")
         if nxt is not None:
             self.workers = nxt
-            t.num_workers, t.reason = nxt, f"trying {nxt} workers: {why}"
+            t.num_workers, t.reason = nxt, f"trying {nxt} worker{'s' if nxt != 1 else ''}: {why}"
             # a waiting consumer means an empty queue: the new setting shows at once; a full
             # queue first drains to the new depth
             self._begin(2 if win.wait_fraction > WAIT_BOUND else max(2, self.depth()))
