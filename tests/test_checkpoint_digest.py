@@ -69,3 +69,18 @@ def test_version_1_loads_with_a_warning_and_a_missing_digest_is_refused(tmp_path
     torch.save({"format": CHECKPOINT_FORMAT, "version": 2, **payload}, stripped)
     with pytest.raises(CheckpointError, match="has no digest"):
         load_checkpoint(stripped)
+
+
+def test_a_first_byte_flipped_is_called_damaged_not_a_foreign_pickle(tmp_path):
+    """Byte 0 flipped turns the zip into bytes torch reads as a legacy pickle that does not
+    parse: the error says the checkpoint is damaged and what to do, not "save a state_dict"."""
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, _payload())
+    raw = bytearray(path.read_bytes())
+    raw[0] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path, ("model",))
+    text = str(info.value)
+    assert f"checkpoint {path} is damaged" in text and "best.pt" in text
+    assert "state_dict" not in text and "\n" not in text

@@ -95,6 +95,12 @@ def test_every_reader_takes_the_dataset_positionally(dataset, tmp_path):
     assert "{" not in stats                              # said once, as text; JSON on request
     saved = json.loads((tmp_path / "stats.json").read_text())
     assert saved["num_samples"] == len(_records(dataset)["val"]) and len(saved["mean"]) == 3
+    assert (saved["dataset"], saved["split"]) == (str(dataset), "val")
+    (tmp_path / "a-file").write_text("x")
+    for command in (["stats", dataset, "--no-save"], ["check", dataset, "--no-transforms"],
+                    ["inspect", dataset, "--out", tmp_path / "g"]):   # refused before any work
+        refused = _run(*command, "--json", tmp_path / "a-file" / "r.json", ok=(2,)).output
+        assert f"a-file is a file, not a folder" in refused and "mean (R, G, B)" not in refused
     _run("inspect", dataset, "--split", "test", "--n", "2", "--out", tmp_path / "grids")
     grids = list((tmp_path / "grids").iterdir())
     assert grids and all(p.suffix == ".png" for p in grids)
@@ -295,7 +301,9 @@ def test_bench_lists_take_commas_or_repeats_and_data_is_an_alias(dataset, tmp_pa
     for result in (repeated, commas):
         assert sum(line.startswith("[shardkit row ") for line in
                    result.stderr.splitlines()) == ran
-    assert f"{ran}/{ran}" in repeated.stderr and "row" in repeated.stderr
+    autos = len(a["auto"])          # the auto row per decoder, counted in the bar's total
+    assert autos == 2 and f"0/{ran + autos}" in repeated.stderr
+    assert f"{ran + autos}/{ran + autos}" in repeated.stderr and "row" in repeated.stderr
     assert "bench:" in repeated.stderr and "bench:" not in commas.stderr
 
 

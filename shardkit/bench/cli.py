@@ -21,8 +21,8 @@ from shardkit.bench.grid import (expand_grid, parse_backends, parse_caches, pars
 from shardkit.bench.plots import write_plots
 from shardkit.bench.report import format_table, recommend, write_json
 from shardkit.bench.runner import (RunConfig, add_augment_ratios, add_auto_rows,
-                                   add_baseline_rows, add_cache_ratios, dataset_info,
-                                   format_auto, run_rows)
+                                   add_baseline_rows, add_cache_ratios, auto_row_count,
+                                   dataset_info, format_auto, run_rows)
 from shardkit.bench.steps import ModelStep, NoStep, SleepStep, Step, resolve_device
 from shardkit.cli_common import (PROGRESS_OPTION, CommaList, alias_help, dataset_arg,
                                  dataset_argument, decoder_choice, flattened, joined,
@@ -114,7 +114,8 @@ def run_bench(data: list[str], out: str | Path, *, formats: tuple[str, ...] = ()
     rows = grid.rows(infos, decoders, unavailable)
     ran = _decoders_ran(env, decoders)
     t0 = time.perf_counter()
-    lines = _RowLines(echo, sum(r.status == "run" for r in rows), progress) if echo else None
+    todo = sum(r.status == "run" for r in rows) + (auto_row_count(rows) if auto else 0)
+    lines = _RowLines(echo, todo, progress) if echo else None
     try:
         results = _measure(rows, infos[0], cfg, step, baseline, ran, lines)
         auto_rows = add_auto_rows(results, cfg, step, progress=lines) if auto else []

@@ -30,7 +30,7 @@ from shardkit.bench.steps import Step
 
 __all__ = ["RunConfig", "dataset_info", "shardkit_factory", "run_rows", "add_baseline_rows",
            "fill_cache", "cache_record", "add_cache_ratios", "add_augment_ratios",
-           "add_auto_rows", "format_auto"]
+           "add_auto_rows", "auto_row_count", "format_auto"]
 
 
 @dataclass(frozen=True)
@@ -334,6 +334,13 @@ def add_baseline_rows(results: list[dict], info: dict, cfg: RunConfig, step: Ste
 
 #: The setting fields an ``auto`` row shares with the grid rows it is compared with.
 _AUTO_KEY = ("data", "format", "decoder", "backend", "cache", "augment", "pin_memory")
+
+
+def auto_row_count(rows) -> int:
+    """How many rows :func:`add_auto_rows` adds for the grid ``rows`` (``GridRow``s) if every
+    row to run is measured: one per distinct :data:`_AUTO_KEY` (a progress bar's total)."""
+    return len({tuple(getattr(r.setting, k) for k in _AUTO_KEY) for r in rows
+                if r.status == "run"})
 
 
 def add_auto_rows(results: list[dict], cfg: RunConfig, step: Step,

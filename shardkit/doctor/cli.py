@@ -21,6 +21,7 @@ Progress bars (tqdm, on stderr) are on by default when stderr is a terminal and 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -36,6 +37,21 @@ from shardkit.doctor.stats import compute_stats, format_class_hues
 from shardkit.errors import ConfigError
 
 __all__ = ["inspect_command", "check_command", "stats_command"]
+
+
+def _check_json_path(ctx, param, value: Path | None) -> Path | None:
+    """``--json PATH`` checked before any work: its nearest existing folder must be a writable
+    folder (a file on the way would only fail once the report is computed)."""
+    if value is None:
+        return None
+    folder = value.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"{value}: {folder} is a file, not a folder", ctx, param)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{value}: cannot write in {folder}", ctx, param)
+    return value
 
 
 def _echo_report(text: str, report: dict, json_path) -> None:
@@ -86,6 +102,7 @@ _PROGRESS = PROGRESS_OPTION
               show_default=True, help="Samples per class in the --augment grid.")
 @_SEED
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=_check_json_path,
               help="Also write the summary as JSON.")
 @_PROGRESS
 @_DECODER
@@ -119,6 +136,7 @@ def inspect_command(dataset, split, out_dir, n, augment, per_class, seed, json_p
 @click.option("--strict", is_flag=True, help="Fail on warnings too (near-duplicates, degenerate "
               "images, missing classes, imbalance).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=_check_json_path,
               help="Write the full report as JSON.")
 @click.option("--near-threshold", "--phash-threshold", "near_threshold",
               type=click.IntRange(0, 64), default=None, metavar="BITS",
@@ -181,6 +199,7 @@ def check_command(dataset, strict, json_path, near_threshold, imbalance_threshol
               help="Store the result in manifest.json under stats/<split> [default: save, "
                    "except for a dataset in object storage, whose manifest is not rewritten].")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              callback=_check_json_path,
               help="Also write the result as JSON.")
 @_PROGRESS
 @_DECODER
@@ -209,4 +228,5 @@ def stats_command(dataset, split, max_samples, save, json_path, progress, decode
         lines.append(f"saved to {Path(dataset) / MANIFEST_NAME} under stats/{split}"
                      if result.not_saved is None else f"not saved in "
                      f"{Path(dataset) / MANIFEST_NAME}: {result.not_saved}")
-    _echo_report("\n".join(lines), dict(result), json_path)
+    _echo_report("\n".join(lines), {"dataset": str(dataset), "split": split, **result},
+                 json_path)

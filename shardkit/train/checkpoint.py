@@ -141,6 +141,10 @@ def safe_load(path: str | Path, what: str = "checkpoint"):
         found = re.search(r"GLOBAL ([\w.]+)", str(e))
         detail = (f"its pickle names {found.group(1)}" if found else
                   (re.search(r"Unsupported[^\n.]*", str(e)) or [type(e).__name__])[0])
+        if found is None:  # no global named: bytes the unpickler cannot parse
+            raise CheckpointError(f"{what} {path} is damaged (its pickle does not parse: "
+                                  f"{detail}) and was not loaded; resume from another "
+                                  "checkpoint (best.pt) or start over") from None
         raise CheckpointError(f"{what} {path} is not a plain-tensor checkpoint and was not "
                               f"loaded ({detail}): only tensors, numbers, strings and "
                               "lists/dicts of them are accepted; save a state_dict, or use "

@@ -38,8 +38,10 @@ class _IntOrAuto(click.ParamType):
     name = "INTEGER|auto"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int) or value == "auto":
+        if isinstance(value, int):
             return value
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"  # any case: the help's metavar shows it as AUTO
         try:
             return int(value)
         except (TypeError, ValueError):
