@@ -69,7 +69,7 @@ def test_loader_rejects_bad_decoder_prefetch_and_foreign_state(packed_sample):
     root = packed_sample("wds")
     with pytest.raises(ConfigError, match=r"decoder='nope': expected 'auto' or one of"):
         make_loader(root, "train", 8, transform=TransformConfig(image_size=16, decoder="nope"))
-    with pytest.raises(ConfigError, match=r"prefetch_factor=0: expected an int >= 1"):
+    with pytest.raises(ConfigError, match=r"prefetch_factor=0: expected 'auto' or an int >= 1"):
         make_loader(root, "train", 8, prefetch_factor=0)
     small = make_loader(root, "val", 8, train=False, num_workers=0, image_size=16)
     state = make_loader(root, "train", 8, num_workers=0, image_size=16).state_dict()
