@@ -10,9 +10,9 @@ queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
   bottleneck, one more worker is tried while that still raises throughput by
-  :data:`GAIN` and the pool has threads left; past one thread per CPU only while the process
-  does not already keep the CPUs busy (:data:`BUSY`; remote reads that wait on the network
-  leave them idle);
+  :data:`GAIN` and the pool has threads left; one thread past the CPU count is always tried,
+  more only while the process does not already keep the CPUs busy (:data:`BUSY`; remote reads
+  that wait on the network leave them idle);
 - the consumer did not wait: fewer workers are tried when the measured build time says
   they keep up (``ceil(1.25 x build / step)``), which leaves cores to the training step;
 - then it settles on the fewest workers within :data:`GAIN` of the best throughput seen, and
