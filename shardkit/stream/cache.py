@@ -40,6 +40,7 @@ import errno
 import hashlib
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,10 @@ SHM_MARGIN = 16 << 20
 _VERSION = 1
 #: A process reads the free space again after storing this fraction (1/N) of the room it saw.
 _CHECK_SHARE = 64
+#: Held while a thread stops filling (publish the stop, disable, warn) and while another
+#: thread that sees the published stop disables: its silent disable never comes between the
+#: stopping thread's publish and its one warning.
+_STOP_LOCK = threading.Lock()
 #: What a fault while reading a slot may raise (a cache fault: the sample is decoded instead).
 _SLOT_FAULTS = (ValueError, IndexError, TypeError, KeyError, OSError, BufferError)
 
@@ -311,11 +316,12 @@ class DecodedCache:
     def _stop(self, why: str) -> None:
         """Stops filling in every process attached to the arena; only the first process to
         stop logs the warning (one per machine)."""
-        try:
-            first = self.arena.stop_filling(why)
-        except (ArenaUnavailable, OSError):
-            first = True
-        self._disable(why, warn=first)
+        with _STOP_LOCK:
+            try:
+                first = self.arena.stop_filling(why)
+            except (ArenaUnavailable, OSError):
+                first = True
+            self._disable(why, warn=first)
 
     def room_error(self, nbytes: int) -> str | None:
         """Why ``nbytes`` more must not go into the arena's file system (it would leave less
@@ -373,9 +379,10 @@ class DecodedCache:
         or a slot that cannot be written only stops filling (:meth:`_stop`)."""
         arena = self.arena
         if self.disabled is None and arena.attached:
-            stopped = arena.filling_stopped  # another process stopped filling
+            stopped = arena.filling_stopped  # another process (it warned) or thread stopped
             if stopped is not None:
-                self._disable(stopped, warn=False)
+                with _STOP_LOCK:  # a thread of this process stopping now warns first
+                    self._disable(stopped, warn=False)
         if self.disabled is not None or not (arena.attached or self.attach()):
             tf(data, rng, out=out)
             return
