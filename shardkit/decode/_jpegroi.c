@@ -250,6 +250,34 @@ static size_t roi_coef_bytes(const struct jpeg_decompress_struct *cinfo) {
     return total;
 }
 
+/* Inside the caller's setjmp block: reads the header of data, refuses (longjmp, err->limited) a
+ * multi-scan JPEG whose coefficients exceed lim->max_memory when check_coef, and sets the RGB
+ * output at scale m/8 with flags' DCT and upsampling; *sw, *sh receive the scaled size. */
+static void roi_start(struct jpeg_decompress_struct *cinfo, const unsigned char *data,
+                      size_t len, int m, int flags, int check_coef, roi_error_mgr *err,
+                      long *sw, long *sh, const roi_limits *lim) {
+    jpeg_mem_src(cinfo, data, (unsigned long)len);
+    jpeg_read_header(cinfo, TRUE);
+    if (check_coef && jpeg_has_multiple_scans(cinfo) &&
+        roi_coef_bytes(cinfo) > (size_t)lim->max_memory) {
+        snprintf(err->error, sizeof(err->error),
+                 "the %ux%u %s JPEG needs %zu bytes of coefficient memory, over the "
+                 "%zd-byte memory limit", cinfo->image_width, cinfo->image_height,
+                 cinfo->progressive_mode ? "progressive" : "multi-scan",
+                 roi_coef_bytes(cinfo), lim->max_memory);
+        err->limited = 1;
+        longjmp(err->jump, 1);
+    }
+    cinfo->out_color_space = JCS_EXT_RGB;
+    cinfo->scale_num = (unsigned int)m;
+    cinfo->scale_denom = 8;
+    cinfo->dct_method = (flags & ROI_FAST_DCT) ? JDCT_IFAST : JDCT_ISLOW;
+    cinfo->do_fancy_upsampling = (flags & ROI_FAST_UPSAMPLE) ? FALSE : TRUE;
+    jpeg_calc_output_dimensions(cinfo);
+    *sw = cinfo->output_width;
+    *sh = cinfo->output_height;
+}
+
 /* Decode window (x, y, w, h) (scaled coordinates; w <= 0 or h <= 0: whole image) at scale m/8
  * into dst (w*h*3 bytes), or, when dst is NULL, only report the scaled size, within the limits
  * *lim. Runs without the GIL. Returns 0 on success, 1 on an error (err->error: libjpeg's, or a
@@ -269,26 +297,7 @@ static int roi_window(const unsigned char *data, size_t len, long x, long y, lon
     cinfo.progress = &prog.pub;
     cinfo.mem->max_memory_to_use = (long)lim->max_memory;
     if (setjmp(err->jump) == 0) {
-        jpeg_mem_src(&cinfo, data, (unsigned long)len);
-        jpeg_read_header(&cinfo, TRUE);
-        if (jpeg_has_multiple_scans(&cinfo) && dst &&
-            roi_coef_bytes(&cinfo) > (size_t)lim->max_memory) {
-            snprintf(err->error, sizeof(err->error),
-                     "the %ux%u %s JPEG needs %zu bytes of coefficient memory, over the "
-                     "%zd-byte memory limit", cinfo.image_width, cinfo.image_height,
-                     cinfo.progressive_mode ? "progressive" : "multi-scan",
-                     roi_coef_bytes(&cinfo), lim->max_memory);
-            err->limited = 1;
-            longjmp(err->jump, 1);
-        }
-        cinfo.out_color_space = JCS_EXT_RGB;
-        cinfo.scale_num = (unsigned int)m;
-        cinfo.scale_denom = 8;
-        cinfo.dct_method = (flags & ROI_FAST_DCT) ? JDCT_IFAST : JDCT_ISLOW;
-        cinfo.do_fancy_upsampling = (flags & ROI_FAST_UPSAMPLE) ? FALSE : TRUE;
-        jpeg_calc_output_dimensions(&cinfo);
-        *sw = cinfo.output_width;
-        *sh = cinfo.output_height;
+        roi_start(&cinfo, data, len, m, flags, dst != NULL, err, sw, sh, lim);
         {
             /* the window, resolved in block locals (not live across the longjmp) */
             long X = x, Y = y, W = w, H = h;
@@ -516,25 +525,7 @@ static int roi_whole(const unsigned char *data, size_t len, int m, int flags, un
     cinfo.progress = &prog.pub;
     cinfo.mem->max_memory_to_use = (long)lim->max_memory;
     if (setjmp(err->jump) == 0) {
-        jpeg_mem_src(&cinfo, data, (unsigned long)len);
-        jpeg_read_header(&cinfo, TRUE);
-        if (jpeg_has_multiple_scans(&cinfo) && roi_coef_bytes(&cinfo) > (size_t)lim->max_memory) {
-            snprintf(err->error, sizeof(err->error),
-                     "the %ux%u %s JPEG needs %zu bytes of coefficient memory, over the "
-                     "%zd-byte memory limit", cinfo.image_width, cinfo.image_height,
-                     cinfo.progressive_mode ? "progressive" : "multi-scan",
-                     roi_coef_bytes(&cinfo), lim->max_memory);
-            err->limited = 1;
-            longjmp(err->jump, 1);
-        }
-        cinfo.out_color_space = JCS_EXT_RGB;
-        cinfo.scale_num = (unsigned int)m;
-        cinfo.scale_denom = 8;
-        cinfo.dct_method = (flags & ROI_FAST_DCT) ? JDCT_IFAST : JDCT_ISLOW;
-        cinfo.do_fancy_upsampling = (flags & ROI_FAST_UPSAMPLE) ? FALSE : TRUE;
-        jpeg_calc_output_dimensions(&cinfo);
-        *sw = cinfo.output_width;
-        *sh = cinfo.output_height;
+        roi_start(&cinfo, data, len, m, flags, 1, err, sw, sh, lim);
         if (*sw != w || *sh != h) {
             rc = 5;
         } else {
