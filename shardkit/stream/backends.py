@@ -130,8 +130,8 @@ class ThreadBackend(_Backend):
         built whole, one thread would build it while the others idle (~2% of an epoch of 30
         batches on 2 cores). Device-decode batches (bytes only) are never split."""
         if last and self.split_last and workers > 1 and not self.dataset.device_decode:
-            n = plan.batch_slice(b).stop - plan.batch_slice(b).start
-            if n >= 2 * workers:
+            sl = plan.batch_slice(b)
+            if sl.stop - sl.start >= 2 * workers:
                 return _SplitBatch(self, plan, b, 2 * workers, gated)
         return self._pool.submit(self._build_gated if gated else self._build, plan, b)
 
