@@ -51,6 +51,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #define MAX_SIDE (1 << 24) /* float32 holds every pixel coordinate exactly */
 
@@ -113,7 +116,7 @@ FMA_TARGET static inline float fused_fma(float a, float b, float k) {
 }
 /* AVX-512 clones of the colour chains and sharpness, where the CPU has it (set at import) */
 #define AVX512_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")))
-static int chain_wide = -1; /* -1: not detected yet */
+static int chain_wide = -1; /* -1: not detected yet; 1: AVX-512F/BW/VL/DQ; 2: and VBMI */
 #endif
 
 /* round half to even (torch.round / nearbyint in the default rounding mode), inlined as
@@ -315,7 +318,7 @@ static void do_sharpness(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, d
     }
 #ifdef HAVE_FMA_CLONE
     if (path_used == PATH_FMA) {
-        if (chain_wide == 1)
+        if (chain_wide >= 1)
             sharpness_avx512(p, src, h, stride, a, b, k);
         else
             sharpness_fma(p, src, h, stride, a, b, k);
@@ -627,7 +630,7 @@ AVX512_TARGET static void hue_avx512(uint8_t *restrict p, Py_ssize_t n, float fa
 static void do_hue(uint8_t *p, Py_ssize_t n, float factor) {
 #ifdef HAVE_FMA_CLONE
     if (path_used == PATH_FMA) {
-        if (chain_wide == 1)
+        if (chain_wide >= 1)
             hue_avx512(p, n, factor);
         else
             hue_avx2(p, n, factor);
@@ -751,11 +754,204 @@ FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *s
                                       int want_gray) {
     CHAIN_BODY(fused_fma)
 }
-/* the same loops at 16 lanes where the CPU has AVX-512 (the same IEEE operations: same bytes) */
-AVX512_TARGET static long long chain_avx512(uint8_t *p, Py_ssize_t n, const stage_t *st,
-                                            int ns, int want_gray) {
+/* the same loops at 16 lanes where the CPU has AVX-512 (the same IEEE operations: same bytes);
+ * chain_avx512's tail */
+AVX512_TARGET static long long chain_avx512_auto(uint8_t *p, Py_ssize_t n, const stage_t *st,
+                                                 int ns, int want_gray) {
     CHAIN_BODY(fused_fma)
 }
+
+/* The chain in AVX-512 intrinsics, 16 pixels at a time: the 48 bytes widened to three int32
+ * vectors and deinterleaved into R, G, B float vectors by two-source permutes, every stage in
+ * registers, the values kept as integer-valued floats between stages (a truncation toward
+ * zero, vrndscaleps, is (float)(int32_t) of a value in [0, 255]), then interleaved back and
+ * narrowed. Each stage is CHAIN_BODY's expression with the same IEEE operations in the same
+ * order (min/max for the clamp: no NaN reaches it), so the bytes are the per-op path's
+ * (tests/test_augment_fused.py compares it with _set_fused(0) and the other clones). The
+ * compiler's vectorisation of CHAIN_BODY spends its time in the stride-3 gathers and the
+ * int32 round trips between stages. A tail of fewer than 16 pixels runs CHAIN_BODY. */
+#define TRUNC16(v) _mm512_roundscale_ps((v), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
+#define CLAMP_TRUNC16(v) TRUNC16(_mm512_max_ps(_mm512_min_ps((v), v255), zero))
+/* the stages on 16 pixels held as R, G, B float vectors (integer values 0-255) */
+AVX512_TARGET static inline __attribute__((always_inline)) void
+stages16(__m512 *pr, __m512 *pg, __m512 *pb, const stage_t *st, int ns) {
+    const __m512 v255 = _mm512_set1_ps(255.0f), zero = _mm512_setzero_ps();
+    __m512 r = *pr, g = *pg, b = *pb;
+    for (int s = 0; s < ns; s++) {
+        const __m512 f = _mm512_set1_ps(st[s].f), k = _mm512_set1_ps(st[s].k);
+        switch (st[s].kind) {
+        case ST_SCALE:
+            r = CLAMP_TRUNC16(_mm512_mul_ps(r, f));
+            g = CLAMP_TRUNC16(_mm512_mul_ps(g, f));
+            b = CLAMP_TRUNC16(_mm512_mul_ps(b, f));
+            break;
+        case ST_CONTRAST: {
+            const __m512 mu = _mm512_set1_ps(st[s].m);
+            r = CLAMP_TRUNC16(_mm512_fmadd_ps(mu, k, _mm512_mul_ps(r, f)));
+            g = CLAMP_TRUNC16(_mm512_fmadd_ps(mu, k, _mm512_mul_ps(g, f)));
+            b = CLAMP_TRUNC16(_mm512_fmadd_ps(mu, k, _mm512_mul_ps(b, f)));
+            break;
+        }
+        case ST_SAT: {
+            const __m512 gy = TRUNC16(_mm512_fmadd_ps(
+                b, _mm512_set1_ps(0.114f),
+                _mm512_fmadd_ps(g, _mm512_set1_ps(0.587f),
+                                _mm512_mul_ps(r, _mm512_set1_ps(0.2989f)))));
+            r = CLAMP_TRUNC16(_mm512_fmadd_ps(gy, k, _mm512_mul_ps(r, f)));
+            g = CLAMP_TRUNC16(_mm512_fmadd_ps(gy, k, _mm512_mul_ps(g, f)));
+            b = CLAMP_TRUNC16(_mm512_fmadd_ps(gy, k, _mm512_mul_ps(b, f)));
+            break;
+        }
+        case ST_POSTERIZE: {
+            const __m512i mask = _mm512_set1_epi32(st[s].mask);
+            r = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_cvttps_epi32(r), mask));
+            g = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_cvttps_epi32(g), mask));
+            b = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_cvttps_epi32(b), mask));
+            break;
+        }
+        default: { /* ST_SOLARIZE: v >= t (t an integer up to 256) */
+            const __m512 t = _mm512_set1_ps((float)st[s].t);
+            r = _mm512_mask_sub_ps(r, _mm512_cmp_ps_mask(r, t, _CMP_GE_OQ), v255, r);
+            g = _mm512_mask_sub_ps(g, _mm512_cmp_ps_mask(g, t, _CMP_GE_OQ), v255, g);
+            b = _mm512_mask_sub_ps(b, _mm512_cmp_ps_mask(b, t, _CMP_GE_OQ), v255, b);
+            break;
+        }
+        }
+    }
+    *pr = r;
+    *pg = g;
+    *pb = b;
+}
+
+/* do_gray's values of 16 pixels, as int32 */
+AVX512_TARGET static inline __attribute__((always_inline)) __m512i gray16(__m512 r, __m512 g,
+                                                                          __m512 b) {
+    const __m512 gy = _mm512_fmadd_ps(
+        b, _mm512_set1_ps(0.114f),
+        _mm512_fmadd_ps(g, _mm512_set1_ps(0.587f), _mm512_mul_ps(r, _mm512_set1_ps(0.2989f))));
+    return _mm512_cvttps_epi32(_mm512_min_ps(gy, _mm512_set1_ps(255.0f)));
+}
+
+/* One chain pass 16 pixels at a time; LOAD(q) sets r, g, b from the 48 bytes at q and
+ * STORE(q) writes them back (ri, gi, bi: their int32 values). The gray sum is kept per lane in
+ * int32 and added up every 65536 steps (65536 x 255 fits). */
+#define CHAIN16_BODY(LOAD, STORE)                                                          \
+    const Py_ssize_t nv = n / 16;                                                          \
+    long long total = 0;                                                                   \
+    __m512i acc = _mm512_setzero_si512();                                                  \
+    for (Py_ssize_t v = 0; v < nv; v++) {                                                  \
+        uint8_t *q = p + 48 * v;                                                           \
+        __m512 r, g, b;                                                                    \
+        LOAD(q);                                                                           \
+        stages16(&r, &g, &b, st, ns);                                                      \
+        if (want_gray) {                                                                   \
+            acc = _mm512_add_epi32(acc, gray16(r, g, b));                                  \
+            if ((v & 0xffff) == 0xffff) {                                                  \
+                total += _mm512_reduce_add_epi32(acc);                                     \
+                acc = _mm512_setzero_si512();                                              \
+            }                                                                              \
+        }                                                                                  \
+        if (ns > 0) {                                                                      \
+            const __m512i ri = _mm512_cvttps_epi32(r), gi = _mm512_cvttps_epi32(g),        \
+                          bi = _mm512_cvttps_epi32(b);                                     \
+            STORE(q);                                                                      \
+        }                                                                                  \
+    }                                                                                      \
+    total += _mm512_reduce_add_epi32(acc);                                                 \
+    if (16 * nv < n) total += chain_avx512_auto(p + 48 * nv, n - 16 * nv, st, ns, want_gray); \
+    return total;
+
+/* AVX-512F/BW: the 48 bytes widened to three int32 vectors (a0 | a1 | a2) and deinterleaved
+ * by two-source dword permutes; lane i of channel c is element 3i + c: an index below 32 comes
+ * from (a0, a1) in the first permute, the rest from a2 (16 + j - 32) in the second, which keeps
+ * the first's lanes (i). Back: output vector o holds elements 16 o .. 16 o + 15, element k
+ * being channel k % 3 of pixel k / 3 (R and G by one permute, then B into its lanes). */
+#define LOAD_F(q)                                                                          \
+    do {                                                                                   \
+        const __m512i a0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q)));   \
+        const __m512i a1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((q) + 16))); \
+        const __m512i a2 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((q) + 32))); \
+        r = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(                                  \
+            _mm512_permutex2var_epi32(a0, ilo[0], a1), ihi[0], a2));                       \
+        g = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(                                  \
+            _mm512_permutex2var_epi32(a0, ilo[1], a1), ihi[1], a2));                       \
+        b = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(                                  \
+            _mm512_permutex2var_epi32(a0, ilo[2], a1), ihi[2], a2));                       \
+    } while (0)
+#define STORE_F(q)                                                                         \
+    for (int o = 0; o < 3; o++)                                                            \
+        _mm_storeu_si128((__m128i *)((q) + 16 * o),                                       \
+                         _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(                   \
+                             _mm512_permutex2var_epi32(ri, ioa[o], gi), iob[o], bi)))
+AVX512_TARGET static long long chain_avx512(uint8_t *p, Py_ssize_t n, const stage_t *st,
+                                            int ns, int want_gray) {
+    int32_t lo[3][16], hi[3][16], out_a[3][16], out_b[3][16];
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 16; i++) {
+            const int j = 3 * i + c;
+            lo[c][i] = j < 32 ? j : 0;
+            hi[c][i] = j < 32 ? i : 16 + (j - 32);
+        }
+    for (int o = 0; o < 3; o++)
+        for (int i = 0; i < 16; i++) {
+            const int k = 16 * o + i, c = k % 3, px = k / 3;
+            out_a[o][i] = c == 0 ? px : c == 1 ? 16 + px : 0;
+            out_b[o][i] = c == 2 ? 16 + px : i;
+        }
+    __m512i ilo[3], ihi[3], ioa[3], iob[3];
+    for (int c = 0; c < 3; c++) {
+        ilo[c] = _mm512_loadu_si512(lo[c]);
+        ihi[c] = _mm512_loadu_si512(hi[c]);
+        ioa[c] = _mm512_loadu_si512(out_a[c]);
+        iob[c] = _mm512_loadu_si512(out_b[c]);
+    }
+    CHAIN16_BODY(LOAD_F, STORE_F)
+}
+
+/* AVX-512 VBMI (Ice Lake and later, Zen 4): one masked 48-byte load, and each channel's 16
+ * bytes moved into the low bytes of the dword lanes by one byte permute (the other bytes
+ * zeroed); back, two two-source byte permutes interleave the low bytes of ri, gi, bi and one
+ * masked store writes the 48 bytes. Three and two shuffles per 16 pixels instead of nine and
+ * nine: the shuffle port is what bounds the loop above. */
+#define VBMI_TARGET                                                                        \
+    __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
+#define LOAD_V(q)                                                                          \
+    do {                                                                                   \
+        const __m512i x = v + 1 < nv ? _mm512_loadu_si512((q)) : _mm512_maskz_loadu_epi8(m48, (q)); \
+        r = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(low_bytes, iv[0], x));        \
+        g = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(low_bytes, iv[1], x));        \
+        b = _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(low_bytes, iv[2], x));        \
+    } while (0)
+#define STORE_V(q)                                                                         \
+    do {                                                                                   \
+        const __m512i y =                                                                  \
+            _mm512_permutex2var_epi8(_mm512_permutex2var_epi8(ri, iva, gi), ivb, bi);      \
+        _mm256_storeu_si256((__m256i *)(q), _mm512_castsi512_si256(y));                    \
+        _mm_storeu_si128((__m128i *)((q) + 32), _mm512_extracti32x4_epi32(y, 2));          \
+    } while (0)
+VBMI_TARGET static long long chain_vbmi(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
+                                        int want_gray) {
+    uint8_t in[3][64], out_a[64], out_b[64];
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 64; i++) in[c][i] = (uint8_t)(3 * (i / 4) + c); /* byte 4 px */
+    for (int k = 0; k < 64; k++) {
+        const int c = k % 3, px = k / 3;
+        out_a[k] = (uint8_t)(k >= 48 ? 0 : c == 0 ? 4 * px : c == 1 ? 64 + 4 * px : 0);
+        out_b[k] = (uint8_t)(k < 48 && c == 2 ? 64 + 4 * px : k);
+    }
+    const __m512i iv[3] = {_mm512_loadu_si512(in[0]), _mm512_loadu_si512(in[1]),
+                           _mm512_loadu_si512(in[2])};
+    const __m512i iva = _mm512_loadu_si512(out_a), ivb = _mm512_loadu_si512(out_b);
+    const __mmask64 m48 = 0xffffffffffffULL, low_bytes = 0x1111111111111111ULL;
+    CHAIN16_BODY(LOAD_V, STORE_V)
+}
+#undef LOAD_F
+#undef STORE_F
+#undef LOAD_V
+#undef STORE_V
+#undef CHAIN16_BODY
+#undef TRUNC16
+#undef CLAMP_TRUNC16
 #endif
 
 /* one pass: the stages (written back when there are any), and the sum of do_gray's values of
@@ -765,7 +961,8 @@ static long long chain_pass(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
     if (separate_rounding) return chain_unfused(p, n, st, ns, want_gray);
 #ifdef HAVE_FMA_CLONE
     if (path_used == PATH_FMA)
-        return chain_wide == 1 ? chain_avx512(p, n, st, ns, want_gray)
+        return chain_wide == 2   ? chain_vbmi(p, n, st, ns, want_gray)
+               : chain_wide == 1 ? chain_avx512(p, n, st, ns, want_gray)
                                : chain_fma(p, n, st, ns, want_gray);
 #endif
     return chain_generic(p, n, st, ns, want_gray);
@@ -781,7 +978,7 @@ static int chainable(int code) {
  * portable code is a little faster alone (same bytes either way) */
 static int chain_pays(int code) {
 #ifdef HAVE_FMA_CLONE
-    if (path_used == PATH_FMA && chain_wide == 1) return 1;
+    if (path_used == PATH_FMA && chain_wide >= 1) return 1;
 #endif
     return code == OP_SATURATION || code == OP_GRAYSCALE;
 }
@@ -1029,16 +1226,16 @@ static PyObject *k_set_separate_rounding(PyObject *self, PyObject *args) {
 static PyObject *k_set_wide(PyObject *self, PyObject *args) {
     int flag;
     (void)self;
-    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
+    if (!PyArg_ParseTuple(args, "i", &flag)) return NULL;
 #ifdef HAVE_FMA_CLONE
     static int wide_best = -2;
     if (wide_best == -2) wide_best = chain_wide;
-    const int before = chain_wide == 1;
-    chain_wide = flag && wide_best == 1;
-    return PyBool_FromLong(before);
+    const int before = chain_wide;
+    chain_wide = flag <= 0 ? 0 : flag < wide_best ? flag : wide_best;
+    return PyLong_FromLong(before);
 #else
     (void)flag;
-    Py_RETURN_FALSE;
+    return PyLong_FromLong(0);
 #endif
 }
 
@@ -1068,9 +1265,10 @@ static PyMethodDef kernel_methods[] = {
      "_set_separate_rounding(flag) -> the previous flag: round a + b * k twice, as torch's "
      "scalar DEFAULT kernels; tests only"},
     {"_set_wide", k_set_wide, METH_VARARGS,
-     "_set_wide(flag) -> the previous flag: the AVX-512 clones of the colour chains and "
-     "sharpness where the CPU has them (1) or the AVX2 ones (0); the same bytes; tests and "
-     "benchmarks only"},
+     "_set_wide(level) -> the previous level: the AVX2 clones (0), the AVX-512 ones of the "
+     "colour chains, hue and sharpness (1) and the colour chains' VBMI one (2), each capped "
+     "at what the CPU has (the level in effect is what the next call returns); the same "
+     "bytes; tests and benchmarks only"},
     {"_set_fused", k_set_fused, METH_VARARGS,
      "_set_fused(flag) -> the previous flag: runs of pixelwise colour ops in one pass per "
      "contrast op (1, the default) or a pass per op (0, the reference); tests only"},
@@ -1100,6 +1298,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     chain_wide = path_best == PATH_FMA && __builtin_cpu_supports("avx512f") &&
                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                  __builtin_cpu_supports("avx512dq");
+    if (chain_wide && __builtin_cpu_supports("avx512vbmi")) chain_wide = 2;
 #endif
     path_used = path_best;
     PyObject *m = PyModule_Create(&kernel_module);
