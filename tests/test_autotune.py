@@ -59,7 +59,9 @@ def test_auto_thread_epoch_is_the_fixed_epoch_while_the_tuner_changes_course(pac
     t = loader.tuning
     assert t.settled and t.auto == {"num_workers": True, "prefetch_factor": True}
     assert [w["workers"] for w in t.trials] == [min(t.max_workers, t.cpus), 1, 4, 2, 3, 1]
-    _same(_epoch(loader), ref)  # settled: the next epoch too
+    _same(_epoch(loader), ref)  # settled: the next epoch too, on a pool of the settled size
+    assert loader.backend._pool_size == t.num_workers != loader.backend.num_workers
+    assert loader.backend._pool._max_workers == t.num_workers
     zero = make_loader(root, split, 4, num_workers=0, **kw)
     _same(_epoch(zero), ref)
 
@@ -192,15 +194,32 @@ def test_loader_bound_climbs_while_it_gains_then_settles_on_the_fewest():
 
 def test_loader_bound_with_busy_cpus_tries_one_thread_past_the_cpus_then_stops():
     t = _tuner()
-    win = _win(2, rate=10.0, wait_fraction=0.9)
+    win = _win(2, rate=10.0, wait_fraction=0.5)  # a consumer with a step of its own
     win.cpu = 1.8 * win.wall
     t.decide(win)
     assert t.workers == 3 and not t.settled  # one thread per CPU: one more is tried
-    win = _win(3, rate=10.5, wait_fraction=0.9)
+    win = _win(3, rate=10.5, wait_fraction=0.5)
     win.cpu = 1.8 * win.wall  # 1.8 of 2 CPUs busy: more threads would only share them
     t.decide(win)
     assert t.settled and t.workers == 3 and "1.8 of 2 CPUs busy" in t.tuning.reason
     assert t.tuning.trials[1]["cpu_util"] == 1.8
+
+
+def test_idle_consumer_with_busy_cpus_settles_at_the_cpu_count_without_a_trial():
+    """A consumer that only waits, builders keeping the CPUs busy: a third thread on 2 CPUs
+    would time-slice them (20-25% slower in the benchmark), so none is tried."""
+    t = _tuner()
+    win = _win(2, rate=20.0, wait_fraction=0.98)
+    win.cpu = 1.9 * win.wall
+    t.decide(win)
+    assert t.settled and (t.workers, t.prefetch) == (2, 2) and len(t.tuning.trials) == 1
+    assert "waited 98% of the time (it does little else)" in t.tuning.reason
+    assert "1.9 of 2 CPUs busy" in t.tuning.reason
+    t = _tuner()  # the same consumer with idle CPUs (reads waiting on the network): climbs
+    win = _win(2, rate=20.0, wait_fraction=0.98)
+    win.cpu = 1.2 * win.wall
+    t.decide(win)
+    assert t.workers == 3 and not t.settled
 
 
 def test_loader_bound_stops_at_the_upper_bound():

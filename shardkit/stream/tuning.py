@@ -10,9 +10,10 @@ queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
   bottleneck, one more worker is tried while that still raises throughput by
-  :data:`GAIN` and the pool has threads left; one thread past the CPU count is always tried,
-  more only while the process does not already keep the CPUs busy (:data:`BUSY`; remote reads
-  that wait on the network leave them idle);
+  :data:`GAIN` and the pool has threads left; one thread past the CPU count is tried unless
+  the builders already keep the CPUs busy (:data:`BUSY`) for a consumer that does little but
+  wait (:data:`IDLE_CONSUMER`), more only while the process does not keep the CPUs busy
+  (remote reads that wait on the network leave them idle);
 - the consumer did not wait: fewer workers are tried when the measured build time says
   they keep up (``ceil(1.25 x build / step)``), which leaves cores to the training step;
 - then it settles on the fewest workers within :data:`GAIN` of the best throughput seen, and
@@ -55,6 +56,12 @@ GAIN = 0.03
 #: This process using this fraction of the CPUs (all threads) means they are busy: more
 #: threads would only share them.
 BUSY = 0.85
+#: The consumer waiting at least this fraction of a window does little but wait: with the CPUs
+#: busy building, a thread past the CPU count only time-slices them (measured on 2 CPUs and a
+#: consumer that does nothing: 3 threads built 20-25% fewer batches per second than 2 in the
+#: same run, benchmarks/README.md "Round 3"). A consumer with work of its own (a training step
+#: that blocks on the GPU or sleeps) leaves gaps that one more thread fills, so it is tried.
+IDLE_CONSUMER = 0.9
 #: The most threads the tuner's pool holds, and the most worker processes "auto" starts.
 MAX_WORKERS = 16
 #: The most batches in flight per worker the tuner picks.
@@ -321,8 +328,13 @@ class AutoTuner:
                           f"{prev.rate:.2f} with {prev.workers}: no gain")
         if win.wait_fraction > WAIT_BOUND:
             nxt = win.workers + 1
-            if win.workers > self.cpus and win.cpu is not None \
-                    and win.cpu >= BUSY * self.cpus * win.wall:
+            busy = win.cpu is not None and win.cpu >= BUSY * self.cpus * win.wall
+            if busy and win.workers >= self.cpus and win.wait_fraction >= IDLE_CONSUMER:
+                return None, (f"the consumer waited {win.wait_fraction:.0%} of the time (it "
+                              f"does little else) and the {win.workers} workers kept "
+                              f"{win.cpu / win.wall:.1f} of {self.cpus} CPUs busy: a thread "
+                              "past the CPU count would only share them")
+            if busy and win.workers > self.cpus:
                 return None, (f"the consumer waited {win.wait_fraction:.0%} of the time, but "
                               f"this process kept {win.cpu / win.wall:.1f} of {self.cpus} CPUs "
                               "busy: more threads cannot build faster")
