@@ -847,7 +847,8 @@ FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *s
         }                                                                                  \
     }                                                                                      \
     total += REDUCE(acc);                                                                  \
-    if (LANES * nv < n) total += chain_fma(p + 3 * LANES * nv, n - LANES * nv, st, ns, want_gray); \
+    if (LANES * nv < n)                                                                    \
+        total += chain_fma(p + 3 * LANES * nv, n - LANES * nv, st, ns, want_gray);         \
     return total;
 
 /* ---- AVX-512: 16 lanes */
@@ -857,7 +858,8 @@ FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *s
 #define LANES 16
 #define TRUNC(v) _mm512_roundscale_ps((v), _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC)
 #define AND_I(a, m) _mm512_and_si512((a), (m))
-#define SOLARIZE_V(x, t) _mm512_mask_sub_ps((x), _mm512_cmp_ps_mask((x), (t), _CMP_GE_OQ), v255, (x))
+#define SOLARIZE_V(x, t)                                                                   \
+    _mm512_mask_sub_ps((x), _mm512_cmp_ps_mask((x), (t), _CMP_GE_OQ), v255, (x))
 #define _mm512_setzero_si _mm512_setzero_si512
 AVX512_TARGET static inline __attribute__((always_inline)) void
 stages16(__m512 *pr, __m512 *pg, __m512 *pb, const stage_t *st, int ns) {

@@ -136,7 +136,8 @@ class ShardSource:
     Raises:
         ManifestError: no finished dataset at ``root``, unknown ``split``, or a manifest or
             split index that breaks the schema or its recorded hash
-            (:func:`shardkit.dataset.manifest.load_manifest`, :func:`~shardkit.dataset.manifest.load_index`).
+            (:func:`shardkit.dataset.manifest.load_manifest`,
+            :func:`~shardkit.dataset.manifest.load_index`).
         ConfigError: bad ``on_error`` or ``max_pixels``; ``lmdb``/``hdf5`` at a remote URL.
         ShardCorruptError: a listed shard is missing or its size differs from the manifest
             (local roots; :func:`check_shard_files`).
