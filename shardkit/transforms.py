@@ -243,13 +243,31 @@ class SampleTransform:
 
     def __call__(self, data, rng: np.random.Generator | None = None,
                  out: np.ndarray | None = None) -> np.ndarray:
+        self._check_out(out)
+        box, _, probe = self.crop_box(data, rng)
+        return self._decode_crop(data, box, probe, out)
+
+    def _check_out(self, out) -> None:
         s = self.cfg.image_size
         if out is not None and (out.shape != (s, s, 3) or out.dtype != np.uint8
                                 or not out.flags.writeable):
             raise TransformInputError(f"out must be a writable ({s}, {s}, 3) uint8 array, got "
                                       f"{out.shape} {out.dtype}")
+
+    def decode_crop(self, data, box, probe, out: np.ndarray | None = None) -> np.ndarray:
+        """The rest of :meth:`__call__` once :meth:`crop_box` has drawn the crop: ``data``
+        decoded and resized from ``box`` (with the flip and parameters of ``last_params``, the
+        crop_box call's) into ``out`` (a writable ``(S, S, 3)`` uint8 array, or a new one),
+        which is returned: ``t(data, rng, out)`` is ``t.decode_crop(data, *t.crop_box(data,
+        rng)[::2], out)``. The loader draws a sample's augmentation between the two, while the
+        Python that draws is still in the CPU's caches. Sets ``last_warnings`` /
+        ``last_warning``. Raises DecodeError, TransformInputError (a bad ``out``)."""
+        self._check_out(out)
+        return self._decode_crop(data, box, probe, out)
+
+    def _decode_crop(self, data, box, probe, out):
+        s = self.cfg.image_size
         dec = self.decoder
-        box, _, probe = self.crop_box(data, rng)
         p = self.last_params
         margin_support = 0.0 if self.train else _FILTER_SUPPORT[self.cfg.interpolation]
         bw, bh = box[2] - box[0], box[3] - box[1]

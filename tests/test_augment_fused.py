@@ -102,6 +102,34 @@ def test_chains_equal_the_per_op_kernels(photos, path, wide, separate):
     assert checked > 100  # the chains changed the photos: the comparison is not vacuous
 
 
+@pytest.mark.parametrize("path, wide", [(0, 0), (1, 0), (1, 1), (1, 2)])
+def test_chains_on_tiny_and_large_images_equal_the_per_op_kernels(photos, path, wide):
+    """Images of fewer pixels than one vector (the tail path alone) and of one vector plus
+    some, and a 1100 x 1000 one: more than 65536 vectors of 16 pixels, where the contrast's
+    gray sum is carried out of its int32 lanes. Contrast first, in the middle and last."""
+    if path and _wide_level_here(wide) != wide:
+        pytest.skip(f"this CPU has no _set_wide level {wide} (AVX-512 / VBMI)")
+    big = np.ascontiguousarray(np.tile(photos[0], (6, 6, 1))[:1100, :1000])
+    images = [photos[1][:1, :1], photos[1][:3, :5], photos[2][:1, :17], photos[3][:2, :25], big]
+    programs = [[[2, 1.7], [3, 0.4], [1, 1.3]], [[3, 1.6], [2, 0.3], [6, 200.0]],
+                [[1, 0.8], [9], [2, 2.2]]]
+    for img in images:
+        img = np.ascontiguousarray(img)
+        for rows in programs:
+            ops = np.array([r + [0.0] * (10 - len(r)) for r in rows], np.float64)
+            with _Mode(fused=True, path=path):
+                before = kernels._set_wide(wide)
+                got = img.copy()
+                kernels.run(got, *img.shape[:2], ops)
+                kernels._set_wide(before)
+            with _Mode(fused=False, path=path):
+                want = img.copy()
+                kernels.run(want, *img.shape[:2], ops)
+            assert np.array_equal(got, want), (
+                f"{img.shape} ops {rows}: {(got != want).sum()} values differ")
+            assert (got != img).any()
+
+
 @pytest.mark.parametrize("preset", ["standard", "randaugment", "trivialaugment"])
 def test_programs_of_a_preset_equal_the_per_op_path(photos, preset):
     """apply_hwc of drawn programs (the runs of C primitives, as the loader applies them)."""

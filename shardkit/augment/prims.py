@@ -245,19 +245,42 @@ def apply_hwc(row: np.ndarray, program, *, fast: bool = True) -> None:
     """Runs ``program`` in place on ``row``: a C-contiguous writable ``(H, W, 3)`` uint8 array.
     Runs of primitives with a C kernel go to ``_kernels.run`` in one call each, without the
     GIL (``fast`` and the extension built); the others run the torch primitive on a
-    ``(3, H, W)`` view and copy the result back."""
+    ``(3, H, W)`` view and copy the result back. It is ``run_steps(row, compile_hwc(program,
+    row.shape, fast=fast))``."""
+    run_steps(row, compile_hwc(program, row.shape, fast=fast))
+
+
+def compile_hwc(program, shape, *, fast: bool = True) -> list[tuple]:
+    """``program``'s steps for an ``(H, W, 3)`` image of ``shape``, for :func:`run_steps`:
+    ``(None, rows)`` for a run of C primitives (the float64 ``(n, 10)`` rows of one
+    ``_kernels.run`` call), ``(fn, args)`` for a torch primitive. The loader compiles a
+    sample's program before decoding it and runs it after, so the Python of both halves runs
+    next to the other Python of the sample."""
     use_fast = fast and _kernels is not None
+    steps: list[tuple] = []
     rows: list[list[float]] = []
     for name, args in program:
-        code = _encode(name, args, row.shape) if use_fast else None
+        code = _encode(name, args, shape) if use_fast else None
         if code is not None:
             rows.append(code + [0.0] * (10 - len(code)))
             continue
         if name == "identity":
             continue
         if rows:
-            _kernels.run(row, row.shape[0], row.shape[1], np.array(rows, dtype=np.float64))
+            steps.append((None, np.array(rows, dtype=np.float64)))
             rows = []
-        _via_torch(row, TORCH[name], *args)
+        steps.append((TORCH[name], args))
     if rows:
-        _kernels.run(row, row.shape[0], row.shape[1], np.array(rows, dtype=np.float64))
+        steps.append((None, np.array(rows, dtype=np.float64)))
+    return steps
+
+
+def run_steps(row: np.ndarray, steps: list[tuple]) -> None:
+    """Runs :func:`compile_hwc`'s ``steps`` in place on ``row`` (C-contiguous, writable,
+    uint8, of the shape they were compiled for; ``_kernels.run`` raises ValueError otherwise,
+    writing nothing)."""
+    for fn, args in steps:
+        if fn is None:
+            _kernels.run(row, row.shape[0], row.shape[1], args)
+        else:
+            _via_torch(row, fn, *args)

@@ -29,12 +29,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..augment.prims import apply_hwc
+from ..augment.prims import apply_hwc, compile_hwc, run_steps
 from ..decode.base import DecodeWarningError, apply_warning_policy
 from ..errors import (ConfigError, DecodeError, ShardCorruptError, ShardFetchError,
                       ShardkitError)
 from ..formats import resource_error
 from ..sharding import sample_rng
+from ..transforms import SampleTransform
 from .options import ON_ERROR, ON_WARNING
 from .source import ShardSource
 
@@ -43,6 +44,12 @@ __all__ = ["SampleStages", "BatchTally", "SAMPLE_ERRORS", "LEFT_OUT", "ErrorHand
            "KeepOnWarning", "SkipOnWarning", "RaiseOnWarning", "warning_handler", "names_sample"]
 
 log = logging.getLogger("shardkit.stream")
+
+def _splits_crop(tf) -> bool:
+    """Whether ``tf`` is the factory's transform, whose call is ``crop_box`` then
+    ``decode_crop`` (a subclass that overrides the call is taken at its word: called whole)."""
+    return isinstance(tf, SampleTransform) and type(tf).__call__ is SampleTransform.__call__
+
 
 #: Errors a bad sample may raise while it is read or decoded (handled by ``on_error``).
 SAMPLE_ERRORS = (ShardkitError, OSError, ValueError, RuntimeError)
@@ -332,7 +339,19 @@ class SampleStages:
         augment = self.augment
         try:
             cache = self.cache
-            if cache is None:
+            if cache is None and augment is not None and not self.augment_on_device \
+                    and _splits_crop(tf):
+                # the crop's draws, the augmentation's, then the decode and the ops: the same
+                # draws in the same order as below, with the Python of the sample together
+                # (drawn after the decode it ran at a quarter of the speed: caches refilled)
+                data = read(pos)
+                box, _, probe = tf.crop_box(data, rng)
+                steps = compile_hwc(augment.draw(rng, self.size, self.size, tally.epoch),
+                                    row.shape)
+                tf.decode_crop(data, box, probe, row)
+                run_steps(row, steps)
+                augment = None  # applied
+            elif cache is None:
                 out = tf(read(pos), rng, out=row)
                 if out is not None and out is not row:  # the factory's transforms fill `row`
                     row[...] = out
