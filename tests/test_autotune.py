@@ -5,6 +5,8 @@ tested with injected measurements (no clock)."""
 from __future__ import annotations
 
 import pickle
+import threading
+import time
 
 import pytest
 import torch
@@ -431,3 +433,88 @@ def test_cpu_count_takes_the_container_quota_and_the_node_s_ranks(tmp_path):
     if affinity == (os.cpu_count() or affinity):          # not pinned: the ranks share it
         assert cpu_count(none, {"LOCAL_WORLD_SIZE": "2"}) == max(1, affinity // 2)
         assert cpu_count(none, {"LOCAL_WORLD_SIZE": str(4 * affinity)}) == 1
+
+
+# --- the settled pool: replaced between epochs without waiting --------------------------------
+
+class _FakePlan:
+    def __init__(self, n):
+        self.n = n
+
+    def worker_batches(self, worker, count, start):
+        return list(range(start, self.n))
+
+    def batch_slice(self, b):
+        return slice(0, 1)
+
+
+class _FakeDataset:
+    """Batches are their numbers; batch ``hang`` blocks until ``release`` is set."""
+    device_decode = False
+    transform = None
+
+    class source:  # noqa: N801 - what the backend closes
+        @staticmethod
+        def close():
+            pass
+
+    def __init__(self, n=12, hang=None, build_s=0.005):
+        self.n, self.hang, self.release, self.build_s = n, hang, threading.Event(), build_s
+
+    def plan(self):
+        return _FakePlan(self.n)
+
+    def build(self, plan, b, transform=None, pin=False, buffers=None):
+        if b == self.hang:
+            self.release.wait(30)
+        time.sleep(self.build_s)
+        return b
+
+
+def _settled_backend(dataset, timeout=5.0):
+    from shardkit.stream.backends import ThreadBackend
+
+    tuner = AutoTuner(2, 4, 1, 1000)
+    backend = ThreadBackend(dataset, tuner.max_workers, tuner.prefetch, False, timeout,
+                            tuner=tuner)
+    return backend, tuner
+
+
+def _settle(tuner, workers=2):
+    tuner.workers = tuner.tuning.num_workers = workers
+    tuner.tuning.settled = True
+
+
+def test_a_hung_build_still_times_out_after_the_tuner_settles():
+    """The settled epoch replaces the pool without waiting for the hung build of the epoch
+    before (which ``timeout`` reported): it raises LoaderError within its own timeout."""
+    from shardkit.errors import LoaderError
+
+    data = _FakeDataset(hang=3)
+    backend, tuner = _settled_backend(data, timeout=0.5)
+    try:
+        with pytest.raises(LoaderError, match="no batch within timeout=0.5 s"):
+            list(backend.batches(0, lambda: "x"))
+        _settle(tuner)
+        t0 = time.monotonic()
+        with pytest.raises(LoaderError, match="no batch within timeout=0.5 s"):
+            list(backend.batches(0, lambda: "x"))
+        assert time.monotonic() - t0 < 5  # not blocked on the old pool's hung thread
+        assert backend._pool_size == 2
+    finally:
+        data.release.set()
+        backend.close()
+
+
+def test_an_iteration_kept_across_the_pool_change_still_gives_its_batches():
+    data = _FakeDataset(build_s=0.1)
+    backend, tuner = _settled_backend(data)
+    tuner.prefetch = 4  # 8 in flight on 4 threads: 4 still queued when the pool changes
+    try:
+        old = backend.batches(0, lambda: "x")
+        assert [next(old), next(old)] == [0, 1]
+        _settle(tuner)
+        assert list(backend.batches(0, lambda: "x")) == list(range(12))
+        assert list(old) == list(range(2, 12))  # its queued builds were not cancelled
+    finally:
+        backend.close()
