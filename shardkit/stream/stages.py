@@ -343,7 +343,8 @@ class SampleStages:
                     and _splits_crop(tf):
                 # the crop's draws, the augmentation's, then the decode and the ops: the same
                 # draws in the same order as below, with the Python of the sample together
-                # (drawn after the decode it ran at a quarter of the speed: caches refilled)
+                # (drawn after the decode, the draw measured 5x slower: the decode had
+                # refilled the caches; benchmarks/README.md "Second pass")
                 data = read(pos)
                 box, _, probe = tf.crop_box(data, rng)
                 steps = compile_hwc(augment.draw(rng, self.size, self.size, tally.epoch),
