@@ -36,24 +36,38 @@ def photos():
 
 
 class _Mode:
-    """Sets the kernels' flags for a block and restores them."""
+    """Sets the kernels' flags for a block and restores them (``wide``: the ``_set_wide``
+    level, capped at this CPU's best)."""
 
-    def __init__(self, fused=None, path=None, separate=None):
-        self.want = (fused, path, separate)
+    def __init__(self, fused=None, path=None, separate=None, wide=None):
+        self.want = (fused, path, separate, wide)
 
     def __enter__(self):
-        fused, path, separate = self.want
+        fused, path, separate, wide = self.want
         self.before = (kernels._set_fused(True), kernels.path()[0],
-                       kernels._set_separate_rounding(False))
+                       kernels._set_separate_rounding(False), kernels._set_wide(0))
         kernels._set_fused(self.before[0] if fused is None else fused)
         kernels._set_path(self.before[1] if path is None else path)
         kernels._set_separate_rounding(self.before[2] if separate is None else separate)
+        kernels._set_wide(self.before[3] if wide is None else wide)
         return self
 
     def __exit__(self, *exc):
         kernels._set_fused(self.before[0])
         kernels._set_path(self.before[1])
         kernels._set_separate_rounding(self.before[2])
+        kernels._set_wide(self.before[3])
+
+
+def _fused_and_reference(img, ops, path, wide, separate=None):
+    """``ops`` run on copies of ``img``: fused at ``(path, wide)``, and one pass per op."""
+    with _Mode(fused=True, path=path, wide=wide, separate=separate):
+        got = img.copy()
+        kernels.run(got, *img.shape[:2], ops)
+    with _Mode(fused=False, path=path, separate=separate):
+        want = img.copy()
+        kernels.run(want, *img.shape[:2], ops)
+    return got, want
 
 
 def _random_ops(rng) -> np.ndarray:
@@ -76,26 +90,23 @@ def _wide_level_here(level: int) -> int:
     return kernels._set_wide(before)
 
 
+def _skip_without_level(path, wide):
+    if path and _wide_level_here(wide) != wide:
+        pytest.skip(f"this CPU has no _set_wide level {wide} (AVX-512 / VBMI)")
+
+
 @pytest.mark.parametrize("path, wide", [(0, 0), (1, 0), (1, 1), (1, 2)])
 @pytest.mark.parametrize("separate", [False, True])
 def test_chains_equal_the_per_op_kernels(photos, path, wide, separate):
     """Portable C, the AVX2+FMA clone and, where the CPU has them, the AVX-512 intrinsics
     (level 1: dword permutes) and their VBMI form (level 2: byte permutes)."""
-    if path and _wide_level_here(wide) != wide:
-        pytest.skip(f"this CPU has no _set_wide level {wide} (AVX-512 / VBMI)")
+    _skip_without_level(path, wide)
     rng = np.random.default_rng(7 + path + 2 * separate + 4 * wide)
     checked = 0
     for trial in range(120):
         img = photos[trial % len(photos)]
         ops = _random_ops(rng)
-        with _Mode(fused=True, path=path, separate=separate):
-            before = kernels._set_wide(wide)
-            got = img.copy()
-            kernels.run(got, *img.shape[:2], ops)
-            kernels._set_wide(before)
-        with _Mode(fused=False, path=path, separate=separate):
-            want = img.copy()
-            kernels.run(want, *img.shape[:2], ops)
+        got, want = _fused_and_reference(img, ops, path, wide, separate)
         assert np.array_equal(got, want), (
             f"ops {ops[:, :2].tolist()}: {(got != want).sum()} values differ")
         checked += int((want != img).any())
@@ -107,8 +118,7 @@ def test_chains_on_tiny_and_large_images_equal_the_per_op_kernels(photos, path, 
     """Images of fewer pixels than one vector (the tail path alone) and of one vector plus
     some, and a 1100 x 1000 one: more than 65536 vectors of 16 pixels, where the contrast's
     gray sum is carried out of its int32 lanes. Contrast first, in the middle and last."""
-    if path and _wide_level_here(wide) != wide:
-        pytest.skip(f"this CPU has no _set_wide level {wide} (AVX-512 / VBMI)")
+    _skip_without_level(path, wide)
     big = np.ascontiguousarray(np.tile(photos[0], (6, 6, 1))[:1100, :1000])
     images = [photos[1][:1, :1], photos[1][:3, :5], photos[2][:1, :17], photos[3][:2, :25], big]
     programs = [[[2, 1.7], [3, 0.4], [1, 1.3]], [[3, 1.6], [2, 0.3], [6, 200.0]],
@@ -117,14 +127,7 @@ def test_chains_on_tiny_and_large_images_equal_the_per_op_kernels(photos, path, 
         img = np.ascontiguousarray(img)
         for rows in programs:
             ops = np.array([r + [0.0] * (10 - len(r)) for r in rows], np.float64)
-            with _Mode(fused=True, path=path):
-                before = kernels._set_wide(wide)
-                got = img.copy()
-                kernels.run(got, *img.shape[:2], ops)
-                kernels._set_wide(before)
-            with _Mode(fused=False, path=path):
-                want = img.copy()
-                kernels.run(want, *img.shape[:2], ops)
+            got, want = _fused_and_reference(img, ops, path, wide)
             assert np.array_equal(got, want), (
                 f"{img.shape} ops {rows}: {(got != want).sum()} values differ")
             assert (got != img).any()
@@ -225,10 +228,8 @@ def test_hue_kernel_equals_torchvision_exactly(photos, path, wide):
     for img in photos:
         for factor in [*rng.uniform(-0.5, 0.5, 2), -0.5, 0.5, 0.0]:
             got = img.copy()
-            with _Mode(path=path):
-                before = kernels._set_wide(wide)
+            with _Mode(path=path, wide=wide):
                 kernels.run(got, *img.shape[:2], np.array([[12, factor] + [0.0] * 8]))
-                kernels._set_wide(before)
             want = F.adjust_hue(torch.from_numpy(img.copy()).permute(2, 0, 1), float(factor))
             want = want.permute(1, 2, 0).numpy()
             assert np.array_equal(got, want), (
@@ -284,10 +285,8 @@ def test_sharpness_clones_give_the_same_bytes(photos, factor):
         outs = []
         for path, wide in ((1, 1), (1, 0), (0, 0)):
             got = img.copy()
-            with _Mode(path=path):
-                before = kernels._set_wide(wide)
+            with _Mode(path=path, wide=wide):
                 kernels.run(got, *img.shape[:2], row)
-                kernels._set_wide(before)
             outs.append(got)
         assert all(np.array_equal(outs[0], o) for o in outs[1:])
         if _torch_fuses():  # else torch rounds twice: tests/test_augment_ops.py covers it
