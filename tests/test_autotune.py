@@ -173,11 +173,14 @@ def _tuner(cpus=2, top=4, budget=1024 * MB, **kw) -> AutoTuner:
                      clock=lambda: 0.0, **kw)
 
 
-def _win(workers, rate, wait_fraction, build_ms=90.0, prefetch=2, batches=8, max_build_ms=None):
+def _win(workers, rate, wait_fraction, build_ms=90.0, prefetch=2, batches=8, max_build_ms=None,
+         on_cpu=None):
     wall = batches / rate
+    build = batches * build_ms / 1e3
     return Window(workers, prefetch, batches, wait=wall * wait_fraction,
-                  step=wall * (1 - wait_fraction), build=batches * build_ms / 1e3,
-                  max_build=(max_build_ms or build_ms) / 1e3)
+                  step=wall * (1 - wait_fraction), build=build,
+                  max_build=(max_build_ms or build_ms) / 1e3,
+                  build_cpu=None if on_cpu is None else on_cpu * build)
 
 
 def test_loader_bound_climbs_while_it_gains_then_settles_on_the_fewest():
@@ -194,34 +197,67 @@ def test_loader_bound_climbs_while_it_gains_then_settles_on_the_fewest():
     assert (t.workers, len(t.tuning.trials)) == (3, 3)
 
 
-def test_loader_bound_with_busy_cpus_tries_one_thread_past_the_cpus_then_stops():
+def test_loader_bound_with_waiting_builders_tries_one_thread_past_the_cpus_then_stops():
     t = _tuner()
-    win = _win(2, rate=10.0, wait_fraction=0.5)  # a consumer with a step of its own
+    win = _win(2, rate=10.0, wait_fraction=0.5, on_cpu=0.6)  # builders wait 40% on reads
     win.cpu = 1.8 * win.wall
     t.decide(win)
     assert t.workers == 3 and not t.settled  # one thread per CPU: one more is tried
-    win = _win(3, rate=10.5, wait_fraction=0.5)
+    assert t.tuning.trials[0]["build_on_cpu"] == 0.6
+    win = _win(3, rate=10.5, wait_fraction=0.5, on_cpu=0.6)
     win.cpu = 1.8 * win.wall  # 1.8 of 2 CPUs busy: more threads would only share them
     t.decide(win)
     assert t.settled and t.workers == 3 and "1.8 of 2 CPUs busy" in t.tuning.reason
     assert t.tuning.trials[1]["cpu_util"] == 1.8
 
 
-def test_idle_consumer_with_busy_cpus_settles_at_the_cpu_count_without_a_trial():
-    """A consumer that only waits, builders keeping the CPUs busy: a third thread on 2 CPUs
-    would time-slice them (20-25% slower in the benchmark), so none is tried."""
-    t = _tuner()
-    win = _win(2, rate=20.0, wait_fraction=0.98)
-    win.cpu = 1.9 * win.wall
-    t.decide(win)
-    assert t.settled and (t.workers, t.prefetch) == (2, 2) and len(t.tuning.trials) == 1
-    assert "waited 98% of the time (it does little else)" in t.tuning.reason
-    assert "1.9 of 2 CPUs busy" in t.tuning.reason
-    t = _tuner()  # the same consumer with idle CPUs (reads waiting on the network): climbs
-    win = _win(2, rate=20.0, wait_fraction=0.98)
-    win.cpu = 1.2 * win.wall
-    t.decide(win)
+def test_computing_builders_settle_at_the_cpu_count_without_a_trial():
+    """Builders on a CPU >= ON_CPU of their build time: a third thread on 2 CPUs only shares
+    them, whether the consumer only waits or has a step of its own (sleep, GPU)."""
+    for wait_fraction in (0.98, 0.4):
+        t = _tuner()
+        t.decide(_win(2, rate=20.0, wait_fraction=wait_fraction, on_cpu=0.97))
+        assert t.settled and (t.workers, t.prefetch) == (2, 2) and len(t.tuning.trials) == 1
+        assert "the 2 builders were on a CPU 97% of their build time" in t.tuning.reason
+    t = _tuner()  # builders that wait on the network: one more thread is tried
+    t.decide(_win(2, rate=20.0, wait_fraction=0.98, on_cpu=0.5))
     assert t.workers == 3 and not t.settled
+    t = _tuner(cpus=4, top=8)  # under the CPU count computing builders still climb
+    t.decide(_win(2, rate=20.0, wait_fraction=0.5, on_cpu=0.99))
+    assert t.workers == 3 and not t.settled
+    t = _tuner()  # unknown thread CPU time (None): the trial is made
+    t.decide(_win(2, rate=20.0, wait_fraction=0.98))
+    assert t.workers == 3 and not t.settled
+
+
+def test_a_live_window_measures_the_builders_thread_cpu(packed_sample):
+    """The backend passes each build's thread CPU time: a window's ``build_on_cpu`` is a
+    fraction of its build time (thread CPU seconds can only exceed wall seconds by the clocks'
+    granularity)."""
+    loader = make_loader(packed_sample("wds"), "train", 2, num_workers="auto", image_size=S)
+    loader.backend.tuner.window = 2
+    for _ in loader:
+        pass
+    trials = loader.tuning.trials
+    assert trials and all(0.0 < t["build_on_cpu"] <= 1.2 for t in trials), trials
+
+
+def test_a_change_is_measured_after_the_batches_in_flight():
+    """The window after a change starts once the batches in flight under the old setting
+    are out (depth of the new setting), also when the consumer waits."""
+    t = _tuner(cpus=2, top=8)
+    t.window = 2
+    t.start_epoch()
+    for _ in range(4 + 2):  # 4 skipped (depth 2 x 2), then a window of 2
+        t.observe(0.1, 0.0, 0.2, 0.1)
+    assert t.workers == 3 and len(t.tuning.trials) == 1  # builders on a CPU 50%: a trial
+    assert t.tuning.trials[0]["build_on_cpu"] == 0.5
+    for _ in range(6):  # depth 3 x 2 = 6 batches skipped
+        t.observe(0.2, 0.0, 0.2, 0.1)
+    assert len(t.tuning.trials) == 1
+    t.observe(0.05, 0.0, 0.2, 0.1)
+    t.observe(0.05, 0.0, 0.2, 0.1)
+    assert len(t.tuning.trials) == 2 and t.tuning.trials[1]["wait_ms"] == 50.0
 
 
 def test_loader_bound_stops_at_the_upper_bound():
@@ -516,5 +552,39 @@ def test_an_iteration_kept_across_the_pool_change_still_gives_its_batches():
         _settle(tuner)
         assert list(backend.batches(0, lambda: "x")) == list(range(12))
         assert list(old) == list(range(2, 12))  # its queued builds were not cancelled
+    finally:
+        backend.close()
+
+
+def test_the_epoch_the_tuner_settles_in_goes_on_on_a_pool_of_the_settled_size():
+    """Settled mid-epoch, the batches after the ones in flight are built on a new pool of the
+    settled size without the gate (the tuning pool's threads idling at the gate cost its epoch
+    7%); the epoch gives every batch once, in order."""
+    threads: dict[int, threading.Thread] = {}  # the objects: names repeat across pools
+
+    class Recording(_FakeDataset):
+        def build(self, plan, b, transform=None, pin=False, buffers=None):
+            threads[b] = threading.current_thread()
+            return super().build(plan, b, transform, pin, buffers)
+
+    backend, tuner = _settled_backend(Recording(n=16))
+    seen = []
+    real_observe = tuner.observe
+
+    def observe(*args):
+        seen.append(args)
+        real_observe(*args)
+        if len(seen) == 3:
+            _settle(tuner, 1)
+
+    tuner.observe = observe
+    try:
+        assert list(backend.batches(0, lambda: "x")) == list(range(16))
+        assert backend._pool_size == 1 and backend._pool._max_workers == 1
+        assert len(seen) == 3 and all(len(a) == 4 and a[3] >= 0 for a in seen)
+        late = {threads[b] for b in range(10, 16)}  # submitted after the switch
+        assert len(late) == 1
+        early = {threads[b] for b in range(4)}  # the tuning pool: 2 builders of 4 threads
+        assert late.isdisjoint(early)
     finally:
         backend.close()

@@ -104,30 +104,32 @@ class ThreadBackend(_Backend):
                                   buffers=self.buffers)
 
     def _build_gated(self, plan, b: int):
-        """``(batch, build seconds)``, built once the gate admits ``b``."""
+        """``(batch, build seconds, build thread CPU seconds)``, built once the gate admits
+        ``b``."""
         self._gate.enter(b)
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             batch = self._build(plan, b)
-            return batch, time.perf_counter() - t0
+            return batch, time.perf_counter() - t0, time.thread_time() - c0
         finally:
             self._gate.leave()
 
     def _part(self, batch, lo: int, hi: int, gated: bool):
-        """``(tally, build seconds)`` of rows ``lo:hi`` of ``batch``, in this thread (through
-        the gate while the tuner measures)."""
+        """``(tally, build seconds, thread CPU seconds)`` of rows ``lo:hi`` of ``batch``, in
+        this thread (through the gate while the tuner measures)."""
         if gated:
             self._gate.enter(batch.b)
         try:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             tally = self.dataset.build_part(batch, lo, hi, self._transform())
-            return tally, time.perf_counter() - t0
+            return tally, time.perf_counter() - t0, time.thread_time() - c0
         finally:
             if gated:
                 self._gate.leave()
 
     def _submit(self, plan, b: int, last: bool, workers: int, gated: bool):
-        """A future of batch ``b`` (``(batch, build seconds)`` when ``gated``). The epoch's
+        """A future of batch ``b`` (``(batch, build seconds, build CPU seconds)`` when
+        ``gated``). The epoch's
         ``last`` batch is built in ``2 x workers`` parts by every thread (:class:`_SplitBatch`):
         built whole, one thread would build it while the others idle (~2% of an epoch of 30
         batches on 2 cores). Device-decode batches (bytes only) are never split."""
@@ -156,23 +158,35 @@ class ThreadBackend(_Backend):
         if tuner is not None:  # settled: its setting on a pool of that size, no gate
             workers, depth = tuner.workers, tuner.depth()
         self._pool_of(workers)
-        pending: deque = deque()
+        yield from self._fixed(plan, todo, last, describe, workers, depth, deque())
+
+    def _fixed(self, plan, todo, last: int, describe, workers: int, depth: int,
+               pending: deque) -> Iterator[tuple]:
+        """The batches of ``pending`` (``(future, timed)``, submitted earlier), then of
+        ``todo``, in order, ``depth`` in flight on the current pool, no gate."""
         try:
             for b in todo:
-                pending.append(self._submit(plan, b, b == last, workers, False))
+                pending.append((self._submit(plan, b, b == last, workers, False), False))
                 if len(pending) >= depth:
-                    yield self._result(pending.popleft(), describe)
+                    yield self._batch(pending.popleft(), describe)
             while pending:
-                yield self._result(pending.popleft(), describe)
+                yield self._batch(pending.popleft(), describe)
         finally:
-            for f in pending:
+            for f, _ in pending:
                 f.cancel()
 
+    def _batch(self, entry: tuple, describe) -> tuple:
+        """The batch of a ``(future, timed)`` entry (a timed one's times dropped)."""
+        future, timed = entry
+        result = self._result(future, describe)
+        return result[0] if timed else result
+
     def _pool_of(self, size: int) -> None:
-        """The thread pool, ``size`` threads. Once the tuner has settled, the epochs after
-        the one it settled in run on a pool of the settled size without the gate: threads past
-        that, idle at the gate, still took turns on the CPUs and their transforms' caches
-        (settled epochs measured 3-5% slower than the same fixed setting on 2 CPUs). A pool of
+        """The thread pool, ``size`` threads. Once the tuner has settled, the rest of the epoch
+        it settled in and the epochs after run on a pool of the settled size without the gate:
+        threads past that, idle at the gate, still took turns on the CPUs and their
+        transforms' caches (settled epochs measured 3-5% slower than the same fixed setting on
+        2 CPUs, the tuning epoch 7% slower). A pool of
         another size is replaced between epochs without waiting: builds it still runs or holds
         (an iteration the caller keeps, or a build that hung, which ``timeout`` reported) finish
         on its threads, which then exit."""
@@ -185,29 +199,35 @@ class ThreadBackend(_Backend):
 
     def _tuned(self, plan, todo, last: int, describe) -> Iterator[tuple]:
         """The batches of ``todo`` in order, ``tuner.depth()`` in flight, measured per batch
-        for the tuner (wait, step, build) until it settles."""
+        for the tuner (wait, step, build and its thread CPU time) until it settles; the rest
+        of the epoch then runs as :meth:`_fixed` on a pool of the settled size (the builds
+        already in flight finish on the tuning pool, its gate open)."""
         tuner, pending = self.tuner, deque()
         tuner.start_epoch()
         self._gate.set_limit(tuner.workers)
         try:
-            while True:
+            while not tuner.settled:
                 depth = tuner.depth()
                 while len(pending) < depth:
                     b = next(todo, None)
                     if b is None:
                         break
-                    pending.append(self._submit(plan, b, b == last, tuner.workers, True))
+                    pending.append((self._submit(plan, b, b == last, tuner.workers, True),
+                                    True))
                 if not pending:
                     return
                 t0 = time.perf_counter()
-                batch, build = self._result(pending.popleft(), describe)
+                batch, build, build_cpu = self._result(pending.popleft()[0], describe)
                 t1 = time.perf_counter()
                 self._gate.set_limit(tuner.workers)
                 yield batch
-                if not tuner.settled:
-                    tuner.observe(t1 - t0, time.perf_counter() - t1, build)
+                tuner.observe(t1 - t0, time.perf_counter() - t1, build, build_cpu)
+            self._gate.set_limit(1 << 30)
+            self._pool_of(tuner.workers)
+            yield from self._fixed(plan, todo, last, describe, tuner.workers, tuner.depth(),
+                                   pending)
         finally:
-            for f in pending:
+            for f, _ in pending:
                 f.cancel()
             self._gate.set_limit(1 << 30)  # builds already waiting run out; none is stranded
             tuner.end_epoch()
@@ -253,7 +273,8 @@ class _SplitBatch:
                         for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
     def result(self, timeout: float | None = None):
-        """The batch (``(batch, summed build seconds)`` when timed); a part's error is raised.
+        """The batch (``(batch, summed build seconds, summed thread CPU seconds)`` when timed);
+        a part's error is raised.
 
         Raises:
             concurrent.futures.TimeoutError: the parts not done within ``timeout`` seconds.
@@ -261,8 +282,10 @@ class _SplitBatch:
         end = None if timeout is None else time.monotonic() + timeout
         done = [f.result(None if end is None else max(0.0, end - time.monotonic()))
                 for f in self.futures]
-        batch = self.dataset.finish_batch(self.batch, [tally for tally, _ in done])
-        return (batch, sum(t for _, t in done)) if self.timed else batch
+        batch = self.dataset.finish_batch(self.batch, [tally for tally, _, _ in done])
+        if not self.timed:
+            return batch
+        return batch, sum(d[1] for d in done), sum(d[2] for d in done)
 
     def cancel(self) -> bool:
         return all([f.cancel() for f in self.futures])

@@ -10,10 +10,11 @@ queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
   bottleneck, one more worker is tried while that still raises throughput by
-  :data:`GAIN` and the pool has threads left; one thread past the CPU count is tried unless
-  the builders already keep the CPUs busy (:data:`BUSY`) for a consumer that does little but
-  wait (:data:`IDLE_CONSUMER`), more only while the process does not keep the CPUs busy
-  (remote reads that wait on the network leave them idle);
+  :data:`GAIN` and the pool has threads left. Past the CPU count, a thread is tried only
+  while the builders spent less than :data:`ON_CPU` of their build time on a CPU (their own
+  thread CPU time: they waited on reads, on the network, or for a CPU others hold) and the
+  process does not keep the CPUs busy (:data:`BUSY`); builders that compute all the time would only share
+  the CPUs with it;
 - the consumer did not wait: fewer workers are tried when the measured build time says
   they keep up (``ceil(1.25 x build / step)``), which leaves cores to the training step;
 - then it settles on the fewest workers within :data:`GAIN` of the best throughput seen, and
@@ -56,12 +57,12 @@ GAIN = 0.03
 #: This process using this fraction of the CPUs (all threads) means they are busy: more
 #: threads would only share them.
 BUSY = 0.85
-#: The consumer waiting at least this fraction of a window does little but wait: with the CPUs
-#: busy building, a thread past the CPU count only time-slices them (measured on 2 CPUs and a
-#: consumer that does nothing: 3 threads built 20-25% fewer batches per second than 2 in the
-#: same run, benchmarks/README.md "Round 3"). A consumer with work of its own (a training step
-#: that blocks on the GPU or sleeps) leaves gaps that one more thread fills, so it is tried.
-IDLE_CONSUMER = 0.9
+#: The builders spending at least this fraction of their build time on a CPU (thread CPU
+#: time over wall time) compute all the time: at the CPU count, one more thread only
+#: time-slices the CPUs with them. Fixed settings measured side by side on 2 CPUs: 3 or 4
+#: threads against 2 gave 1.00-1.04x with a fast consumer and with a 20 ms step, while the
+#: tuner's 3-thread trial cost 2-12% of its window (benchmarks/README.md "Third pass").
+ON_CPU = 0.85
 #: The most threads the tuner's pool holds, and the most worker processes "auto" starts.
 MAX_WORKERS = 16
 #: The most batches in flight per worker the tuner picks.
@@ -159,6 +160,7 @@ class Window:
     build: float = 0.0
     max_build: float = 0.0
     cpu: float | None = None
+    build_cpu: float | None = None
 
     @property
     def wall(self) -> float:
@@ -167,6 +169,13 @@ class Window:
     @property
     def wait_fraction(self) -> float:
         return self.wait / self.wall if self.wall > 0 else 0.0
+
+    @property
+    def on_cpu(self) -> float | None:
+        """The fraction of the builds' wall time their threads ran on a CPU (None unknown)."""
+        if self.build_cpu is None or self.build <= 0:
+            return None
+        return self.build_cpu / self.build
 
     @property
     def rate(self) -> float:
@@ -182,7 +191,8 @@ class Window:
                 "build_ms": round(1e3 * self.build / n, 3),
                 "max_build_ms": round(1e3 * self.max_build, 3),
                 "cpu_util": None if self.cpu is None or self.wall <= 0
-                else round(self.cpu / self.wall, 3)}
+                else round(self.cpu / self.wall, 3),
+                "build_on_cpu": None if self.on_cpu is None else round(self.on_cpu, 3)}
 
 
 @dataclass
@@ -283,9 +293,11 @@ class AutoTuner:
         # a new window of the current setting after ``skip`` (>= 1) unmeasured batches
         self._skip, self._win = max(1, skip), Window(self.workers, self.prefetch)
 
-    def observe(self, wait: float, step: float, build: float) -> None:
-        """One consumed batch: seconds the consumer waited for it, held it, and it took to
-        build. Decides at the end of each window."""
+    def observe(self, wait: float, step: float, build: float,
+                build_cpu: float | None = None) -> None:
+        """One consumed batch: seconds the consumer waited for it, held it, it took to build
+        and its builder's thread CPU seconds (None unknown). Decides at the end of each
+        window."""
         if self.settled or self._win is None:
             return
         if self._skip > 0:
@@ -299,6 +311,8 @@ class AutoTuner:
         w.step += step
         w.build += build
         w.max_build = max(w.max_build, build)
+        if build_cpu is not None:
+            w.build_cpu = (w.build_cpu or 0.0) + build_cpu
         if w.batches >= self.window:
             w.cpu = self._clock() - self._cpu0
             self.decide(w)
@@ -313,9 +327,11 @@ class AutoTuner:
         if nxt is not None:
             self.workers = nxt
             t.num_workers, t.reason = nxt, f"trying {nxt} worker{'s' if nxt != 1 else ''}: {why}"
-            # a waiting consumer means an empty queue: the new setting shows at once; a full
-            # queue first drains to the new depth
-            self._begin(2 if win.wait_fraction > WAIT_BOUND else max(2, self.depth()))
+            # the batches in flight were started under the old setting and share the CPUs
+            # with the new builders: measured from the first batch after them (a window
+            # right after the change measured the transient, 2-12% slower than either
+            # setting at its steady state)
+            self._begin(max(2, self.depth()))
             return
         self._settle(why)
 
@@ -329,11 +345,12 @@ class AutoTuner:
         if win.wait_fraction > WAIT_BOUND:
             nxt = win.workers + 1
             busy = win.cpu is not None and win.cpu >= BUSY * self.cpus * win.wall
-            if busy and win.workers >= self.cpus and win.wait_fraction >= IDLE_CONSUMER:
-                return None, (f"the consumer waited {win.wait_fraction:.0%} of the time (it "
-                              f"does little else) and the {win.workers} workers kept "
-                              f"{win.cpu / win.wall:.1f} of {self.cpus} CPUs busy: a thread "
-                              "past the CPU count would only share them")
+            on_cpu = win.on_cpu
+            if win.workers >= self.cpus and on_cpu is not None and on_cpu >= ON_CPU:
+                return None, (f"the consumer waited {win.wait_fraction:.0%} of the time, but "
+                              f"the {win.workers} builders were on a CPU {on_cpu:.0%} of "
+                              f"their build time ({self.cpus} CPUs): a thread past the CPU "
+                              "count would only share them")
             if busy and win.workers > self.cpus:
                 return None, (f"the consumer waited {win.wait_fraction:.0%} of the time, but "
                               f"this process kept {win.cpu / win.wall:.1f} of {self.cpus} CPUs "
