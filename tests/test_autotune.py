@@ -385,34 +385,6 @@ def test_train_with_auto_workers_writes_the_tuning_to_metrics_json(packed_sample
     assert train["reason"] and isinstance(train["settled"], bool)
 
 
-def test_gate_admits_the_lowest_batch_first_and_counts_twins():
-    import threading
-    import time as _time
-
-    from shardkit.stream.backends import _Gate
-
-    gate = _Gate()
-    gate.set_limit(1)
-    order: list[int] = []
-
-    def build(b):
-        gate.enter(b)
-        order.append(b)
-        gate.leave()
-
-    gate.enter(-1)  # hold the only slot while the others queue up
-    threads = [threading.Thread(target=build, args=(b,)) for b in (5, 3, 3, 4)]
-    for t in threads:
-        t.start()
-    deadline = _time.monotonic() + 10
-    while sum(gate._waiting.values()) < 4 and _time.monotonic() < deadline:  # noqa: SLF001
-        _time.sleep(0.01)
-    gate.leave()
-    for t in threads:
-        t.join(10)
-    assert order == [3, 3, 4, 5]
-
-
 def test_bench_times_auto_beside_the_grid(packed_sample, tmp_path):
     from shardkit.bench.cli import run_bench
     from shardkit.bench.runner import RunConfig
@@ -584,7 +556,41 @@ def test_the_epoch_the_tuner_settles_in_goes_on_on_a_pool_of_the_settled_size():
         assert len(seen) == 3 and all(len(a) == 4 and a[3] >= 0 for a in seen)
         late = {threads[b] for b in range(10, 16)}  # submitted after the switch
         assert len(late) == 1
-        early = {threads[b] for b in range(4)}  # the tuning pool: 2 builders of 4 threads
+        early = {threads[b] for b in range(4)}  # the tuning pool's 2 threads
         assert late.isdisjoint(early)
+    finally:
+        backend.close()
+
+
+def test_while_tuning_a_batch_is_built_by_a_pool_of_the_workers_it_was_submitted_under():
+    """Each change of the tuner's workers gets a pool of that size: the batches submitted under
+    ``w`` workers are built by at most ``w`` threads (no larger pool held back by a gate)."""
+    threads: dict[int, threading.Thread] = {}
+
+    class Recording(_FakeDataset):
+        def build(self, plan, b, transform=None, pin=False, buffers=None):
+            threads[b] = threading.current_thread()
+            return super().build(plan, b, transform, pin, buffers)
+
+    backend, tuner = _settled_backend(Recording(n=40, build_s=0.002))
+    tuner.window = 1
+    todo = [1, 3, 4]
+    tuner._next_workers = lambda win: (todo.pop(0), "scripted") if todo else (None, "end")
+    submitted: dict[int, tuple] = {}  # batch: (the phase, its workers)
+    real_submit = backend._submit
+
+    def submit(plan, b, last, workers, timed):
+        submitted[b] = ((len(tuner.tuning.trials), tuner.settled), workers)
+        return real_submit(plan, b, last, workers, timed)
+
+    backend._submit = submit
+    try:
+        assert list(backend.batches(0, lambda: "x")) == list(range(40))
+        assert [t["workers"] for t in tuner.tuning.trials] == [2, 1, 3, 4]
+        phases = set(submitted.values())
+        assert {w for _, w in phases} == {1, 2, 3, 4}
+        for phase in phases:
+            built = {threads[b] for b, p in submitted.items() if p == phase}
+            assert 1 <= len(built) <= phase[1], (phase, len(built))
     finally:
         backend.close()

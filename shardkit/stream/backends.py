@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterator
@@ -61,11 +61,12 @@ class ThreadBackend(_Backend):
     flight; they are yielded in batch order. ``num_workers=0`` builds every batch in the
     consumer's thread.
 
-    With a ``tuner`` (:class:`~shardkit.stream.tuning.AutoTuner`, ``num_workers="auto"``) the
-    pool has ``num_workers`` (the tuner's ``max_workers``) threads, of which at most
-    ``tuner.workers`` build at once, lowest batch number first, with ``tuner.depth()`` batches
-    in flight; both may change between batches, never what a batch holds. The epochs after it
-    settled run its setting as a fixed one (a pool of ``tuner.workers`` threads, no gate).
+    With a ``tuner`` (:class:`~shardkit.stream.tuning.AutoTuner`, ``num_workers="auto"``;
+    ``num_workers`` is then its ``max_workers``, the most it may pick) the pool has
+    ``tuner.workers`` threads and ``tuner.depth()`` batches are in flight; both may change
+    between batches, never what a batch holds: a new count gets a new pool (:meth:`_pool_of`),
+    the builds in flight finishing on the old one. Once it settled, its setting runs as a fixed
+    one.
     """
 
     #: Build an epoch's last batch in parts on every thread (see :meth:`_submit`); False
@@ -80,7 +81,6 @@ class ThreadBackend(_Backend):
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self.timeout = timeout
         self.tuner = tuner
-        self._gate = _Gate() if tuner is not None else None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self._local = threading.local()
@@ -103,41 +103,30 @@ class ThreadBackend(_Backend):
         return self.dataset.build(plan, b, transform=self._transform(), pin=self.pin_memory,
                                   buffers=self.buffers)
 
-    def _build_gated(self, plan, b: int):
-        """``(batch, build seconds, build thread CPU seconds)``, built once the gate admits
-        ``b``."""
-        self._gate.enter(b)
-        try:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            batch = self._build(plan, b)
-            return batch, time.perf_counter() - t0, time.thread_time() - c0
-        finally:
-            self._gate.leave()
+    def _build_timed(self, plan, b: int):
+        """``(batch, build seconds, build thread CPU seconds)``."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        batch = self._build(plan, b)
+        return batch, time.perf_counter() - t0, time.thread_time() - c0
 
-    def _part(self, batch, lo: int, hi: int, gated: bool):
+    def _part(self, batch, lo: int, hi: int):
         """``(tally, build seconds, thread CPU seconds)`` of rows ``lo:hi`` of ``batch``, in
-        this thread (through the gate while the tuner measures)."""
-        if gated:
-            self._gate.enter(batch.b)
-        try:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            tally = self.dataset.build_part(batch, lo, hi, self._transform())
-            return tally, time.perf_counter() - t0, time.thread_time() - c0
-        finally:
-            if gated:
-                self._gate.leave()
+        this thread."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        tally = self.dataset.build_part(batch, lo, hi, self._transform())
+        return tally, time.perf_counter() - t0, time.thread_time() - c0
 
-    def _submit(self, plan, b: int, last: bool, workers: int, gated: bool):
+    def _submit(self, plan, b: int, last: bool, workers: int, timed: bool):
         """A future of batch ``b`` (``(batch, build seconds, build CPU seconds)`` when
-        ``gated``). The epoch's
+        ``timed``). The epoch's
         ``last`` batch is built in ``2 x workers`` parts by every thread (:class:`_SplitBatch`):
         built whole, one thread would build it while the others idle (~2% of an epoch of 30
         batches on 2 cores). Device-decode batches (bytes only) are never split."""
         if last and self.split_last and workers > 1 and not self.dataset.device_decode:
             sl = plan.batch_slice(b)
             if sl.stop - sl.start >= 2 * workers:
-                return _SplitBatch(self, plan, b, 2 * workers, gated)
-        return self._pool.submit(self._build_gated if gated else self._build, plan, b)
+                return _SplitBatch(self, plan, b, 2 * workers, timed)
+        return self._pool.submit(self._build_timed if timed else self._build, plan, b)
 
     def batches(self, start: int, describe: Callable[[], str]) -> Iterator[tuple]:
         """The current epoch's batches ``start, start + 1, ...`` in order."""
@@ -151,7 +140,6 @@ class ThreadBackend(_Backend):
             return
         tuner = self.tuner
         if tuner is not None and not tuner.settled:
-            self._pool_of(self.num_workers)
             yield from self._tuned(plan, todo, last, describe)
             return
         workers, depth = self.num_workers, self.num_workers * self.prefetch_factor
@@ -182,12 +170,11 @@ class ThreadBackend(_Backend):
         return result[0] if timed else result
 
     def _pool_of(self, size: int) -> None:
-        """The thread pool, ``size`` threads. Once the tuner has settled, the rest of the epoch
-        it settled in and the epochs after run on a pool of the settled size without the gate:
-        threads past that, idle at the gate, still took turns on the CPUs and their
-        transforms' caches (settled epochs measured 3-5% slower than the same fixed setting on
-        2 CPUs, the tuning epoch 7% slower). A pool of
-        another size is replaced between epochs without waiting: builds it still runs or holds
+        """The thread pool, ``size`` threads: the tuner's every change of ``workers`` gets a pool
+        of that size (a larger pool whose extra threads waited at a gate was measured 3-5%
+        slower than the same fixed setting on 2 CPUs: idle threads still took turns on the CPUs
+        and their transforms' caches). A pool of another size is replaced without waiting,
+        between epochs or between batches: builds it still runs or holds
         (an iteration the caller keeps, or a build that hung, which ``timeout`` reported) finish
         on its threads, which then exit."""
         if self._pool is not None and self._pool_size == size:
@@ -198,15 +185,14 @@ class ThreadBackend(_Backend):
         self._pool_size = size
 
     def _tuned(self, plan, todo, last: int, describe) -> Iterator[tuple]:
-        """The batches of ``todo`` in order, ``tuner.depth()`` in flight, measured per batch
-        for the tuner (wait, step, build and its thread CPU time) until it settles; the rest
-        of the epoch then runs as :meth:`_fixed` on a pool of the settled size (the builds
-        already in flight finish on the tuning pool, its gate open)."""
+        """The batches of ``todo`` in order, ``tuner.depth()`` in flight on a pool of
+        ``tuner.workers`` threads, measured per batch for the tuner (wait, step, build and its
+        thread CPU time) until it settles; the rest of the epoch then runs as :meth:`_fixed`."""
         tuner, pending = self.tuner, deque()
         tuner.start_epoch()
-        self._gate.set_limit(tuner.workers)
         try:
             while not tuner.settled:
+                self._pool_of(tuner.workers)
                 depth = tuner.depth()
                 while len(pending) < depth:
                     b = next(todo, None)
@@ -219,17 +205,14 @@ class ThreadBackend(_Backend):
                 t0 = time.perf_counter()
                 batch, build, build_cpu = self._result(pending.popleft()[0], describe)
                 t1 = time.perf_counter()
-                self._gate.set_limit(tuner.workers)
                 yield batch
                 tuner.observe(t1 - t0, time.perf_counter() - t1, build, build_cpu)
-            self._gate.set_limit(1 << 30)
             self._pool_of(tuner.workers)
             yield from self._fixed(plan, todo, last, describe, tuner.workers, tuner.depth(),
                                    pending)
         finally:
             for f, _ in pending:
                 f.cancel()
-            self._gate.set_limit(1 << 30)  # builds already waiting run out; none is stranded
             tuner.end_epoch()
 
     def _result(self, future, describe):
@@ -269,7 +252,7 @@ class _SplitBatch:
                                                  buffers=backend.buffers)
         n = self.batch.n
         bounds = [n * k // parts for k in range(parts + 1)]
-        self.futures = [backend._pool.submit(backend._part, self.batch, lo, hi, timed)
+        self.futures = [backend._pool.submit(backend._part, self.batch, lo, hi)
                         for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
     def result(self, timeout: float | None = None):
@@ -289,42 +272,6 @@ class _SplitBatch:
 
     def cancel(self) -> bool:
         return all([f.cancel() for f in self.futures])
-
-
-class _Gate:
-    """Lets at most ``limit`` batches build at once, the lowest waiting batch number first
-    (the consumer takes batches in order, so a later one must not overtake it). The lowest
-    waiter is always admitted once a build ends, so no limit can deadlock it. Waiters are
-    counted per batch number: a build left over from an abandoned iteration may wait beside
-    the same number of the next one."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._active = 0
-        self._limit = 1
-        self._waiting: Counter = Counter()
-
-    def set_limit(self, limit: int) -> None:
-        """How many may build at once from now on (>= 1; a large value opens the gate)."""
-        with self._cond:
-            self._limit = max(1, int(limit))
-            self._cond.notify_all()
-
-    def enter(self, b: int) -> None:
-        with self._cond:
-            self._waiting[b] += 1
-            while self._active >= self._limit or b != min(self._waiting):
-                self._cond.wait()
-            self._waiting[b] -= 1
-            if not self._waiting[b]:
-                del self._waiting[b]
-            self._active += 1
-            self._cond.notify_all()
-
-    def leave(self) -> None:
-        with self._cond:
-            self._active -= 1
-            self._cond.notify_all()
 
 
 def _to_shared(obj):
