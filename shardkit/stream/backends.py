@@ -143,7 +143,7 @@ class ThreadBackend(_Backend):
             yield from self._tuned(plan, todo, last, describe)
             return
         workers, depth = self.num_workers, self.num_workers * self.prefetch_factor
-        if tuner is not None:  # settled: its setting on a pool of that size, no gate
+        if tuner is not None:  # settled: its setting, as a fixed one
             workers, depth = tuner.workers, tuner.depth()
         self._pool_of(workers)
         yield from self._fixed(plan, todo, last, describe, workers, depth, deque())
@@ -151,7 +151,7 @@ class ThreadBackend(_Backend):
     def _fixed(self, plan, todo, last: int, describe, workers: int, depth: int,
                pending: deque) -> Iterator[tuple]:
         """The batches of ``pending`` (``(future, timed)``, submitted earlier), then of
-        ``todo``, in order, ``depth`` in flight on the current pool, no gate."""
+        ``todo``, in order, ``depth`` in flight on the current pool."""
         try:
             for b in todo:
                 pending.append((self._submit(plan, b, b == last, workers, False), False))

@@ -1,11 +1,11 @@
 """``num_workers="auto"`` / ``prefetch_factor="auto"``: how a loader picks its own concurrency.
 
-The thread backend (default) tunes live, during the first batches of training: its pool has
-:attr:`AutoTuner.max_workers` threads from the start, and the tuner limits how many of them
-build batches at once (``workers``) and how many batches are in flight (``workers x
-prefetch``). Per batch consumed it records how long the consumer waited for it (``wait``), how
-long the consumer kept it before asking for the next (``step``) and how long the batch took to
-build (``build``, in its thread); every :attr:`AutoTuner.window` batches (after letting the
+The thread backend (default) tunes live, during the first batches of training: the tuner
+sets how many threads build batches (``workers``, a pool of that size, at most
+:attr:`AutoTuner.max_workers`) and how many batches are in flight (``workers x prefetch``).
+Per batch consumed it records how long the consumer waited for it (``wait``), how long the
+consumer kept it before asking for the next (``step``), how long the batch took to build
+(``build``) and the builder's thread CPU time over it (``build_cpu``); every :attr:`AutoTuner.window` batches (after letting the
 queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
