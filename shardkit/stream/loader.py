@@ -428,7 +428,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     source.prefetch_bytes = resolve_prefetch_bytes(workers.shard_prefetch_bytes)
     plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
     counts = plan_tuning(workers.backend, num_workers, prefetch_factor, batch_size, size)
-    num_workers, prefetch_factor = counts[:2]  # the pool's size; the auto choice is tuned
+    num_workers, prefetch_factor = counts[:2]  # the most threads; the auto choice is tuned
     _check_device_decode(tf, device_decode, cache)
     if hasattr(tf, "max_pixels"):
         tf.max_pixels = source.max_pixels  # the limit pack applied, again at read time

@@ -10,7 +10,7 @@ queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
   bottleneck, one more worker is tried while that still raises throughput by
-  :data:`GAIN` and the pool has threads left. Past the CPU count, a thread is tried only
+  :data:`GAIN` and ``max_workers`` allows it. Past the CPU count, a thread is tried only
   while the builders spent less than :data:`ON_CPU` of their build time on a CPU (their own
   thread CPU time: they waited on reads, on the network, or for a CPU others hold) and the
   process does not keep the CPUs busy (:data:`BUSY`); builders that compute all the time would only share
@@ -63,7 +63,7 @@ BUSY = 0.85
 #: threads against 2 gave 1.00-1.04x with a fast consumer and with a 20 ms step, while the
 #: tuner's 3-thread trial cost 2-12% of its window (benchmarks/README.md "Third pass").
 ON_CPU = 0.85
-#: The most threads the tuner's pool holds, and the most worker processes "auto" starts.
+#: The most threads the tuner picks, and the most worker processes "auto" starts.
 MAX_WORKERS = 16
 #: The most batches in flight per worker the tuner picks.
 MAX_PREFETCH = 8
@@ -205,8 +205,8 @@ class Tuning:
             bool}``). settled: False while the tuner is still measuring.
         reason: the decision in words. backend: ``"thread"`` or ``"process"``.
         cpus: :func:`cpu_count`; max_workers: the most workers the tuner may pick (the thread
-            pool's size; the plan's ``streams`` in block order); memory: ``{"batch_bytes",
-            "budget_bytes", "max_in_flight"}``; trials: each measured window
+            backend's ``num_workers``; the plan's ``streams`` in block order); memory:
+            ``{"batch_bytes", "budget_bytes", "max_in_flight"}``; trials: each measured window
             (:meth:`Window.as_dict`), in order.
     """
 
@@ -233,7 +233,8 @@ class AutoTuner:
     flight) before each submission. :attr:`tuning` is the public record.
 
     Args:
-        cpus: CPUs available; max_workers: the pool's size (the most ``workers``).
+        cpus: CPUs available; max_workers: the most ``workers`` (the plan's streams in block
+            order).
         batch_bytes: one batch's pixel buffer; budget_bytes: what the batches in flight may
             hold (:func:`memory_budget`).
         workers, prefetch: ints fix that one, None tunes it.
@@ -396,10 +397,10 @@ class AutoTuner:
 
 def plan_tuning(backend: str, num_workers, prefetch_factor, batch_size: int, image_size: int,
                 *, cpus: int | None = None, budget: int | None = None):
-    """How a loader's counts are resolved: ``(pool workers, prefetch, streams, tuner, tuning)``.
+    """How a loader's counts are resolved: ``(num_workers, prefetch, streams, tuner, tuning)``.
 
     - no ``"auto"``: the counts as given, ``streams = num_workers``, no tuner;
-    - thread backend: a pool of ``max_workers = min(16, max(2, 2 x CPUs))`` threads (within
+    - thread backend: at most ``max_workers = min(16, max(2, 2 x CPUs))`` threads (within
       the memory bound), ``streams = max_workers``, an :class:`AutoTuner` (None when
       ``num_workers`` is an int 0: nothing to tune);
     - process backend: resolved now: ``min(CPUs, 16)`` workers within the memory bound,
