@@ -1,20 +1,20 @@
 """``num_workers="auto"`` / ``prefetch_factor="auto"``: how a loader picks its own concurrency.
 
-The thread backend (default) tunes live, during the first batches of training: the tuner
-sets how many threads build batches (``workers``, a pool of that size, at most
-:attr:`AutoTuner.max_workers`) and how many batches are in flight (``workers x prefetch``).
-Per batch consumed it records how long the consumer waited for it (``wait``), how long the
-consumer kept it before asking for the next (``step``), how long the batch took to build
-(``build``) and the builder's thread CPU time over it (``build_cpu``); every :attr:`AutoTuner.window` batches (after letting the
-queue settle) it compares the window with the earlier ones:
+The thread backend (default) tunes live, during the first batches of training: the tuner sets
+how many threads build batches (``workers``, a pool of that size, at most
+:attr:`AutoTuner.max_workers`) and how many batches are in flight (``workers x prefetch``). Per
+batch consumed it records how long the consumer waited for it (``wait``), how long the consumer
+kept it before asking for the next (``step``), how long the batch took to build (``build``) and
+the builder's thread CPU time over it (``build_cpu``); every :attr:`AutoTuner.window` batches
+(after letting the queue settle) it compares the window with the earlier ones:
 
 - the consumer waited (more than :data:`WAIT_BOUND` of the window): the loader is the
-  bottleneck, one more worker is tried while that still raises throughput by
-  :data:`GAIN` and ``max_workers`` allows it. Past the CPU count, a thread is tried only
-  while the builders spent less than :data:`ON_CPU` of their build time on a CPU (their own
-  thread CPU time: they waited on reads, on the network, or for a CPU others hold) and the
-  process does not keep the CPUs busy (:data:`BUSY`); builders that compute all the time would only share
-  the CPUs with it;
+  bottleneck, one more worker is tried while that still raises throughput by :data:`GAIN` and
+  ``max_workers`` allows it. Past the CPU count, a thread is tried only while the builders
+  spent less than :data:`ON_CPU` of their build time on a CPU (their own thread CPU time: they
+  waited on reads, on the network, or for a CPU others hold) and the process does not keep the
+  CPUs busy (:data:`BUSY`); builders that compute all the time would only share the CPUs with
+  it;
 - the consumer did not wait: fewer workers are tried when the measured build time says
   they keep up (``ceil(1.25 x build / step)``), which leaves cores to the training step;
 - then it settles on the fewest workers within :data:`GAIN` of the best throughput seen, and
