@@ -64,9 +64,15 @@ def _same(a, b) -> bool:
                                     for (x1, y1), (x2, y2) in zip(a, b))
 
 
+def _dct_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "shardkit.stream.cache" and "DCT scale" in r.getMessage()]
+
+
 @pytest.mark.parametrize("backend", ["thread", "process"])
-def test_cached_epochs_are_exactly_the_uncached_batches(root, shm, backend, plain):
-    cached, stats = _epochs(root, [0, 1], backend, cache="ram")
+def test_cached_epochs_are_exactly_the_uncached_batches(root, shm, backend, plain, caplog):
+    with caplog.at_level(logging.WARNING, logger="shardkit.stream.cache"):
+        cached, stats = _epochs(root, [0, 1], backend, cache="ram")
     if backend == "process":
         assert _epochs(root, [], backend)[1] is None  # no cache, no stats
     n = sum(len(y) for _, y in plain[0])
@@ -82,7 +88,53 @@ def test_cached_epochs_are_exactly_the_uncached_batches(root, shm, backend, plai
     recs = read_split_records(root, "train")
     assert stats["size_bytes"] == sum(r["width"] * r["height"] * 3 for r in recs)
     assert stats["fill_seconds"] > 0
+    # no crop >= 2 x 224 here: nothing the uncached decode would DCT-reduce, nothing warned
+    assert stats["dct_reduced"] == 0 and _dct_warnings(caplog) == []
     assert list(shm.iterdir()) == []  # the last holder removed the arena and its lock file
+
+
+SMALL = 96  # most random crops of the 240-500 px sample photos are >= 192 px: DCT-reduced
+
+
+@pytest.fixture(scope="module")
+def plain_small(root) -> list:
+    """The uncached batches of epochs 0 and 1 at image_size=SMALL (threads)."""
+    return _epochs(root, [0, 1], image_size=SMALL)[0]
+
+
+def _rows_differ(a, b) -> int:
+    """How many samples (rows) of epochs ``a`` and ``b`` (the same order) differ in pixels."""
+    assert all(y1.equal(y2) for ea, eb in zip(a, b) for (_, y1), (_, y2) in zip(ea, eb))
+    return sum(int((x1 != x2).flatten(1).any(1).sum()) for ea, eb in zip(a, b)
+               for (x1, _), (x2, _) in zip(ea, eb))
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_dct_reduced_crops_are_counted_and_warned_once(root, shm, backend, plain_small, caplog):
+    """At S=96 the uncached decode of a crop >= 192 px on both sides is DCT-reduced, the
+    cache's is not: cache_stats counts exactly the samples whose pixels differ from the
+    uncached run's, and the loader warns once (not per sample, thread, worker or epoch)."""
+    with caplog.at_level(logging.WARNING, logger="shardkit.stream.cache"):
+        cached, stats = _epochs(root, [0, 1], backend, cache="ram", image_size=SMALL)
+    n = _num_train(root)
+    differ = _rows_differ(plain_small, cached)
+    assert 0 < stats["dct_reduced"] == differ < 2 * n  # both epochs: the fill and the hits
+    (msg,) = _dct_warnings(caplog)
+    assert f"image_size={SMALL}" in msg and f">= {2 * SMALL} px" in msg
+    assert "not bit-exact" in msg and "docs/cache.md" in msg
+    w, h = (int(v) for v in msg.split(" px crop")[0].split()[-1].split("x"))
+    assert min(w, h) >= 2 * SMALL  # the crop that triggered it
+
+
+def test_no_dct_scaling_keeps_small_crops_exact(root, shm, caplog):
+    """The way out the warning names: dct_scaling=False decodes uncached crops at scale 1,
+    so the cached epochs equal the uncached ones at S=96 too, with nothing counted."""
+    tf = TransformConfig(image_size=SMALL, dct_scaling=False)
+    plain, _ = _epochs(root, [0, 1], transform=tf)
+    with caplog.at_level(logging.WARNING, logger="shardkit.stream.cache"):
+        cached, stats = _epochs(root, [0, 1], cache="ram", transform=tf)
+    assert _rows_differ(plain, cached) == 0 and stats["dct_reduced"] == 0
+    assert _dct_warnings(caplog) == []
 
 
 def test_eval_loader_pixels_and_final_crops(packed_sample, shm):

@@ -74,6 +74,7 @@ def test_train_cache_ram_equals_uncached_run_and_reports_cache_stats(packed_samp
         # every sample read was decoded once (a miss that filled it) and then served from RAM
         assert c["misses"] == c["filled_samples"] <= len(sizes)
         assert c["hit_rate"] == c["hits"] / (c["hits"] + c["misses"])
+        assert c["dct_reduced"] == 0  # every crop < 2 x 192: nothing DCT-reduced uncached
     train = stats["train"]
     # 2 epochs of 32 draws (with replacement) from 140 samples: 64 reads; a sample drawn again,
     # in the same epoch or the next, is a hit

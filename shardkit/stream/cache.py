@@ -33,6 +33,13 @@ damaged shard.
 Identity of an arena (its name in RAM, its header on disk): the split's shard sha256s, the
 index's per-sample xxh3s (or keys and sizes), the split name, the cache resolution, the
 decoder and, for ``"final"``, the eval transform.
+
+Exactness: a cached crop is resized from the cached pixels, an uncached one from the JPEG
+decoded at the DCT reduction :func:`shardkit.decode.choose_scale` picks for its crop box (1/2,
+1/4, 1/8 once both sides of the crop are >= 2x the output side). Where that reduction is < 1
+the two differ (close, not bit-exact); :meth:`DecodedCache.dct_reduced` tells those samples
+apart from the crop box and the stored size (the uncached path's decision), the loader counts
+them (``cache_stats()["dct_reduced"]``) and logs one warning (:meth:`DecodedCache.warn_dct`).
 """
 from __future__ import annotations
 
@@ -72,6 +79,10 @@ _CHECK_SHARE = 64
 _STOP_LOCK = threading.Lock()
 #: What a fault while reading a slot may raise (a cache fault: the sample is decoded instead).
 _SLOT_FAULTS = (ValueError, IndexError, TypeError, KeyError, OSError, BufferError)
+#: :attr:`DecodedCache.dct_side` when no crop is ever DCT-reduced (above any image side).
+_NEVER = 1 << 40
+#: The ``ext`` of a stored JPEG in ``splits/<split>.jsonl`` (the packer writes ``"jpg"``).
+_JPEG_EXTS = ("jpg", "jpeg")
 
 
 def parse_cache(spec) -> tuple[str, str | None]:
@@ -175,9 +186,11 @@ def _decoder_name(name: str) -> str:
     return auto_choice()[0]
 
 
-def _stored_sizes(source, transform) -> np.ndarray:
-    """``(width, height)`` of every stored image: from ``splits/<split>.jsonl`` (upright pixels,
-    as stored), else (an index without sizes) from each sample's header."""
+def _stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
+    """``(sizes, reducible)``: ``(width, height)`` of every stored image, and per sample 1 when
+    its uncached decode may use a DCT reduction (a JPEG), else 0 (a PNG: always at scale 1).
+    From ``splits/<split>.jsonl`` (upright pixels, as stored; a record without ``ext`` counts
+    as a JPEG), else (an index without sizes) from each sample's header."""
     n = len(source)
     sizes = np.zeros((n, 2), np.int64)
     try:
@@ -190,7 +203,7 @@ def _stored_sizes(source, transform) -> np.ndarray:
                                  and _side(r.get("height")) for r in records):
         sizes[:, 0] = [r["width"] for r in records]
         sizes[:, 1] = [r["height"] for r in records]
-        return sizes
+        return sizes, bytes(str(r.get("ext", "jpg")).lower() in _JPEG_EXTS for r in records)
     if why:
         log.warning("decoded cache: %s; reading %d image headers instead", why, n)
     else:
@@ -199,10 +212,42 @@ def _stored_sizes(source, transform) -> np.ndarray:
     from ..decode import get_decoder
 
     dec = get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
+    reducible = bytearray(n)
     for i in range(n):
         probe = dec.probe(source.read(i))
         sizes[i] = probe.width, probe.height
-    return sizes
+        reducible[i] = min(probe.factors) < 1
+    return sizes, bytes(reducible)
+
+
+def _dct_side(transform) -> int:
+    """The crop side from which the uncached decode of a JPEG by ``transform`` is DCT-reduced:
+    :func:`~shardkit.decode.choose_scale` picks a factor ``n/d < 1`` iff both sides of the crop
+    box are >= ``S * d / n`` for the largest such factor of the decoder (1/2 for roi, turbojpeg
+    and pil: ``2 S``); :data:`_NEVER` without ``dct_scaling`` or for a decoder without
+    reductions (nvjpeg per image)."""
+    cfg = transform.cfg
+    if not cfg.dct_scaling:
+        return _NEVER
+    import io
+
+    from PIL import Image
+
+    from ..decode import FAST_DCT_REDUCTIONS, get_decoder
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buf, format="JPEG")
+    try:  # the decoder's own factors for a YCbCr JPEG: a header read of a tiny one
+        factors = get_decoder(cfg.decoder).probe(buf.getvalue()).factors
+    except Exception:  # noqa: BLE001 - the loader reports a bad decoder; assume shardkit's set
+        factors = FAST_DCT_REDUCTIONS
+    below = [f for f in factors if f < 1]
+    if not below:
+        return _NEVER
+    f = max(below)
+    # ceil: an int (train) box side w has w * n >= S * d iff w >= ceil(S * d / n); an eval box's
+    # side is truncated to an int (CropParams), exact for n = 1 (every factor shardkit uses)
+    return -(-cfg.image_size * f.denominator // f.numerator)
 
 
 def _side(v) -> bool:
@@ -221,6 +266,9 @@ class DecodedCache:
             transport when it is the file system of ``/dev/shm``).
         disabled: why this process stopped filling (out of space, the reserve reached, a slot
             that could not be read), or None.
+        dct_side: the crop side (pixels, both sides of the box) from which the uncached decode
+            of a JPEG would use a DCT reduction < 1 (``2 x image_size``; :data:`_NEVER` for
+            ``"final"``, without ``dct_scaling``, or a decoder without reductions).
 
     The free space is read (``statvfs``) again only after this process has stored
     1/:data:`_CHECK_SHARE` of the room above the reserve seen at the last reading, so up to
@@ -239,7 +287,10 @@ class DecodedCache:
         self._unchecked = 0  # bytes this process may store before reading the free space
         self.unreadable: str | None = None  # why this process stopped reading slots
         self.unavailable: str | None = None  # why the arena could not be opened
-        sizes = _stored_sizes(source, transform)
+        sizes, self._reducible = _stored_sizes(source, transform)
+        self.image_size = int(transform.cfg.image_size)
+        # a "final" slot holds the uncached transform's own crop: exact whatever the scale
+        self.dct_side = _dct_side(transform) if kind == "pixels" else _NEVER
         if kind == "final":
             s = int(image_size or transform.cfg.image_size)
             cached = np.full_like(sizes, s)
@@ -372,11 +423,14 @@ class DecodedCache:
                                                 if n else None)
         return True
 
-    def fill(self, pos: int, data, tf, rng, out: np.ndarray) -> None:
+    def fill(self, pos: int, data, tf, rng, out: np.ndarray) -> bool:
         """Sample ``pos`` decoded from ``data`` into the cache (when there is room) and its crop
-        into ``out``, with the same result as the uncached transform. Raises what the decode
-        raises (the caller's ``on_error`` applies); a full tmpfs or disk, the reserve reached
-        or a slot that cannot be written only stops filling (:meth:`_stop`)."""
+        into ``out``, with the same result as a later :meth:`lookup` of it (the uncached
+        transform's but where :meth:`dct_reduced`). Returns True when ``out`` was resized from
+        the cache-resolution pixels (stored or not), False when the uncached transform made it
+        (filling disabled, ``"final"``, or a size that is not the index's). Raises what the
+        decode raises (the caller's ``on_error`` applies); a full tmpfs or disk, the reserve
+        reached or a slot that cannot be written only stops filling (:meth:`_stop`)."""
         arena = self.arena
         if self.disabled is None and arena.attached:
             stopped = arena.filling_stopped  # another process (it warned) or thread stopped
@@ -385,10 +439,11 @@ class DecodedCache:
                     self._disable(stopped, warn=False)
         if self.disabled is not None or not (arena.attached or self.attach()):
             tf(data, rng, out=out)
-            return
+            return False
         t = arena.table
         w, h = int(t["width"][pos]), int(t["height"][pos])
-        if self.kind == "final":
+        cropped = self.kind != "final"
+        if not cropped:
             tf(data, rng, out=out)
             pixels = out
         else:
@@ -402,12 +457,12 @@ class DecodedCache:
                             "%dx%d; served uncached", self.path, pos, pixels.shape[1],
                             pixels.shape[0], w, h)
                 tf(data, rng, out=out)
-                return
+                return False
         nbytes = pixels.nbytes
         why = self.room_error(nbytes) if nbytes > self._unchecked else None
         if why is not None:
             self._stop(f"filling stopped at {arena.filled()[0]} of {arena.n} samples: {why}")
-            return
+            return cropped
         self._unchecked -= nbytes
         try:
             arena.store(pos, pixels, tf.last_warnings)
@@ -418,6 +473,32 @@ class DecodedCache:
                        "cached)")
         except ValueError as e:  # the slot's size in the table is not the pixels' (damage)
             self._stop(f"cannot write the slot of sample {pos} ({e})")
+        return cropped
+
+    def dct_reduced(self, pos: int, params) -> bool:
+        """Whether sample ``pos``, just served by :meth:`lookup` (or a :meth:`fill` that
+        returned True) with crop ``params`` (the transform's ``last_params``), would have been
+        decoded uncached at a DCT scale < 1: then the served pixels differ from the uncached
+        decode's (close, not bit-exact). The uncached path's decision
+        (:func:`~shardkit.decode.choose_scale` on the same box) as two integer comparisons and
+        a byte read; runs per sample."""
+        side = self.dct_side
+        return params.width >= side and params.height >= side and self._reducible[pos] == 1
+
+    def warn_dct(self, crop: tuple[int, int]) -> None:
+        """The loader's one warning (its first sample that :meth:`dct_reduced`; ``crop`` is
+        that sample's ``(width, height)``); none with ``max_side``, where cached crops are
+        documented as not bit-exact anyway."""
+        if self.max_side is not None:
+            return
+        log.warning(
+            "decoded cache: a %dx%d px crop (both sides >= %d px, %gx image_size=%d) is decoded "
+            "uncached at a libjpeg DCT scale (1/2, 1/4 or 1/8) and resized from that, while the "
+            "cache resizes it from the full-size pixels: such samples are close to, not bit-exact "
+            "with, an uncached run's (counted in cache_stats()['dct_reduced']). For bit-exact "
+            "batches use a larger image_size (crops under 2x it) or dct_scaling=False in both "
+            "runs, or accept it; see docs/cache.md. (Logged once per loader.)",
+            crop[0], crop[1], self.dct_side, self.dct_side / self.image_size, self.image_size)
 
     # --- accounting --------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -262,13 +262,17 @@ class BatchReport(NamedTuple):
     and ``warned`` keys (kept although their decode gave libjpeg warnings); with a decoded cache,
     ``cache_hits`` / ``cache_misses`` (samples served from it / read and decoded) and
     ``cache_fill_s`` (seconds spent reading, decoding and storing the misses, summed over the
-    batch's samples)."""
+    batch's samples), ``cache_dct_reduced`` (samples served from it whose uncached decode would
+    have been DCT-reduced: not bit-exact) and ``cache_dct_crop`` (the first one's crop
+    ``(width, height)``, or None)."""
 
     skipped: tuple[str, ...] = ()
     warned: tuple[str, ...] = ()
     cache_hits: int = 0
     cache_misses: int = 0
     cache_fill_s: float = 0.0
+    cache_dct_reduced: int = 0
+    cache_dct_crop: tuple[int, int] | None = None
 
 
 class BatchDataset(_Iterable):
@@ -461,7 +465,8 @@ class BatchDataset(_Iterable):
         images, labels = self._mix(batch.plan, batch.b, images, labels, meta,
                                    ready=not on_device)
         return images, labels, meta, BatchReport(tuple(tally.skipped), tuple(tally.warned),
-                                                 tally.hits, tally.misses, tally.fill_s)
+                                                 tally.hits, tally.misses, tally.fill_s,
+                                                 tally.dct_reduced, tally.dct_crop)
 
     def _build_encoded(self, plan: EpochPlan, b: int, tf):
         """Batch ``b`` as an :class:`EncodedBatch`: bytes and crops only (the transform's

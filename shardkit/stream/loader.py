@@ -81,7 +81,7 @@ class ShardLoader:
         self.return_meta = return_meta
         self.skipped: list[str] = []
         self.warned: list[str] = []
-        self._cache_counts = {"hits": 0, "misses": 0, "fill_seconds": 0.0}
+        self._cache_counts = {"hits": 0, "misses": 0, "fill_seconds": 0.0, "dct_reduced": 0}
         self._epoch = 0
         self._position = 0  # batches consumed in the current epoch
         self._resume = False
@@ -138,7 +138,12 @@ class ShardLoader:
         "size_bytes" (all samples at the cache resolution), "num_samples", "filled_samples",
         "filled_bytes", "disabled" (why filling stopped, or None), "hits", "misses",
         "hit_rate" (hits / (hits + misses), None before any sample), "fill_seconds" (time
-        spent on misses: read + decode + store, summed over decoding threads or workers)}``.
+        spent on misses: read + decode + store, summed over decoding threads or workers),
+        "dct_reduced" (samples, hits and fills alike, whose crop was resized from the cached
+        pixels where the uncached decode would have used a DCT reduction: a JPEG crop with both
+        sides >= 2 x image_size; with ``cache_max_side`` unset, exactly the samples whose
+        pixels differ from an uncached run's, close but not bit-exact; the first one logs a
+        warning, once per loader, whatever the backend)}``.
         """
         cache = self.cache
         if cache is None:
@@ -213,6 +218,10 @@ class ShardLoader:
                 counts["hits"] += report.cache_hits
                 counts["misses"] += report.cache_misses
                 counts["fill_seconds"] += report.cache_fill_s
+                if report.cache_dct_reduced:
+                    if not counts["dct_reduced"]:  # the loader's first: one warning
+                        self.cache.warn_dct(report.cache_dct_crop)
+                    counts["dct_reduced"] += report.cache_dct_reduced
             if self.device_decode is not None:
                 images = self._decode_on_device(images, meta)
             programs = meta.pop("augment", None)
@@ -374,7 +383,9 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
             where it cannot, it fills less or not at all, with one warning, and the epoch is
             decoded as uncached. With ``cache_max_side`` unset a cached epoch yields the
             same batches as an uncached one whenever the uncached decode needs no DCT
-            reduction (crops < 2S); stats in ``loader.cache_stats()``. Needs a
+            reduction (crops < 2S); the samples where it would are counted
+            (``cache_stats()["dct_reduced"]``) and the first logs a warning; stats in
+            ``loader.cache_stats()``. Needs a
             ``TransformConfig`` transform; not with ``device_decode``.
         cache_max_side: cache images resized so that the longer side is at most this many
             pixels (FFCV's ``max_resolution``); crops are scaled to the cached size.

@@ -220,20 +220,24 @@ def warning_handler(on_warning: str) -> WarningHandler:
 class BatchTally:
     """What the stages record while the rows of one batch are built: ``keep`` (bool ``(n,)``,
     False for rows left out), ``skipped`` and ``warned`` keys, cache ``hits`` / ``misses`` /
-    ``fill_s`` (seconds), ``programs`` (augment programs carried to the device, one per row,
-    ``[]`` for a row that failed before its draw) and, for the encoded path, ``datas``,
-    ``boxes`` and ``flips`` of the kept rows. ``epoch``: the epoch the batch belongs to."""
+    ``fill_s`` (seconds) / ``dct_reduced`` (rows served from the cache that the uncached decode
+    would DCT-reduce: :meth:`~shardkit.stream.cache.DecodedCache.dct_reduced`) and
+    ``dct_crop`` (the first such row's crop ``(width, height)``, or None), ``programs``
+    (augment programs carried to the device, one per row, ``[]`` for a row that failed before
+    its draw) and, for the encoded path, ``datas``, ``boxes`` and ``flips`` of the kept rows.
+    ``epoch``: the epoch the batch belongs to."""
 
-    __slots__ = ("epoch", "keep", "skipped", "warned", "hits", "misses", "fill_s", "programs",
-                 "datas", "boxes", "flips")
+    __slots__ = ("epoch", "keep", "skipped", "warned", "hits", "misses", "fill_s", "dct_reduced",
+                 "dct_crop", "programs", "datas", "boxes", "flips")
 
     def __init__(self, n: int, epoch: int):
         self.epoch = epoch
         self.keep = np.ones(n, dtype=bool)
         self.skipped: list[str] = []
         self.warned: list[str] = []
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.dct_reduced = 0
         self.fill_s = 0.0
+        self.dct_crop: tuple[int, int] | None = None
         self.programs: list = []
         self.datas: list = []
         self.boxes: list = []
@@ -258,7 +262,16 @@ class BatchTally:
             whole.hits += p.hits
             whole.misses += p.misses
             whole.fill_s += p.fill_s
+            whole.dct_reduced += p.dct_reduced
+            if whole.dct_crop is None:
+                whole.dct_crop = p.dct_crop
         return whole
+
+    def served_reduced(self, params) -> None:
+        """Counts a row that :meth:`~shardkit.stream.cache.DecodedCache.dct_reduced`."""
+        self.dct_reduced += 1
+        if self.dct_crop is None:
+            self.dct_crop = (params.width, params.height)
 
 
 class SampleStages:
@@ -358,11 +371,15 @@ class SampleStages:
                     row[...] = out
             elif cache.lookup(pos, tf, rng, row):
                 tally.hits += 1
+                if cache.dct_reduced(pos, tf.last_params):
+                    tally.served_reduced(tf.last_params)
             else:
                 tally.misses += 1
                 t0 = time.perf_counter()
-                cache.fill(pos, read(pos), tf, rng, row)
+                served = cache.fill(pos, read(pos), tf, rng, row)
                 tally.fill_s += time.perf_counter() - t0
+                if served and cache.dct_reduced(pos, tf.last_params):
+                    tally.served_reduced(tf.last_params)
             if augment is not None:  # after the crop's draws: same program on any path
                 program = augment.draw(rng, self.size, self.size, tally.epoch)
                 if self.augment_on_device:
