@@ -118,10 +118,10 @@ class ThreadBackend(_Backend):
 
     def _submit(self, plan, b: int, last: bool, workers: int, timed: bool):
         """A future of batch ``b`` (``(batch, build seconds, build CPU seconds)`` when
-        ``timed``). The epoch's
-        ``last`` batch is built in ``2 x workers`` parts by every thread (:class:`_SplitBatch`):
-        built whole, one thread would build it while the others idle (~2% of an epoch of 30
-        batches on 2 cores). Device-decode batches (bytes only) are never split."""
+        ``timed``). The epoch's ``last`` batch is built in ``2 x workers`` parts by every thread
+        (:class:`_SplitBatch`): built whole, one thread would build it while the others idle
+        (~2% of an epoch of 30 batches on 2 cores). Device-decode batches (bytes only) are never
+        split."""
         if last and self.split_last and workers > 1 and not self.dataset.device_decode:
             sl = plan.batch_slice(b)
             if sl.stop - sl.start >= 2 * workers:
