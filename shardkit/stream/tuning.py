@@ -59,9 +59,10 @@ GAIN = 0.03
 BUSY = 0.85
 #: The builders spending at least this fraction of their build time on a CPU (thread CPU
 #: time over wall time) compute all the time: at the CPU count, one more thread only
-#: time-slices the CPUs with them. Fixed settings measured side by side on 2 CPUs: 3 or 4
-#: threads against 2 gave 1.00-1.04x with a fast consumer and with a 20 ms step, while the
-#: tuner's 3-thread trial cost 2-12% of its window (benchmarks/README.md "Third pass").
+#: time-slices the CPUs with them. Measured side by side on 2 CPUs, fixed 3 or 4 threads gave
+#: 1.00-1.04x of 2 with a fast consumer and with a 20 ms step: at most about :data:`GAIN`,
+#: less than a trial's window can tell apart, for the cost of the trial (benchmarks/README.md
+#: "Third pass").
 ON_CPU = 0.85
 #: The most threads the tuner picks, and the most worker processes "auto" starts.
 MAX_WORKERS = 16
@@ -330,8 +331,8 @@ class AutoTuner:
             t.num_workers, t.reason = nxt, f"trying {nxt} worker{'s' if nxt != 1 else ''}: {why}"
             # the batches in flight were started under the old setting and share the CPUs
             # with the new builders: measured from the first batch after them (a window
-            # right after the change measured the transient, 2-12% slower than either
-            # setting at its steady state)
+            # right after the change measured the transient: 2-16% below the setting
+            # before it, where fixed settings ran alike)
             self._begin(max(2, self.depth()))
             return
         self._settle(why)
