@@ -594,3 +594,103 @@ def test_while_tuning_a_batch_is_built_by_a_pool_of_the_workers_it_was_submitted
             assert 1 <= len(built) <= phase[1], (phase, len(built))
     finally:
         backend.close()
+
+
+def test_a_drop_in_workers_is_measured_after_the_old_depth_in_flight():
+    """4 x 2 -> 2 x 2: 8 batches built under 4 workers are in flight; the window skips them."""
+    t = _tuner(cpus=4, top=8)
+    t.window = 2
+    t.start_epoch()
+    for _ in range(8 + 2):  # depth 4 x 2 skipped, then a window of 2: consumer-bound
+        t.observe(0.0, 0.2, 0.1, 0.1)
+    assert t.workers == 1 and len(t.tuning.trials) == 1  # ceil(1.25 x 0.1 / 0.2) = 1
+    for _ in range(8):  # the old depth (8), not the new one (1 x 2)
+        t.observe(0.0, 0.2, 0.1, 0.1)
+    assert len(t.tuning.trials) == 1
+    t.observe(0.0, 0.2, 0.1, 0.1)
+    t.observe(0.0, 0.2, 0.1, 0.1)
+    assert len(t.tuning.trials) == 2
+
+
+def test_batches_in_flight_stay_within_the_memory_bound_while_workers_climb():
+    t = _tuner(cpus=2, top=4, budget=50 * MB)  # room for 5 batches of 10 MB
+    depths = [t.depth()]
+    for workers in (2, 3):
+        t.decide(_win(workers, rate=10.0 + workers, wait_fraction=0.9, on_cpu=0.5))
+        depths.append(t.depth())
+    assert t.workers == 4 and max(depths) <= t.max_in_flight == 5, depths
+    assert t.tuning.prefetch_factor == t.prefetch == 1
+
+
+def test_close_during_tuning_stops_the_replaced_pools_too():
+    """close() cancels the queued builds of every pool the tuner replaced and waits for the
+    running ones: no build runs after it returns; an iteration still running then raises
+    LoaderError at its next batch (not a CancelledError)."""
+    from shardkit.errors import LoaderError
+
+    builds = []
+
+    class Counting(_FakeDataset):
+        def build(self, plan, b, transform=None, pin=False, buffers=None):
+            time.sleep(0.05)
+            builds.append(b)
+            return b
+
+    backend, tuner = _settled_backend(Counting(n=60))
+    tuner.window = 1
+    tuner._next_workers = lambda win: (1 if tuner.workers != 1 else 4, "scripted")
+    tuner._begin = lambda skip: AutoTuner._begin(tuner, 1)
+    it = backend.batches(0, lambda: "x")
+    got, was_four = [], False
+    while not (was_four and tuner.workers == 1):  # up to the batch after a 4 -> 1 change
+        was_four = was_four or tuner.workers == 4
+        got.append(next(it))
+    got.append(next(it))  # the 4-thread pool retired, its queue still holding builds
+    assert got == list(range(len(got)))
+    retired = list(backend._retired)
+    assert retired
+    backend.close()
+    done = len(builds)
+    time.sleep(0.5)
+    assert len(builds) == done < 60
+    assert not any(t.is_alive() for p in retired for t in p._threads)
+    with pytest.raises(LoaderError, match="the loader was closed during this iteration"):
+        list(it)
+
+
+def test_a_settled_epoch_drains_a_deeper_carried_queue_to_its_depth():
+    """Settled mid-epoch from 3 or 4 workers x 2 to 1 x 1: the batches in flight drain to 1
+    (without draining they stayed at the old depth for the rest of the epoch)."""
+    backend, tuner = _settled_backend(_FakeDataset(n=40, build_s=0.002))
+    tuner.workers, tuner.prefetch = 4, 2
+    tuner.window = 1
+    seen = [0]
+    real_observe = tuner.observe
+
+    def observe(*args):
+        real_observe(*args)
+        seen[0] += 1
+        if seen[0] == 12:
+            tuner.prefetch = 1
+            _settle(tuner, 1)
+
+    tuner.observe = observe
+    tuner._next_workers = lambda win: (4 if tuner.workers != 4 else 3, "scripted")  # no end
+    tuner._begin = lambda skip: AutoTuner._begin(tuner, 1)
+    submitted = [0]
+    real_submit = backend._submit
+
+    def submit(*a):
+        submitted[0] += 1
+        return real_submit(*a)
+
+    backend._submit = submit
+    in_flight = []
+    try:
+        for got, b in enumerate(backend.batches(0, lambda: "x"), 1):
+            if tuner.settled:
+                in_flight.append(submitted[0] - got)
+        assert b == 39
+        assert in_flight[0] >= 4 and max(in_flight[8:]) <= 1, in_flight
+    finally:
+        backend.close()

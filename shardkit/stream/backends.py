@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Iterator
 
@@ -83,6 +83,7 @@ class ThreadBackend(_Backend):
         self.tuner = tuner
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
+        self._retired: list[ThreadPoolExecutor] = []  # replaced pools whose threads still run
         self._local = threading.local()
         # every batch in flight, plus a few the consumer may still hold
         most = max(1, num_workers) * prefetch_factor if tuner is None else tuner.most_in_flight
@@ -122,6 +123,9 @@ class ThreadBackend(_Backend):
         (:class:`_SplitBatch`): built whole, one thread would build it while the others idle
         (~2% of an epoch of 30 batches on 2 cores). Device-decode batches (bytes only) are never
         split."""
+        if self._pool is None:
+            raise LoaderError("the loader was closed during this iteration; start a new one "
+                              "(iter(loader))")
         if last and self.split_last and workers > 1 and not self.dataset.device_decode:
             sl = plan.batch_slice(b)
             if sl.stop - sl.start >= 2 * workers:
@@ -155,7 +159,7 @@ class ThreadBackend(_Backend):
         try:
             for b in todo:
                 pending.append((self._submit(plan, b, b == last, workers, False), False))
-                if len(pending) >= depth:
+                while len(pending) >= depth:  # a deeper carried queue drains to ``depth``
                     yield self._batch(pending.popleft(), describe)
             while pending:
                 yield self._batch(pending.popleft(), describe)
@@ -181,6 +185,8 @@ class ThreadBackend(_Backend):
             return
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+            # kept until its threads exit, so that close() stops them too
+            self._retired = [p for p in self._retired if _alive(p)] + [self._pool]
         self._pool = ThreadPoolExecutor(size, thread_name_prefix="shardkit")
         self._pool_size = size
 
@@ -218,6 +224,9 @@ class ThreadBackend(_Backend):
     def _result(self, future, describe):
         try:
             return future.result(timeout=self.timeout)
+        except CancelledError:
+            raise LoaderError(f"{describe()}: the loader was closed during this iteration; "
+                              "start a new one (iter(loader))") from None
         except FutureTimeout:
             raise LoaderError(f"{describe()}: no batch within timeout={self.timeout} s; a "
                               "decoding thread hung (field case 19)") from None
@@ -232,12 +241,25 @@ class ThreadBackend(_Backend):
                 f"prefetch_factor={self.prefetch_factor}, pin_memory={self.pin_memory}")
 
     def close(self) -> None:
-        """Stops the decoding threads (after their current batch) and closes shard readers."""
+        """Stops the decoding threads (after their current batch; queued builds are cancelled,
+        those of pools the tuner replaced too) and closes shard readers. An iteration still
+        running raises :class:`~shardkit.errors.LoaderError` at its next batch."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        retired, self._retired = self._retired, []
+        pools = retired + ([pool] if pool is not None else [])
+        for p in pools:  # every queue cancelled first, then each running build waited for
+            p.shutdown(wait=False, cancel_futures=True)
+        for p in pools:
+            p.shutdown(wait=True)
         self.buffers.clear()
         self.dataset.source.close()
+
+
+def _alive(pool: ThreadPoolExecutor) -> bool:
+    """Whether a shut-down pool still has a running thread (its ``_threads``; kept when the
+    attribute is not there)."""
+    threads = getattr(pool, "_threads", None)
+    return threads is None or any(t.is_alive() for t in threads)
 
 
 class _SplitBatch:

@@ -327,13 +327,19 @@ class AutoTuner:
         self._windows.append(win)
         nxt, why = self._next_workers(win) if self.tune_workers else (None, "")
         if nxt is not None:
+            in_flight = self.depth()
             self.workers = nxt
-            t.num_workers, t.reason = nxt, f"trying {nxt} worker{'s' if nxt != 1 else ''}: {why}"
-            # the batches in flight were started under the old setting and share the CPUs
-            # with the new builders: measured from the first batch after them (a window
+            if self.tune_prefetch:  # within the memory bound at any count
+                self.prefetch = max(1, min(self.prefetch,
+                                           self.max_in_flight // max(1, self.workers)))
+            t.num_workers, t.prefetch_factor = nxt, self.prefetch
+            t.reason = f"trying {nxt} worker{'s' if nxt != 1 else ''}: {why}"
+            # the batches in flight (the old depth, or the new one once it is deeper) were
+            # started under the old setting and share the CPUs with the new builders:
+            # measured from the first batch after them (a window
             # right after the change measured the transient: 2-16% below the setting
             # before it, where fixed settings ran alike)
-            self._begin(max(2, self.depth()))
+            self._begin(max(2, in_flight, self.depth()))
             return
         self._settle(why)
 
