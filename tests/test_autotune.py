@@ -694,3 +694,17 @@ def test_a_settled_epoch_drains_a_deeper_carried_queue_to_its_depth():
         assert in_flight[0] >= 4 and max(in_flight[8:]) <= 1, in_flight
     finally:
         backend.close()
+
+
+def test_an_iteration_of_a_fixed_setting_raises_loader_error_after_close():
+    from shardkit.errors import LoaderError
+    from shardkit.stream.backends import ThreadBackend
+
+    backend = ThreadBackend(_FakeDataset(n=30, build_s=0.01), 2, 2, False, 5.0)
+    it = backend.batches(0, lambda: "x")
+    assert [next(it), next(it)] == [0, 1]
+    backend.close()
+    with pytest.raises(LoaderError, match="the loader was closed during this iteration"):
+        list(it)
+    assert list(backend.batches(0, lambda: "x")) == list(range(30))  # usable again
+    backend.close()
