@@ -96,6 +96,10 @@ def test_yaml_text_and_files(tmp_path):
     ([{"op": "rand_augment", "magnitude": {"start": "five", "end": 9, "epochs": 3}}],
      r"start and end must be numbers"),
     ("[{op: color_jitter, hue: 0.2", r"is not valid YAML"),
+    # one message for any bad hue: negative, past 0.5, a reversed or too wide pair
+    ([{"op": "color_jitter", "hue": -0.1}], r"hue=-0.1; expected a value in \[0, 0.5\] or a"),
+    ([{"op": "color_jitter", "hue": [0.2, -0.2]}], r"hue=\(0.2, -0.2\); expected a value in"),
+    ([{"op": "color_jitter", "hue": [-0.6, 0.1]}], r"hue=\(-0.6, 0.1\); expected a value in"),
     ([{"op": "cutmix", "beta": 1}], r"augment op 'cutmix' has no parameter 'beta'"),
     ([{"op": "rand_augment", "magnitude": {"start": 5, "end": 12, "schedule": "exp",
                                           "epochs": 8}}],

@@ -90,10 +90,16 @@ def _hashable(value):
 def _jitter_ranges(brightness, contrast, saturation, hue) -> tuple:
     """The 4 factor ranges of :func:`color_jitter` (None: the op is off), checked once per
     parameter set (this runs per sample)."""
+    hue_error = ConfigError(f"hue={hue!r}; expected a value in [0, 0.5] or a pair in "
+                            "[-0.5, 0.5]")  # one message for any bad hue (torchvision's range)
+    try:
+        hue_range = _range(hue, "hue", None)
+    except ConfigError:
+        raise hue_error from None
     ranges = [_range(brightness, "brightness", 1.0), _range(contrast, "contrast", 1.0),
-              _range(saturation, "saturation", 1.0), _range(hue, "hue", None)]
+              _range(saturation, "saturation", 1.0), hue_range]
     if not -0.5 <= ranges[3][0] <= ranges[3][1] <= 0.5:
-        raise ConfigError(f"hue={hue!r}; expected a value in [0, 0.5] or a pair in [-0.5, 0.5]")
+        raise hue_error
     return tuple(None if r == ((1.0, 1.0) if k < 3 else (0.0, 0.0)) else r
                  for k, r in enumerate(ranges))
 
