@@ -336,9 +336,9 @@ class AutoTuner:
             t.reason = f"trying {nxt} worker{'s' if nxt != 1 else ''}: {why}"
             # the batches in flight (the old depth, or the new one once it is deeper) were
             # started under the old setting and share the CPUs with the new builders:
-            # measured from the first batch after them (a window
-            # right after the change measured the transient: 2-16% below the setting
-            # before it, where fixed settings ran alike)
+            # measured from the first batch after them (a window right after the change
+            # measured the transient: 2-16% below the setting before it, where fixed
+            # settings ran alike)
             self._begin(max(2, in_flight, self.depth()))
             return
         self._settle(why)
