@@ -457,7 +457,8 @@ class _FakePlan:
 
 
 class _FakeDataset:
-    """Batches are their numbers; batch ``hang`` blocks until ``release`` is set."""
+    """Batches are their numbers; batch ``hang`` blocks until ``release`` is set; ``threads``
+    maps each batch to the thread that built it (the objects: names repeat across pools)."""
     device_decode = False
     transform = None
 
@@ -468,11 +469,13 @@ class _FakeDataset:
 
     def __init__(self, n=12, hang=None, build_s=0.005):
         self.n, self.hang, self.release, self.build_s = n, hang, threading.Event(), build_s
+        self.threads: dict[int, threading.Thread] = {}
 
     def plan(self):
         return _FakePlan(self.n)
 
     def build(self, plan, b, transform=None, pin=False, buffers=None):
+        self.threads[b] = threading.current_thread()
         if b == self.hang:
             self.release.wait(30)
         time.sleep(self.build_s)
@@ -530,16 +533,11 @@ def test_an_iteration_kept_across_the_pool_change_still_gives_its_batches():
 
 def test_the_epoch_the_tuner_settles_in_goes_on_on_a_pool_of_the_settled_size():
     """Settled mid-epoch, the batches after the ones in flight are built on a new pool of the
-    settled size without the gate (the tuning pool's threads idling at the gate cost its epoch
-    7%); the epoch gives every batch once, in order."""
-    threads: dict[int, threading.Thread] = {}  # the objects: names repeat across pools
-
-    class Recording(_FakeDataset):
-        def build(self, plan, b, transform=None, pin=False, buffers=None):
-            threads[b] = threading.current_thread()
-            return super().build(plan, b, transform, pin, buffers)
-
-    backend, tuner = _settled_backend(Recording(n=16))
+    settled size (the gated pool this replaced cost the tuning epoch 7%); the epoch gives every
+    batch once, in order."""
+    data = _FakeDataset(n=16)
+    threads = data.threads
+    backend, tuner = _settled_backend(data)
     seen = []
     real_observe = tuner.observe
 
@@ -565,14 +563,9 @@ def test_the_epoch_the_tuner_settles_in_goes_on_on_a_pool_of_the_settled_size():
 def test_while_tuning_a_batch_is_built_by_a_pool_of_the_workers_it_was_submitted_under():
     """Each change of the tuner's workers gets a pool of that size: the batches submitted under
     ``w`` workers are built by at most ``w`` threads (no larger pool held back by a gate)."""
-    threads: dict[int, threading.Thread] = {}
-
-    class Recording(_FakeDataset):
-        def build(self, plan, b, transform=None, pin=False, buffers=None):
-            threads[b] = threading.current_thread()
-            return super().build(plan, b, transform, pin, buffers)
-
-    backend, tuner = _settled_backend(Recording(n=40, build_s=0.002))
+    data = _FakeDataset(n=40, build_s=0.002)
+    threads = data.threads
+    backend, tuner = _settled_backend(data)
     tuner.window = 1
     todo = [1, 3, 4]
     tuner._next_workers = lambda win: (todo.pop(0), "scripted") if todo else (None, "end")
