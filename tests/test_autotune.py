@@ -35,7 +35,7 @@ def _same(a: list[tuple], b: list[tuple]) -> None:
 
 def _script(loader, schedule: list[int]) -> None:
     """Makes the thread backend's tuner decide after every batch, trying the worker counts of
-    ``schedule`` in turn, then settle: the gate's limit and the depth change mid-epoch."""
+    ``schedule`` in turn, then settle: the pool's size and the depth change mid-epoch."""
     tuner = loader.backend.tuner
     tuner.window = 1
     todo = list(schedule)
