@@ -84,6 +84,7 @@ class ThreadBackend(_Backend):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self._retired: list[ThreadPoolExecutor] = []  # replaced pools whose threads still run
+        self._closes = 0  # close() calls: an iteration started before one stops at its next batch
         self._local = threading.local()
         # every batch in flight, plus a few the consumer may still hold
         most = max(1, num_workers) * prefetch_factor if tuner is None else tuner.most_in_flight
@@ -123,9 +124,6 @@ class ThreadBackend(_Backend):
         (:class:`_SplitBatch`): built whole, one thread would build it while the others idle
         (~2% of an epoch of 30 batches on 2 cores). Device-decode batches (bytes only) are never
         split."""
-        if self._pool is None:
-            raise LoaderError("the loader was closed during this iteration; start a new one "
-                              "(iter(loader))")
         if last and self.split_last and workers > 1 and not self.dataset.device_decode:
             sl = plan.batch_slice(b)
             if sl.stop - sl.start >= 2 * workers:
@@ -142,26 +140,36 @@ class ThreadBackend(_Backend):
             for b in todo:
                 yield self._build(plan, b)
             return
-        tuner = self.tuner
+        tuner, opened = self.tuner, self._closes
         if tuner is not None and not tuner.settled:
-            yield from self._tuned(plan, todo, last, describe)
+            yield from self._tuned(plan, todo, last, describe, opened)
             return
         workers, depth = self.num_workers, self.num_workers * self.prefetch_factor
         if tuner is not None:  # settled: its setting, as a fixed one
             workers, depth = tuner.workers, tuner.depth()
         self._pool_of(workers)
-        yield from self._fixed(plan, todo, last, describe, workers, depth, deque())
+        yield from self._fixed(plan, todo, last, describe, workers, depth, deque(), opened)
+
+    def _open_since(self, opened: int) -> None:
+        """Raises LoaderError when :meth:`close` ran since the iteration began (at ``opened``
+        closes): it must not start a pool again, nor take one a later iteration started."""
+        if self._closes != opened:
+            raise LoaderError("the loader was closed during this iteration; start a new one "
+                              "(iter(loader))")
 
     def _fixed(self, plan, todo, last: int, describe, workers: int, depth: int,
-               pending: deque) -> Iterator[tuple]:
+               pending: deque, opened: int) -> Iterator[tuple]:
         """The batches of ``pending`` (``(future, timed)``, submitted earlier), then of
         ``todo``, in order, ``depth`` in flight on the current pool."""
         try:
             for b in todo:
+                self._open_since(opened)
                 pending.append((self._submit(plan, b, b == last, workers, False), False))
                 while len(pending) >= depth:  # a deeper carried queue drains to ``depth``
+                    self._open_since(opened)
                     yield self._batch(pending.popleft(), describe)
             while pending:
+                self._open_since(opened)
                 yield self._batch(pending.popleft(), describe)
         finally:
             for f, _ in pending:
@@ -190,7 +198,7 @@ class ThreadBackend(_Backend):
         self._pool = ThreadPoolExecutor(size, thread_name_prefix="shardkit")
         self._pool_size = size
 
-    def _tuned(self, plan, todo, last: int, describe) -> Iterator[tuple]:
+    def _tuned(self, plan, todo, last: int, describe, opened: int) -> Iterator[tuple]:
         """The batches of ``todo`` in order, ``tuner.depth()`` in flight on a pool of
         ``tuner.workers`` threads, measured per batch for the tuner (wait, step, build and its
         thread CPU time) until it settles; the rest of the epoch then runs as :meth:`_fixed`."""
@@ -198,6 +206,7 @@ class ThreadBackend(_Backend):
         tuner.start_epoch()
         try:
             while not tuner.settled:
+                self._open_since(opened)
                 self._pool_of(tuner.workers)
                 depth = tuner.depth()
                 while len(pending) < depth:
@@ -213,9 +222,10 @@ class ThreadBackend(_Backend):
                 t1 = time.perf_counter()
                 yield batch
                 tuner.observe(t1 - t0, time.perf_counter() - t1, build, build_cpu)
+            self._open_since(opened)
             self._pool_of(tuner.workers)
             yield from self._fixed(plan, todo, last, describe, tuner.workers, tuner.depth(),
-                                   pending)
+                                   pending, opened)
         finally:
             for f, _ in pending:
                 f.cancel()
@@ -244,6 +254,7 @@ class ThreadBackend(_Backend):
         """Stops the decoding threads (after their current batch; queued builds are cancelled,
         those of pools the tuner replaced too) and closes shard readers. An iteration still
         running raises :class:`~shardkit.errors.LoaderError` at its next batch."""
+        self._closes += 1
         pool, self._pool = self._pool, None
         retired, self._retired = self._retired, []
         pools = retired + ([pool] if pool is not None else [])
