@@ -242,6 +242,29 @@ def test_determinism_and_augmentation_rng_independent_of_workers(small, backend)
     assert all(not torch.equal(a0[i], a1[i]) for i in range(0, 36, 7))
 
 
+@pytest.mark.parametrize("epoch", [3, 600])
+def test_each_row_is_the_transform_of_its_position_rng(small, backend, epoch):
+    """Case 17, the contract itself: row ``j`` of a shuffled epoch is the factory's transform
+    of its sample's bytes drawn from ``sample_rng(seed, epoch, 0, j)``, on both backends (the
+    loader re-keys one generator per thread; ``SampleRng``). At epoch 600 neighbouring
+    positions shared a generator while the key went through float64."""
+    from shardkit.sharding import sample_rng
+    from shardkit.stream.source import ShardSource
+    from shardkit.transforms import make_transform
+
+    loader = make_loader(small, "train", 8, num_workers=2, image_size=S, seed=11,
+                         workers=_workers(backend), return_meta=True)
+    images = _epoch(loader, epoch)
+    source, tf = ShardSource(small, "train"), make_transform(TransformConfig(image_size=S), True)
+    j = 0
+    for x, _, index in images:
+        for row, pos in zip(x.permute(0, 2, 3, 1).numpy(), index.tolist()):
+            want = tf(bytes(source.read(pos)), sample_rng(11, epoch, 0, j))
+            assert np.array_equal(row, want), (j, pos)
+            j += 1
+    assert j == 36 and len({x[i].sum().item() for x, _, _ in images for i in range(len(x))}) > 30
+
+
 def test_same_photo_gets_different_crops_on_different_workers(case18, backend):
     """Case 17: samples i and i + 200 are the same photo; with batch 16 and 2 workers, positions
     8..15 (batch 0, worker 0) and 208..215 (batch 13, worker 1) must get different crops."""

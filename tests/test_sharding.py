@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from shardkit.errors import ConfigError
 from shardkit.sharding import (EpochPlan, epoch_order, num_batches, plan_epoch, rank_count,
-                               rank_plan, sample_rng, stream_order)
+                               rank_plan, sample_rng, sample_rngs, stream_order,
+                               SampleRng)
 
 sizes = st.integers(min_value=0, max_value=300)
 worlds = st.integers(min_value=1, max_value=9)
@@ -161,6 +162,53 @@ def test_sample_rng_depends_on_position_epoch_rank_only():
     assert draw(0, 0, 0, 5) == draw(0, 0, 0, 5)
     assert len({draw(0, 0, 0, 5), draw(0, 1, 0, 5), draw(0, 0, 1, 5), draw(0, 0, 0, 6),
                 draw(1, 0, 0, 5)}) == 5
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3, 2**63, 2**64 - 1])
+def test_sample_rng_keeps_every_bit_of_its_key(seed):
+    """The key was a list of two Python ints, which NumPy made float64 when one word was
+    >= 2**63 and the other not (seed 0's first word is): from epoch 512 on neighbouring
+    positions shared a generator. Every position of a late epoch, and the last epoch the key
+    holds, now draws differently, and the generator's key is the exact 128-bit value."""
+    for epoch in (511, 512, 1000, 2**20 - 1):
+        draws = {sample_rng(seed, epoch, 0, p).random() for p in range(64)}
+        assert len(draws) == 64, (seed, epoch)
+    key = sample_rng(seed, 1000, 3, 7).bit_generator.state["state"]["key"]
+    assert key.dtype == np.uint64 and int(key[1]) == (1000 << 44) | (3 << 32) | 7
+
+
+@pytest.mark.parametrize("seed", [0, 3, 2**64 - 1])
+def test_reused_sample_rng_draws_what_a_new_one_draws(seed):
+    """SampleRng re-keys one generator per sample (the loader's rows): each sample's draws equal
+    a new sample_rng's, whatever was drawn from the one before (a partly used buffer, a
+    pending 32-bit half), and also across key words >= 2**63."""
+    reused = SampleRng(seed)
+    places = [(0, 0, 0), (3, 1, 77), (512, 0, 1), (2**19, 0, 0), (2**20 - 1, 4095, 2**32 - 1)]
+    for epoch, rank, position in places * 2:
+        g, fresh = reused.at(epoch, rank, position), sample_rng(seed, epoch, rank, position)
+        a, b = ([rng.random(), int(rng.integers(0, 1000)), rng.uniform(0.08, 1.0),
+                 rng.standard_normal(), int(rng.integers(0, 7, dtype=np.uint32))]
+                for rng in (g, fresh))
+        assert a == b, (epoch, rank, position)
+        g.random(3)  # leaves the next key's generator mid-buffer
+    assert reused.at(1, 0, 0) is reused.at(2, 0, 0)
+
+
+def test_sample_rngs_reuses_only_for_a_transform_that_keeps_no_generator():
+    class Keeps:
+        pass
+
+    class KeepsNothing:
+        keeps_rng = False
+
+    kept = sample_rngs(5, Keeps())
+    assert kept(0, 0, 1) is not kept(0, 0, 1)
+    reused = sample_rngs(5, KeepsNothing())
+    assert reused(0, 0, 1) is reused(0, 0, 2)
+    assert reused(0, 0, 2).random() == kept(0, 0, 2).random()
+    from shardkit.transforms import TransformConfig, make_transform
+
+    assert make_transform(TransformConfig(), True).keeps_rng is False  # the loader's fast path
 
 
 def test_epoch_plan_batches():

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 from ..augment.mix import NO_MIX, BatchMix, MixDraw, apply_mix, mix_rng
 from ..errors import ShardkitError
-from ..sharding import EpochPlan, num_batches, sample_rng
+from ..sharding import EpochPlan, num_batches, sample_rngs
 from .buffers import BufferPool, batch_buffer
 from .options import SamplingOptions, resolve_train
 from .source import ShardSource, worker_id_count
@@ -433,14 +433,13 @@ class BatchDataset(_Iterable):
         plan, stages, src = batch.plan, self.stages, self.source
         rows, positions, first = batch.rows, batch.positions, batch.slice.start
         read = stages.reader(transform, scratch)
-        seed, epoch, rank = self.sampling.seed, plan.epoch, plan.rank
+        rng_at, epoch, rank = sample_rngs(self.sampling.seed, transform), plan.epoch, plan.rank
         tally = BatchTally(hi - lo, epoch)
         src.prefetch_reading(plan)
         try:
             for i in range(lo, hi):
                 stages.row(tally, i - lo, int(positions[i]),
-                           sample_rng(seed, epoch, rank, plan.place(first + i)), rows[i],
-                           transform, read)
+                           rng_at(epoch, rank, plan.place(first + i)), rows[i], transform, read)
         finally:
             src.prefetch_done(plan, positions[lo:hi])
         return tally
@@ -474,10 +473,10 @@ class BatchDataset(_Iterable):
         stages, sl = self.stages, plan.batch_slice(b)
         positions = plan.positions[sl]
         tally = BatchTally(len(positions), plan.epoch)
-        seed = self.sampling.seed
+        rng_at = sample_rngs(self.sampling.seed, tf)
         for i, pos in enumerate(positions.tolist()):
-            stages.encoded(tally, i, pos, sample_rng(seed, plan.epoch, plan.rank,
-                                                     plan.place(sl.start + i)), tf)
+            stages.encoded(tally, i, pos, rng_at(plan.epoch, plan.rank, plan.place(sl.start + i)),
+                           tf)
         positions = positions[tally.keep]
         meta = _meta(plan, sl, positions, tally.keep)
         if stages.augment is not None:
