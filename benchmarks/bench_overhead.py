@@ -5,7 +5,8 @@ The target: ``make_loader`` (default thread backend, ``num_workers = cores``) re
 repeat in turn (so drift of the machine hits every row alike), medians over ``--repeats``:
 
 - ``fused_1thread``: :class:`shardkit.transforms.SampleTransform` on bytes already in memory, one
-  thread, into one reused output row: the per-core rate of the work itself;
+  thread, into one reused output row, each sample's generator re-keyed as the loader does
+  (:class:`shardkit.sharding.SampleRng`): the per-core rate of the work itself;
 - ``fused_Nthreads``: the same in ``cores`` bare threads (each its own transform): the parallel
   decode limit of this host without any loader machinery (< cores x the single rate when the
   cores share caches or memory bandwidth, or are SMT siblings);
@@ -21,7 +22,8 @@ process; not for worker processes) show the loader's own cost per image independ
 else the machine runs: ``ratio_cpu_loader_thread_to_fused_1thread`` is 1 + the overhead.
 
 Ratios in the JSON: ``loader / (fused_1thread x cores)`` (the target) and ``loader /
-fused_Nthreads``. Usage::
+fused_Nthreads``, of the medians (``ratio_*``) and repeat by repeat (``paired_*``, the median of
+each repeat's ratio). Usage::
 
     .venv/bin/python benchmarks/bench_overhead.py --data OUT [--split train] [--repeats 5]
 """
@@ -38,17 +40,18 @@ import numpy as np
 
 
 def _fused_rate(datas, cfg, threads: int) -> float:
-    from shardkit.sharding import sample_rng
+    from shardkit.sharding import SampleRng
     from shardkit.transforms import make_transform
 
     tfs = [make_transform(cfg, True) for _ in range(threads)]
     for tf in tfs:
-        tf(datas[0], sample_rng(0, 0, 0, 0))  # decoder created outside the clock
+        tf(datas[0], SampleRng(0).at(0, 0, 0))  # decoder created outside the clock
 
     def work(j: int) -> None:
         out = np.empty((cfg.image_size, cfg.image_size, 3), np.uint8)
+        rng = SampleRng(0)  # the loader's per-thread generator, re-keyed per sample
         for i in range(j, len(datas), threads):
-            tfs[j](datas[i], sample_rng(0, 1, 0, i), out=out)
+            tfs[j](datas[i], rng.at(1, 0, i), out=out)
 
     t0, c0 = time.perf_counter(), time.process_time()
     pool = [threading.Thread(target=work, args=(j,)) for j in range(threads)]
@@ -167,6 +170,14 @@ def main(data, split, batch_size, image_size, repeats, workers, out):
         "ratio_loader_thread_to_fused_Nthreads": med["loader_thread"] / med["fused_Nthreads"],
         "ratio_loader_thread_last_whole_to_cores_x_fused": med["loader_thread_last_whole"] / limit,
         "ratio_fused_Nthreads_to_cores_x_fused": med["fused_Nthreads"] / limit,
+        # the same ratios repeat by repeat (each row against the fused rows of its own repeat):
+        # the host's speed drifts by up to 20% within one run, and this cancels it
+        "paired_loader_thread_to_cores_x_fused": statistics.median(
+            a / (b * cores) for a, b in zip(rows["loader_thread"], rows["fused_1thread"])),
+        "paired_loader_thread_to_fused_Nthreads": statistics.median(
+            a / b for a, b in zip(rows["loader_thread"], rows["fused_Nthreads"])),
+        "paired_fused_Nthreads_to_cores_x_fused": statistics.median(
+            a / (b * cores) for a, b in zip(rows["fused_Nthreads"], rows["fused_1thread"])),
         "environment": collect_environment(decoders=["auto"]),
     }
     click.echo(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
