@@ -38,8 +38,12 @@ Exactness: a cached crop is resized from the cached pixels, an uncached one from
 decoded at the DCT reduction :func:`shardkit.decode.choose_scale` picks for its crop box (1/2,
 1/4, 1/8 once both sides of the crop are >= 2x the output side). Where that reduction is < 1
 the two differ (close, not bit-exact); :meth:`DecodedCache.dct_reduced` tells those samples
-apart from the crop box and the stored size (the uncached path's decision), the loader counts
-them (``cache_stats()["dct_reduced"]``) and logs one warning (:meth:`DecodedCache.warn_dct`).
+apart from the crop box and the stored size (the uncached path's decision, from
+:mod:`shardkit.stream.cache_exact`), the loader counts them (``cache_stats()["dct_reduced"]``)
+and logs one warning (:meth:`DecodedCache.warn_dct`).
+
+Room (:mod:`shardkit.stream.memory`): ``MemAvailable``, a file system's free space and the
+batch transport's :func:`~shardkit.stream.memory.shm_reserve`, re-exported here.
 """
 from __future__ import annotations
 
@@ -52,11 +56,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ArenaUnavailable, ConfigError, ShardkitError
+from ..errors import ArenaUnavailable, ConfigError
 from ..validate import check_int
-from shardkit.dataset.manifest import read_split_records
 from .arena import Arena, table_layout
-from .memory import arena_memory
+from .cache_exact import NEVER, dct_side, dct_warning, stored_sizes
+from .memory import arena_memory, available_memory, free_bytes, same_fs, shm_reserve
 
 __all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
            "SHM_MARGIN", "cache_identity", "cached_size", "available_memory", "free_bytes",
@@ -79,10 +83,6 @@ _CHECK_SHARE = 64
 _STOP_LOCK = threading.Lock()
 #: What a fault while reading a slot may raise (a cache fault: the sample is decoded instead).
 _SLOT_FAULTS = (ValueError, IndexError, TypeError, KeyError, OSError, BufferError)
-#: :attr:`DecodedCache.dct_side` when no crop is ever DCT-reduced (above any image side).
-_NEVER = 1 << 40
-#: The ``ext`` of a stored JPEG in ``splits/<split>.jsonl`` (the packer writes ``"jpg"``).
-_JPEG_EXTS = ("jpg", "jpeg")
 
 
 def parse_cache(spec) -> tuple[str, str | None]:
@@ -108,54 +108,6 @@ def cached_size(width: int, height: int, max_side: int | None) -> tuple[int, int
         return int(width), int(height)
     scale = max_side / max(width, height)
     return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-def available_memory() -> int:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes (0 when unknown)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def free_bytes(folder) -> int | None:
-    """Free bytes (for an unprivileged user) of the file system holding ``folder``; None when
-    unknown."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def shm_reserve(backend: str, num_workers: int, prefetch_factor: int, batch_size: int,
-                image_size: int) -> int:
-    """Bytes of ``/dev/shm`` a loader's batch transport may hold at once, doubled: worker
-    processes (``backend="process"``, ``num_workers > 0``) each keep ``prefetch_factor``
-    batches in flight, every batch a shared-memory segment of ``batch_size x 3 x S x S`` bytes
-    plus a page for each of its three small tensors, and the consumer holds a few more; times
-    the local ranks (``$LOCAL_WORLD_SIZE``, default 1), which share the tmpfs. 0 for the thread
-    backend or ``num_workers=0`` (batches in private memory). A cache leaves this plus
-    :data:`SHM_MARGIN` free."""
-    if backend != "process" or num_workers == 0:
-        return 0
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
-    batch = batch_size * 3 * image_size * image_size + 3 * 4096
-    return 2 * num_workers * prefetch_factor * batch * local
-
-
-def _same_fs(a, b) -> bool:
-    try:
-        return os.stat(a).st_dev == os.stat(b).st_dev
-    except OSError:
-        return False
 
 
 def cache_identity(source, kind: str, resolution: str, transform) -> dict:
@@ -186,74 +138,6 @@ def _decoder_name(name: str) -> str:
     return auto_choice()[0]
 
 
-def _stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
-    """``(sizes, reducible)``: ``(width, height)`` of every stored image, and per sample 1 when
-    its uncached decode may use a DCT reduction (a JPEG), else 0 (a PNG: always at scale 1).
-    From ``splits/<split>.jsonl`` (upright pixels, as stored; a record without ``ext`` counts
-    as a JPEG), else (an index without sizes) from each sample's header."""
-    n = len(source)
-    sizes = np.zeros((n, 2), np.int64)
-    try:
-        records = read_split_records(source.root, source.split)
-        why = (f"splits/{source.split}.jsonl does not give every sample's width and height "
-               "as a positive int") if records else None
-    except (ShardkitError, OSError) as e:  # damaged records: the headers say the sizes
-        records, why = [], str(e)
-    if len(records) == n and all(isinstance(r, dict) and _side(r.get("width"))
-                                 and _side(r.get("height")) for r in records):
-        sizes[:, 0] = [r["width"] for r in records]
-        sizes[:, 1] = [r["height"] for r in records]
-        return sizes, bytes(str(r.get("ext", "jpg")).lower() in _JPEG_EXTS for r in records)
-    if why:
-        log.warning("decoded cache: %s; reading %d image headers instead", why, n)
-    else:
-        log.info("decoded cache: split %r lists no image sizes; reading %d headers",
-                 source.split, n)
-    from ..decode import get_decoder
-
-    dec = get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
-    reducible = bytearray(n)
-    for i in range(n):
-        probe = dec.probe(source.read(i))
-        sizes[i] = probe.width, probe.height
-        reducible[i] = min(probe.factors) < 1
-    return sizes, bytes(reducible)
-
-
-def _dct_side(transform) -> int:
-    """The crop side from which the uncached decode of a JPEG by ``transform`` is DCT-reduced:
-    :func:`~shardkit.decode.choose_scale` picks a factor ``n/d < 1`` iff both sides of the crop
-    box are >= ``S * d / n`` for the largest such factor of the decoder (1/2 for roi, turbojpeg
-    and pil: ``2 S``); :data:`_NEVER` without ``dct_scaling`` or for a decoder without
-    reductions (nvjpeg per image)."""
-    cfg = transform.cfg
-    if not cfg.dct_scaling:
-        return _NEVER
-    import io
-
-    from PIL import Image
-
-    from ..decode import FAST_DCT_REDUCTIONS, get_decoder
-
-    buf = io.BytesIO()
-    Image.new("RGB", (16, 16)).save(buf, format="JPEG")
-    try:  # the decoder's own factors for a YCbCr JPEG: a header read of a tiny one
-        factors = get_decoder(cfg.decoder).probe(buf.getvalue()).factors
-    except Exception:  # noqa: BLE001 - the loader reports a bad decoder; assume shardkit's set
-        factors = FAST_DCT_REDUCTIONS
-    below = [f for f in factors if f < 1]
-    if not below:
-        return _NEVER
-    f = max(below)
-    # ceil: an int (train) box side w has w * n >= S * d iff w >= ceil(S * d / n); an eval box's
-    # side is truncated to an int (CropParams), exact for n = 1 (every factor shardkit uses)
-    return -(-cfg.image_size * f.denominator // f.numerator)
-
-
-def _side(v) -> bool:
-    return type(v) is int and 1 <= v <= 1 << 20
-
-
 class DecodedCache:
     """The cache of one loader: an :class:`Arena` plus the per-sample get/fill logic and this
     process's counters. Built by :func:`shardkit.stream.make_loader` (``cache=``).
@@ -267,8 +151,9 @@ class DecodedCache:
         disabled: why this process stopped filling (out of space, the reserve reached, a slot
             that could not be read), or None.
         dct_side: the crop side (pixels, both sides of the box) from which the uncached decode
-            of a JPEG would use a DCT reduction < 1 (``2 x image_size``; :data:`_NEVER` for
-            ``"final"``, without ``dct_scaling``, or a decoder without reductions).
+            of a JPEG would use a DCT reduction < 1 (``2 x image_size``;
+            :data:`~shardkit.stream.cache_exact.NEVER` for ``"final"``, without
+            ``dct_scaling``, or a decoder without reductions).
 
     The free space is read (``statvfs``) again only after this process has stored
     1/:data:`_CHECK_SHARE` of the room above the reserve seen at the last reading, so up to
@@ -287,10 +172,10 @@ class DecodedCache:
         self._unchecked = 0  # bytes this process may store before reading the free space
         self.unreadable: str | None = None  # why this process stopped reading slots
         self.unavailable: str | None = None  # why the arena could not be opened
-        sizes, self._reducible = _stored_sizes(source, transform)
+        sizes, self._reducible = stored_sizes(source, transform)
         self.image_size = int(transform.cfg.image_size)
         # a "final" slot holds the uncached transform's own crop: exact whatever the scale
-        self.dct_side = _dct_side(transform) if kind == "pixels" else _NEVER
+        self.dct_side = dct_side(transform) if kind == "pixels" else NEVER
         if kind == "final":
             s = int(image_size or transform.cfg.image_size)
             cached = np.full_like(sizes, s)
@@ -324,7 +209,7 @@ class DecodedCache:
         self.path = str(path)
         self.folder = str(folder)
         self.num_samples = len(sizes)
-        shm = _same_fs(folder, "/dev/shm")
+        shm = same_fs(folder, "/dev/shm")
         self.reserve = SHM_MARGIN + (int(transport_bytes) if shm else 0)
         self._reserve_for = (f"{transport_bytes / 1e6:.1f} MB for the batches of the "
                              f"DataLoader worker processes + a {SHM_MARGIN / 1e6:.1f} MB margin"
@@ -491,14 +376,7 @@ class DecodedCache:
         documented as not bit-exact anyway."""
         if self.max_side is not None:
             return
-        log.warning(
-            "decoded cache: a %dx%d px crop (both sides >= %d px, %gx image_size=%d) is decoded "
-            "uncached at a libjpeg DCT scale (1/2, 1/4 or 1/8) and resized from that, while the "
-            "cache resizes it from the full-size pixels: such samples are close to, not bit-exact "
-            "with, an uncached run's (counted in cache_stats()['dct_reduced']). For bit-exact "
-            "batches use a larger image_size (crops under 2x it) or dct_scaling=False in both "
-            "runs, or accept it; see docs/cache.md. (Logged once per loader.)",
-            crop[0], crop[1], self.dct_side, self.dct_side / self.image_size, self.image_size)
+        log.warning(dct_warning(crop, self.dct_side, self.image_size))
 
     # --- accounting --------------------------------------------------------------------------
     def stats(self) -> dict:

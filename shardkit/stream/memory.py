@@ -1,9 +1,16 @@
-"""Memory of a decoded cache's arena as each process maps it: :func:`arena_memory` (Linux
-``/proc``), for benchmarks and tests of the one-copy-per-machine property of
-:mod:`shardkit.stream.cache`."""
+"""Memory and room on this machine, as the decoded cache (:mod:`shardkit.stream.cache`) sees it.
+
+- Room: :func:`available_memory` (``MemAvailable``), :func:`free_bytes` (a file system's free
+  space), :func:`shm_reserve` (what a loader's batches may hold of ``/dev/shm``) and
+  :func:`same_fs`: the inputs of ``cache="auto"`` and of the reserve a cache leaves free.
+- Use: :func:`arena_memory` (Linux ``/proc``), how each process maps an arena, for benchmarks
+  and tests of the one-copy-per-machine property.
+"""
 from __future__ import annotations
 
-__all__ = ["arena_memory"]
+import os
+
+__all__ = ["arena_memory", "available_memory", "free_bytes", "same_fs", "shm_reserve"]
 
 _SMAPS_FIELDS = {"Rss": "rss", "Pss": "pss", "Shared_Clean": "shared", "Shared_Dirty": "shared",
                  "Private_Clean": "private", "Private_Dirty": "private", "Anonymous": "anonymous"}
@@ -47,3 +54,52 @@ def arena_memory(path: str, pids) -> dict:
         per[int(pid)] = row
     return {"pids": per, **{f"sum_{k}": sum(r[k] for r in per.values())
                             for k in ("rss", "pss", "anonymous", "total_pss")}}
+
+
+def available_memory() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def free_bytes(folder) -> int | None:
+    """Free bytes (for an unprivileged user) of the file system holding ``folder``; None when
+    unknown."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def shm_reserve(backend: str, num_workers: int, prefetch_factor: int, batch_size: int,
+                image_size: int) -> int:
+    """Bytes of ``/dev/shm`` a loader's batch transport may hold at once, doubled: worker
+    processes (``backend="process"``, ``num_workers > 0``) each keep ``prefetch_factor``
+    batches in flight, every batch a shared-memory segment of ``batch_size x 3 x S x S`` bytes
+    plus a page for each of its three small tensors, and the consumer holds a few more; times
+    the local ranks (``$LOCAL_WORLD_SIZE``, default 1), which share the tmpfs. 0 for the thread
+    backend or ``num_workers=0`` (batches in private memory). A cache leaves this plus
+    :data:`shardkit.stream.cache.SHM_MARGIN` free."""
+    if backend != "process" or num_workers == 0:
+        return 0
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    batch = batch_size * 3 * image_size * image_size + 3 * 4096
+    return 2 * num_workers * prefetch_factor * batch * local
+
+
+def same_fs(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` lie on one file system (False when either is missing)."""
+    try:
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False

@@ -1,0 +1,107 @@
+"""Which cached samples equal an uncached run's pixels, bit for bit (docs/cache.md).
+
+A cached crop is resized from the cached pixels; an uncached one from the JPEG decoded at the
+DCT reduction :func:`shardkit.decode.choose_scale` picks for its crop box (1/2, 1/4, 1/8 once
+both sides of the crop are >= 2x the output side). Where that reduction is < 1 the two differ:
+close, not bit-exact. :func:`dct_side` gives the crop side from which that happens for a
+transform, :func:`stored_sizes` each stored image's size and whether it is a JPEG (a PNG is
+always decoded at scale 1); :meth:`shardkit.stream.cache.DecodedCache.dct_reduced` combines them
+per sample in two integer comparisons, and :func:`dct_warning` is the loader's one warning.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..errors import ShardkitError
+from shardkit.dataset.manifest import read_split_records
+
+__all__ = ["NEVER", "JPEG_EXTS", "dct_side", "dct_warning", "stored_sizes"]
+
+log = logging.getLogger("shardkit.stream.cache")
+
+#: :func:`dct_side` when no crop is ever DCT-reduced (above any image side).
+NEVER = 1 << 40
+#: The ``ext`` of a stored JPEG in ``splits/<split>.jsonl`` (the packer writes ``"jpg"``).
+JPEG_EXTS = ("jpg", "jpeg")
+
+
+def stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
+    """``(sizes, reducible)``: ``(width, height)`` of every stored image, and per sample 1 when
+    its uncached decode may use a DCT reduction (a JPEG), else 0 (a PNG: always at scale 1).
+    From ``splits/<split>.jsonl`` (upright pixels, as stored; a record without ``ext`` counts
+    as a JPEG), else (an index without sizes) from each sample's header."""
+    n = len(source)
+    sizes = np.zeros((n, 2), np.int64)
+    try:
+        records = read_split_records(source.root, source.split)
+        why = (f"splits/{source.split}.jsonl does not give every sample's width and height "
+               "as a positive int") if records else None
+    except (ShardkitError, OSError) as e:  # damaged records: the headers say the sizes
+        records, why = [], str(e)
+    if len(records) == n and all(isinstance(r, dict) and _side(r.get("width"))
+                                 and _side(r.get("height")) for r in records):
+        sizes[:, 0] = [r["width"] for r in records]
+        sizes[:, 1] = [r["height"] for r in records]
+        return sizes, bytes(str(r.get("ext", "jpg")).lower() in JPEG_EXTS for r in records)
+    if why:
+        log.warning("decoded cache: %s; reading %d image headers instead", why, n)
+    else:
+        log.info("decoded cache: split %r lists no image sizes; reading %d headers",
+                 source.split, n)
+    from ..decode import get_decoder
+
+    dec = get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
+    reducible = bytearray(n)
+    for i in range(n):
+        probe = dec.probe(source.read(i))
+        sizes[i] = probe.width, probe.height
+        reducible[i] = min(probe.factors) < 1
+    return sizes, bytes(reducible)
+
+
+def dct_side(transform) -> int:
+    """The crop side from which the uncached decode of a JPEG by ``transform`` is DCT-reduced:
+    :func:`~shardkit.decode.choose_scale` picks a factor ``n/d < 1`` iff both sides of the crop
+    box are >= ``S * d / n`` for the largest such factor of the decoder (1/2 for roi, turbojpeg
+    and pil: ``2 S``); :data:`NEVER` without ``dct_scaling`` or for a decoder without
+    reductions (nvjpeg per image)."""
+    cfg = transform.cfg
+    if not cfg.dct_scaling:
+        return NEVER
+    import io
+
+    from PIL import Image
+
+    from ..decode import FAST_DCT_REDUCTIONS, get_decoder
+
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(buf, format="JPEG")
+    try:  # the decoder's own factors for a YCbCr JPEG: a header read of a tiny one
+        factors = get_decoder(cfg.decoder).probe(buf.getvalue()).factors
+    except Exception:  # noqa: BLE001 - the loader reports a bad decoder; assume shardkit's set
+        factors = FAST_DCT_REDUCTIONS
+    below = [f for f in factors if f < 1]
+    if not below:
+        return NEVER
+    f = max(below)
+    # ceil: an int (train) box side w has w * n >= S * d iff w >= ceil(S * d / n); an eval box's
+    # side is truncated to an int (CropParams), exact for n = 1 (every factor shardkit uses)
+    return -(-cfg.image_size * f.denominator // f.numerator)
+
+
+def _side(v) -> bool:
+    return type(v) is int and 1 <= v <= 1 << 20
+
+
+def dct_warning(crop: tuple[int, int], side: int, image_size: int) -> str:
+    """The warning for a loader's first cached sample whose uncached decode would be
+    DCT-reduced: ``crop`` its ``(width, height)``, ``side`` the :func:`dct_side`."""
+    return (f"decoded cache: a {crop[0]}x{crop[1]} px crop (both sides >= {side} px, "
+            f"{side / image_size:g}x image_size={image_size}) is decoded uncached at a libjpeg "
+            "DCT scale (1/2, 1/4 or 1/8) and resized from that, while the cache resizes it from "
+            "the full-size pixels: such samples are close to, not bit-exact with, an uncached "
+            "run's (counted in cache_stats()['dct_reduced']). For bit-exact batches use a larger "
+            "image_size (crops under 2x it) or dct_scaling=False in both runs, or accept it; see "
+            "docs/cache.md. (Logged once per loader.)")
