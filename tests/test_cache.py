@@ -137,6 +137,58 @@ def test_no_dct_scaling_keeps_small_crops_exact(root, shm, caplog):
     assert _dct_warnings(caplog) == []
 
 
+def test_eval_pixels_cache_counts_its_dct_reduced_center_crops(root, shm, caplog):
+    """cache_eval="pixels" on an eval loader at S=96: the center crop of a 240-500 px photo
+    is >= 192 px on both sides, so the uncached decode is DCT-reduced and the cached one is
+    not. The count equals the rows that differ from the uncached eval epoch (the same in
+    every epoch: the eval crop is fixed), and the loader warns once."""
+    plain, _ = _epochs(root, [0], image_size=SMALL, train=False)
+    with caplog.at_level(logging.WARNING, logger="shardkit.stream.cache"):
+        cached, stats = _epochs(root, [0, 1], cache="ram", cache_eval="pixels",
+                                image_size=SMALL, train=False)
+    differ = _rows_differ(plain * 2, cached)
+    assert 0 < stats["dct_reduced"] == differ and differ % 2 == 0
+    assert len(_dct_warnings(caplog)) == 1
+
+
+def test_png_samples_are_never_counted_as_dct_reduced(sample_dir, tmp_path, shm):
+    """A PNG is always decoded at scale 1, cached or not: in a split of real photos where
+    every other one is stored as a lossless PNG of its pixels, no PNG row is counted or
+    differs, and the count still equals the JPEG rows that differ (S=96)."""
+    from shardkit.dataset.manifest import read_split_records
+    from shardkit.packer.run import pack
+
+    src = tmp_path / "mixed"
+    photos = sorted(p for p in sample_dir.rglob("*.jpg"))[:60]
+    for i, photo in enumerate(photos):
+        dest = src / photo.parent.name / photo.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if i % 2:
+            with Image.open(photo) as im:
+                im.convert("RGB").save(dest.with_suffix(".png"))
+        else:
+            shutil.copyfile(photo, dest)
+    out = tmp_path / "out"
+    pack(src, out, format="wds", split={"train": 1.0}, seed=0, workers=1)
+    exts = [r["ext"] for r in read_split_records(out, "train")]
+    assert sorted(set(exts)) == ["jpg", "png"] and exts.count("png") == 30
+
+    def run(**kw):
+        with make_loader(out, "train", 16, num_workers=2, image_size=SMALL,
+                         return_meta=True, **kw) as loader:
+            rows = [(x.clone(), m["index"].clone()) for x, _, m in loader]
+            return rows, loader.cache_stats()
+
+    plain, _ = run()
+    cached, stats = run(cache="ram")
+    differ = {"jpg": 0, "png": 0}
+    for (x1, i1), (x2, i2) in zip(plain, cached):
+        assert i1.equal(i2)
+        for row, pos in zip((x1 != x2).flatten(1).any(1).tolist(), i1.tolist()):
+            differ[exts[pos]] += row
+    assert differ["png"] == 0 and 0 < differ["jpg"] == stats["dct_reduced"]
+
+
 def test_eval_loader_pixels_and_final_crops(packed_sample, shm):
     root = packed_sample("wds")
 
