@@ -94,7 +94,9 @@ def sample_rng(seed: int, epoch: int, rank: int, position: int) -> np.random.Gen
     The key is passed as a uint64 array. (It used to be a list of two Python ints, which
     NumPy turns into float64 when one is >= 2**63 and the other is not: for half of all seeds,
     seed 0 among them, both words lost their low bits, and from epoch 512 on neighbouring
-    positions got the same generator; docs/FIELD-CASES.md, case 17.)
+    positions got the same generator; docs/FIELD-CASES.md, case 17. For those seeds every
+    sample's draws differ from the earlier versions', from epoch 0: a run resumed across the
+    change gets other crops and flips, never other samples.)
     """
     return np.random.Generator(np.random.Philox(key=_sample_key(seed, epoch, rank, position)))
 
@@ -130,9 +132,13 @@ class SampleRng:
 def sample_rngs(seed: int, transform=None) -> Callable[[int, int, int], np.random.Generator]:
     """``rng_at(epoch, rank, position)``: the sample generators of ``seed`` for one thread's
     loop over samples handed to ``transform``. Re-keyed in place (:class:`SampleRng`) when
-    ``transform`` declares ``keeps_rng = False``; otherwise a new :func:`sample_rng` per call,
-    which a transform may keep. Either way the draws are :func:`sample_rng`'s."""
-    if getattr(transform, "keeps_rng", True) is False:
+    ``transform`` itself or its own class (not a base class) declares ``keeps_rng = False``:
+    a subclass of the factory's transform may keep the generator, so it gets a new
+    :func:`sample_rng` per call unless it declares the flag again. Either way the draws are
+    :func:`sample_rng`'s."""
+    own = getattr(transform, "__dict__", {})
+    declared = own["keeps_rng"] if "keeps_rng" in own else vars(type(transform)).get("keeps_rng")
+    if declared is False:
         return SampleRng(seed).at
     return functools.partial(sample_rng, seed)
 

@@ -197,7 +197,9 @@ class SampleTransform:
     accepts_buffers = True
     #: ``rng`` is drawn from within the call and never kept, so the loader may pass one
     #: generator re-keyed for each sample (:class:`shardkit.sharding.SampleRng`, ~10 us less
-    #: per sample than a new one). A transform without this attribute gets a new generator.
+    #: per sample than a new one). Only this class's own declaration counts: a subclass gets
+    #: a new generator per sample unless it sets ``keeps_rng = False`` itself
+    #: (:func:`shardkit.sharding.sample_rngs`).
     keeps_rng = False
 
     def __init__(self, cfg: TransformConfig, train: bool):

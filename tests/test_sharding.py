@@ -208,7 +208,27 @@ def test_sample_rngs_reuses_only_for_a_transform_that_keeps_no_generator():
     assert reused(0, 0, 2).random() == kept(0, 0, 2).random()
     from shardkit.transforms import TransformConfig, make_transform
 
-    assert make_transform(TransformConfig(), True).keeps_rng is False  # the loader's fast path
+    from shardkit.transforms import SampleTransform
+
+    factory = make_transform(TransformConfig(), True)
+    assert factory.keeps_rng is False  # the loader's fast path
+    at = sample_rngs(5, factory)
+    assert at(0, 0, 1) is at(0, 0, 2)
+
+    class Subclass(SampleTransform):  # may keep its rng: inherits no promise
+        pass
+
+    class Declares(SampleTransform):
+        keeps_rng = False
+
+    at = sample_rngs(5, Subclass(TransformConfig(), True))
+    assert at(0, 0, 1) is not at(0, 0, 1)
+    at = sample_rngs(5, Declares(TransformConfig(), True))
+    assert at(0, 0, 1) is at(0, 0, 2)
+    instance = Subclass(TransformConfig(), True)
+    instance.keeps_rng = False
+    at = sample_rngs(5, instance)
+    assert at(0, 0, 1) is at(0, 0, 2)
 
 
 def test_epoch_plan_batches():
