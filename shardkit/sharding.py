@@ -109,8 +109,8 @@ class SampleRng:
     ``sample_rng(seed, epoch, rank, position)``, in about 1 us instead of 10-40 us (numpy's
     ``Philox(key=...)`` constructor first seeds itself from OS entropy, then the key replaces
     that seed). It is the same object on every call, valid until the next call: the loader uses
-    it only for a transform that declares ``keeps_rng = False`` (the factory's). Not thread-safe:
-    one per thread.
+    it only for a transform whose own class declares ``keeps_rng = False`` (the factory's;
+    :func:`sample_rngs`). Not thread-safe: one per thread.
     """
 
     __slots__ = ("_state", "_key", "_bits", "generator")
@@ -141,6 +141,7 @@ def sample_rngs(seed: int, transform=None) -> Callable[[int, int, int], np.rando
     if declared is False:
         return SampleRng(seed).at
     return functools.partial(sample_rng, seed)
+
 
 def epoch_order(n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,
                 mode: str = "exact", labels: np.ndarray | None = None, balance: str | None = None,
