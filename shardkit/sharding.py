@@ -109,7 +109,7 @@ class SampleRng:
     ``sample_rng(seed, epoch, rank, position)``, in about 1 us instead of 10-40 us (numpy's
     ``Philox(key=...)`` constructor first seeds itself from OS entropy, then the key replaces
     that seed). It is the same object on every call, valid until the next call: the loader uses
-    it only for a transform whose own class declares ``keeps_rng = False`` (the factory's;
+    it only for a transform that itself declares ``keeps_rng = False`` (the factory's;
     :func:`sample_rngs`). Not thread-safe: one per thread.
     """
 
@@ -129,18 +129,13 @@ class SampleRng:
         return self.generator
 
 
-def sample_rngs(seed: int, transform=None) -> Callable[[int, int, int], np.random.Generator]:
+def sample_rngs(seed: int, reuse: bool = False) -> Callable[[int, int, int], np.random.Generator]:
     """``rng_at(epoch, rank, position)``: the sample generators of ``seed`` for one thread's
-    loop over samples handed to ``transform``. Re-keyed in place (:class:`SampleRng`) when
-    ``transform`` itself or its own class (not a base class) declares ``keeps_rng = False``:
-    a subclass of the factory's transform may keep the generator, so it gets a new
-    :func:`sample_rng` per call unless it declares the flag again. Either way the draws are
-    :func:`sample_rng`'s."""
-    own = getattr(transform, "__dict__", {})
-    declared = own["keeps_rng"] if "keeps_rng" in own else vars(type(transform)).get("keeps_rng")
-    if declared is False:
-        return SampleRng(seed).at
-    return functools.partial(sample_rng, seed)
+    loop over samples. ``reuse``: one generator re-keyed in place (:class:`SampleRng`), for a
+    consumer that keeps none (the loader passes it for a transform that declares
+    ``keeps_rng = False``: :func:`shardkit.transforms.declared`); else a new
+    :func:`sample_rng` per call. Either way the draws are :func:`sample_rng`'s."""
+    return SampleRng(seed).at if reuse else functools.partial(sample_rng, seed)
 
 
 def epoch_order(n: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,

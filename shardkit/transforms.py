@@ -44,7 +44,8 @@ from shardkit.errors import ConfigError, TransformInputError
 from shardkit.validate import check_int
 
 __all__ = [
-    "TransformConfig", "CropParams", "SampleTransform", "make_transform", "sample_crop_params",
+    "TransformConfig", "CropParams", "SampleTransform", "make_transform", "declared",
+    "sample_crop_params",
     "eval_crop_box", "torchvision_reference", "TorchvisionReference", "normalize_on_device",
     "TransformInputError", "IMAGENET_MEAN", "IMAGENET_STD", "scaled_mean_std",
 ]
@@ -197,10 +198,10 @@ class SampleTransform:
     accepts_buffers = True
     #: ``rng`` is drawn from within the call and never kept, so the loader may pass one
     #: generator re-keyed for each sample (:class:`shardkit.sharding.SampleRng`, ~10 us less
-    #: per sample than a new one). Only this class's own declaration counts: a subclass gets
-    #: a new generator per sample unless it sets ``keeps_rng = False`` itself
-    #: (:func:`shardkit.sharding.sample_rngs`).
+    #: per sample than a new one).
     keeps_rng = False
+    # Both promises hold only where they are made (:func:`declared`): a subclass, which may
+    # keep ``data`` or ``rng``, gets bytes and a new generator unless it makes them again.
 
     def __init__(self, cfg: TransformConfig, train: bool):
         self.cfg = cfg
@@ -419,6 +420,14 @@ class SampleTransform:
         target = out if out is not None else np.empty((s, s, 3), np.uint8)
         resize_into(crop, rel, target, p.flip, self.cfg.interpolation)
         return target
+
+
+def declared(transform, flag: str, default=None):
+    """The value of the promise ``flag`` (``accepts_buffers``, ``keeps_rng``) that
+    ``transform`` itself or its own class makes, else ``default``. A base class's promise does
+    not count: a subclass that overrides ``__call__`` may keep ``data`` or ``rng``."""
+    own = getattr(transform, "__dict__", {})
+    return own[flag] if flag in own else vars(type(transform)).get(flag, default)
 
 
 def make_transform(cfg: TransformConfig, train: bool) -> SampleTransform:

@@ -194,41 +194,11 @@ def test_reused_sample_rng_draws_what_a_new_one_draws(seed):
     assert reused.at(1, 0, 0) is reused.at(2, 0, 0)
 
 
-def test_sample_rngs_reuses_only_for_a_transform_that_keeps_no_generator():
-    class Keeps:
-        pass
-
-    class KeepsNothing:
-        keeps_rng = False
-
-    kept = sample_rngs(5, Keeps())
+def test_sample_rngs_reuses_one_generator_only_when_asked():
+    kept, reused = sample_rngs(5), sample_rngs(5, reuse=True)
     assert kept(0, 0, 1) is not kept(0, 0, 1)
-    reused = sample_rngs(5, KeepsNothing())
     assert reused(0, 0, 1) is reused(0, 0, 2)
     assert reused(0, 0, 2).random() == kept(0, 0, 2).random()
-    from shardkit.transforms import TransformConfig, make_transform
-
-    from shardkit.transforms import SampleTransform
-
-    factory = make_transform(TransformConfig(), True)
-    assert factory.keeps_rng is False  # the loader's fast path
-    at = sample_rngs(5, factory)
-    assert at(0, 0, 1) is at(0, 0, 2)
-
-    class Subclass(SampleTransform):  # may keep its rng: inherits no promise
-        pass
-
-    class Declares(SampleTransform):
-        keeps_rng = False
-
-    at = sample_rngs(5, Subclass(TransformConfig(), True))
-    assert at(0, 0, 1) is not at(0, 0, 1)
-    at = sample_rngs(5, Declares(TransformConfig(), True))
-    assert at(0, 0, 1) is at(0, 0, 2)
-    instance = Subclass(TransformConfig(), True)
-    instance.keeps_rng = False
-    at = sample_rngs(5, instance)
-    assert at(0, 0, 1) is at(0, 0, 2)
 
 
 def test_epoch_plan_batches():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from shardkit.stream import make_loader
+from shardkit.stream import SamplingOptions, make_loader
 from shardkit.stream.buffers import BufferPool
 from helpers import build_split
 
@@ -71,3 +71,48 @@ def test_custom_transforms_get_bytes_the_factory_gets_the_reused_buffer(sample_d
 
     list(make_loader(tmp_path, "train", 3, num_workers=0, image_size=8, transform=Spy()))
     assert got == [memoryview] * 6 and factory.accepts_buffers is True
+
+
+def test_a_subclass_of_the_factory_transform_gets_bytes_and_its_own_generators(sample_dir,
+                                                                               tmp_path):
+    """The factory's promises (``accepts_buffers``, ``keeps_rng``: nothing kept after the call)
+    hold only where they are made (``transforms.declared``). A subclass that keeps ``data``
+    and ``rng`` gets intact bytes and one generator per sample, each still drawing what
+    ``sample_rng`` draws; a subclass that makes both promises again gets the reused ones."""
+    import numpy as np
+
+    from shardkit.sharding import sample_rng
+    from shardkit.transforms import SampleTransform, TransformConfig, declared, make_transform
+
+    build_split(sample_dir, tmp_path, "wds", [6])
+    cfg = TransformConfig(image_size=8)
+
+    class Keeps(SampleTransform):
+        def __call__(self, data, rng=None, out=None):
+            self.kept.append((data, rng, rng.bit_generator.state["state"]["key"].copy()))
+            return super().__call__(data, rng, out=out)
+
+    class Promises(Keeps):
+        accepts_buffers = True
+        keeps_rng = False
+
+    assert declared(make_transform(cfg, True), "keeps_rng") is False
+    assert declared(Keeps(cfg, True), "keeps_rng") is None
+    for cls, reused in ((Keeps, False), (Promises, True)):
+        tf = cls(cfg, True)
+        tf.kept = []
+        list(make_loader(tmp_path, "train", 3, num_workers=0, image_size=8, transform=tf,
+                         seed=4, sampling=SamplingOptions(shuffle=False)))
+        datas, rngs, keys = zip(*tf.kept)
+        assert len(datas) == 6
+        assert all(type(d) is (memoryview if reused else bytes) for d in datas)
+        assert len({id(r) for r in rngs}) == (2 if reused else 6)  # reused: one per batch
+        assert [int(k[1]) for k in keys] == [int(sample_rng(4, 0, 0, j).bit_generator.state[
+            "state"]["key"][1]) for j in range(6)]
+        if not reused:  # kept bytes intact, kept generators still their own sample's
+            assert all(d.startswith(b"\xff\xd8") for d in datas)
+            fresh = [sample_rng(4, 0, 0, j) for j in range(6)]
+            for d, g in zip(datas, fresh):
+                make_transform(cfg, True)(d, g)  # the same draws the row made
+            assert [r.random() for r in rngs] == [g.random() for g in fresh]
+        assert np.array_equal(keys[0], sample_rng(4, 0, 0, 0).bit_generator.state["state"]["key"])

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, IterableDataset
 from ..augment.mix import NO_MIX, BatchMix, MixDraw, apply_mix, mix_rng
 from ..errors import ShardkitError
 from ..sharding import EpochPlan, num_batches, sample_rngs
+from ..transforms import declared
 from .buffers import BufferPool, batch_buffer
 from .options import SamplingOptions, resolve_train
 from .source import ShardSource, worker_id_count
@@ -433,7 +434,8 @@ class BatchDataset(_Iterable):
         plan, stages, src = batch.plan, self.stages, self.source
         rows, positions, first = batch.rows, batch.positions, batch.slice.start
         read = stages.reader(transform, scratch)
-        rng_at, epoch, rank = sample_rngs(self.sampling.seed, transform), plan.epoch, plan.rank
+        rng_at = sample_rngs(self.sampling.seed, declared(transform, "keeps_rng") is False)
+        epoch, rank = plan.epoch, plan.rank
         tally = BatchTally(hi - lo, epoch)
         src.prefetch_reading(plan)
         try:
@@ -473,7 +475,7 @@ class BatchDataset(_Iterable):
         stages, sl = self.stages, plan.batch_slice(b)
         positions = plan.positions[sl]
         tally = BatchTally(len(positions), plan.epoch)
-        rng_at = sample_rngs(self.sampling.seed, tf)
+        rng_at = sample_rngs(self.sampling.seed, declared(tf, "keeps_rng") is False)
         for i, pos in enumerate(positions.tolist()):
             stages.encoded(tally, i, pos, rng_at(plan.epoch, plan.rank, plan.place(sl.start + i)),
                            tf)

@@ -35,7 +35,7 @@ from ..errors import (ConfigError, DecodeError, ShardCorruptError, ShardFetchErr
                       ShardkitError)
 from ..formats import resource_error
 from ..sharding import sample_rng
-from ..transforms import SampleTransform
+from ..transforms import SampleTransform, declared
 from .options import ON_ERROR, ON_WARNING
 from .source import ShardSource
 
@@ -312,10 +312,11 @@ class SampleStages:
     def reader(self, tf, scratch: bool) -> Callable[[int], bytes | memoryview]:
         """The read stage for transform ``tf``: the thread's reused buffer
         (:meth:`ShardSource.read_scratch`) only with ``scratch`` and a transform that says it
-        takes any buffer and keeps nothing (``accepts_buffers``, the factory's); else
-        :meth:`ShardSource.read` (``bytes`` a custom transform may keep)."""
+        takes any buffer and keeps nothing (``accepts_buffers``, the factory's, declared by the
+        transform itself: :func:`~shardkit.transforms.declared`); else :meth:`ShardSource.read`
+        (``bytes`` a custom transform or a subclass may keep)."""
         src = self.source
-        return src.read_scratch if scratch and getattr(tf, "accepts_buffers", False) else src.read
+        return src.read_scratch if scratch and declared(tf, "accepts_buffers") is True else src.read
 
     # --- the dict datasets -------------------------------------------------------------------
     def item(self, pos: int, rng_at: tuple[int, int, int, int], skipped: list):
