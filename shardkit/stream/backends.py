@@ -154,8 +154,7 @@ class ThreadBackend(_Backend):
         """Raises LoaderError when :meth:`close` ran since the iteration began (at ``opened``
         closes): it must not start a pool again, nor take one a later iteration started."""
         if self._closes != opened:
-            raise LoaderError("the loader was closed during this iteration; start a new one "
-                              "(iter(loader))")
+            raise LoaderError(_CLOSED)
 
     def _fixed(self, plan, todo, last: int, describe, workers: int, depth: int,
                pending: deque, opened: int) -> Iterator[tuple]:
@@ -235,8 +234,7 @@ class ThreadBackend(_Backend):
         try:
             return future.result(timeout=self.timeout)
         except CancelledError:
-            raise LoaderError(f"{describe()}: the loader was closed during this iteration; "
-                              "start a new one (iter(loader))") from None
+            raise LoaderError(f"{describe()}: {_CLOSED}") from None
         except FutureTimeout:
             raise LoaderError(f"{describe()}: no batch within timeout={self.timeout} s; a "
                               "decoding thread hung (field case 19)") from None
@@ -264,6 +262,10 @@ class ThreadBackend(_Backend):
             p.shutdown(wait=True)
         self.buffers.clear()
         self.dataset.source.close()
+
+
+#: What an iteration that :meth:`ThreadBackend.close` interrupted raises at its next batch.
+_CLOSED = "the loader was closed during this iteration; start a new one (iter(loader))"
 
 
 def _alive(pool: ThreadPoolExecutor) -> bool:
