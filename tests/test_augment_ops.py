@@ -347,6 +347,43 @@ def test_fast_paths_on_awkward_shapes(photos, shape):
             _same(_fast(a, [(name, args)]), prims.TORCH[name](_t(a), *args), f"{shape} {name}")
 
 
+_TABLE_PROGRAMS = {  # the ops that run as a 256-entry table per channel, alone and chained
+    "brightness": ([("brightness", (1.37,))], lambda t: F.adjust_brightness(t, 1.37)),
+    "contrast": ([("contrast", (0.61,))], lambda t: F.adjust_contrast(t, 0.61)),
+    "solarize": ([("solarize", (99.5,))], lambda t: F.solarize(t, 99.5)),
+    "autocontrast": ([("autocontrast", ())], F.autocontrast),
+    "equalize": ([("equalize", ())], F.equalize),
+    "saturation contrast brightness": (
+        [("saturation", (1.3,)), ("contrast", (0.8,)), ("brightness", (1.2,))],
+        lambda t: F.adjust_brightness(F.adjust_contrast(F.adjust_saturation(t, 1.3), 0.8), 1.2)),
+    "brightness solarize posterize": (
+        [("brightness", (1.4,)), ("solarize", (100.0,)), ("posterize", (3,))],
+        lambda t: F.posterize(F.solarize(F.adjust_brightness(t, 1.4), 100.0), 3)),
+}
+
+
+@pytest.mark.parametrize("wide", [0, 1, 2])
+def test_table_ops_on_odd_sizes_equal_torchvision_at_every_vector_level(photos, wide):
+    """Lookup-table ops (a 64-byte vector lookup with AVX-512 VBMI, ``_set_wide`` level 2;
+    bytes otherwise) and autocontrast's channel range (blocks of 192 bytes) on images whose
+    3 x H x W bytes are no multiple of 64 or 192, so the last vector and block are partial;
+    each photo's channels clipped to [12, 240] with the extremes (0, 255, 5) and (250, 3, 1)
+    only in its last two pixels, so autocontrast is right only if the partial block is read."""
+    before = prims._kernels._set_wide(wide)
+    try:
+        if prims._kernels._set_wide(wide) != wide:
+            pytest.skip(f"this CPU has no _set_wide level {wide} (AVX-512 / VBMI)")
+        for k, (h, w) in enumerate([(1, 2), (5, 7), (37, 41), (224, 223), (3, 65)]):
+            a = np.clip(photos[k][:h, :w], 12, 240)
+            a.reshape(-1, 3)[-2:] = [(0, 255, 5), (250, 3, 1)]
+            a = np.ascontiguousarray(a)
+            assert (3 * h * w) % 64 and (3 * h * w) % 192
+            for name, (program, ref) in _TABLE_PROGRAMS.items():
+                _same(_fast(a, program), ref(_t(a)), f"{h}x{w} {name} (wide {wide})")
+    finally:
+        prims._kernels._set_wide(before)
+
+
 def test_gray_kernel_equals_torchvision_on_every_rgb_colour():
     """All 2**24 colours in one 4096x4096 image: floor of torchvision's float grayscale."""
     v = np.arange(1 << 24, dtype=np.uint32).reshape(4096, 4096)
