@@ -24,7 +24,9 @@
  *       vectorised with bit selects, the same bytes on every clone).
  *   2b. Runs of pixelwise colour ops (do_chain): the bytes of one pass per op (_set_fused(0)),
  *       on the portable path and on each vector form (AVX2, AVX-512, AVX-512 VBMI intrinsics:
- *       _set_wide(0, 1, 2); tests/test_augment_fused.py).
+ *       _set_wide(0, 1, 2); tests/test_augment_fused.py). A chain pass with no saturation
+ *       runs as its own 256-entry table (chain_run), and tables are applied 64 bytes at a
+ *       time with VBMI (lut_vbmi): a lookup has one value on every path.
  *   2. Colour, sharpness, posterize, solarize, autocontrast, equalize, grayscale, erase:
  *      torchvision's pixels exactly where torch's kernels fuse multiply-adds (AVX2, AVX-512,
  *      NEON: x86-64 CPUs with AVX2, every aarch64 one). torch's scalar DEFAULT kernels (an
