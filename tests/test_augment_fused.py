@@ -133,6 +133,25 @@ def test_chains_on_tiny_and_large_images_equal_the_per_op_kernels(photos, path, 
             assert (got != img).any()
 
 
+@pytest.mark.parametrize("path, wide", [(0, 0), (1, 0), (1, 1), (1, 2)])
+@pytest.mark.parametrize("separate", [False, True])
+def test_chains_with_factors_near_float_max_equal_the_per_op_kernels(photos, path, wide,
+                                                                     separate):
+    """A contrast or saturation factor near FLT_MAX: rounded twice (``separate``, torch's
+    scalar kernels), v * f + mean * (1 - f) is inf - inf = NaN where both products overflow
+    (fused, the exact product keeps it inf). The per-op kernels give 0 for NaN; the chains gave
+    255 until their clamp took the per-op order (found by a reviewer)."""
+    _skip_without_level(path, wide)
+    programs = [[[2, 3.4e38]], [[3, 3.4e38]], [[1, 1.3], [2, 3.4e38], [3, 0.5]],
+                [[3, 2.9e38], [2, 3.0e38]]]
+    for img in photos[:3]:
+        for rows in programs:
+            ops = np.array([r + [0.0] * (10 - len(r)) for r in rows], np.float64)
+            got, want = _fused_and_reference(img, ops, path, wide, separate)
+            assert np.array_equal(got, want), (
+                f"ops {rows}: {(got != want).sum()} values differ")
+
+
 @pytest.mark.parametrize("preset", ["standard", "randaugment", "trivialaugment"])
 def test_programs_of_a_preset_equal_the_per_op_path(photos, preset):
     """apply_hwc of drawn programs (the runs of C primitives, as the loader applies them)."""

@@ -421,15 +421,18 @@ FMA_TARGET static void affine_coords_fma(int32_t *restrict ix, int32_t *restrict
 }
 #endif
 
+/* the int32 coordinates' offset in the scratch: after the image copy, 4-byte aligned */
+static Py_ssize_t coords_at(Py_ssize_t h, Py_ssize_t w) { return (h * w * 3 + 3) & ~(Py_ssize_t)3; }
+
 static size_t affine_scratch(Py_ssize_t h, Py_ssize_t w) {
-    return (size_t)(h * w * 3) + (size_t)(2 * w) * sizeof(int32_t) + 4; /* + the fill */
+    return (size_t)coords_at(h, w) + (size_t)(2 * w) * sizeof(int32_t) + 4; /* + the fill */
 }
 
 /* src: scratch of affine_scratch(h, w) bytes */
 static void do_affine(uint8_t *p, uint8_t *src, Py_ssize_t h, Py_ssize_t w, const float *t,
                       const uint8_t *f8) {
     const Py_ssize_t stride = w * 3;
-    int32_t *ix = (int32_t *)(src + h * stride), *iy = ix + w;
+    int32_t *ix = (int32_t *)(src + coords_at(h, w)), *iy = ix + w;
     memcpy(src, p, (size_t)(h * stride));
     /* the fill after the coordinates: offsets from src reach it (images under 2 GiB) */
     uint8_t *fill = (uint8_t *)(iy + w);
@@ -747,10 +750,10 @@ typedef struct {
 #define CHAIN_BLOCK 64
 #define MAX_STAGES 64
 
-/* to_u8 of a value that is never NaN (finite factors), in a form GCC vectorises */
+/* to_u8, in a form GCC vectorises: NaN (inf - inf, from a factor near FLT_MAX) gives 0 */
 static inline int32_t clamp_trunc(float v) {
-    v = v < 255.0f ? v : 255.0f;
     v = v > 0.0f ? v : 0.0f;
+    v = v < 255.0f ? v : 255.0f;
     return (int32_t)v;
 }
 
@@ -904,7 +907,8 @@ FMA_TARGET static long long chain_fma(uint8_t *p, Py_ssize_t n, const stage_t *s
 #define GRAY_V(r, g, b)                                                                    \
     V(fmadd_ps)((b), V(set1_ps)(0.114f),                                                   \
                 V(fmadd_ps)((g), V(set1_ps)(0.587f), V(mul_ps)((r), V(set1_ps)(0.2989f))))
-#define CLAMP_TRUNC(v) TRUNC(V(max_ps)(V(min_ps)((v), v255), zero))
+/* max_ps returns its second operand when one is NaN: NaN gives 0, as to_u8 */
+#define CLAMP_TRUNC(v) TRUNC(V(min_ps)(V(max_ps)((v), zero), v255))
 
 /* One chain pass, LANES pixels at a time; LOAD(q) sets r, g, b from the 3 x LANES bytes at q
  * and STORE(q) writes ri, gi, bi (their int32 values) back. The gray sum is kept per lane in
