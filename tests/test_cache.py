@@ -6,6 +6,7 @@ validated against the dataset, ``auto`` decides by the budget, ``cache_eval="fin
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -151,13 +152,14 @@ def test_eval_pixels_cache_counts_its_dct_reduced_center_crops(root, shm, caplog
     assert len(_dct_warnings(caplog)) == 1
 
 
-def test_png_samples_are_never_counted_as_dct_reduced(sample_dir, tmp_path, shm):
-    """A PNG is always decoded at scale 1, cached or not: in a split of real photos where
-    every other one is stored as a lossless PNG of its pixels, no PNG row is counted or
-    differs, and the count still equals the JPEG rows that differ (S=96)."""
+@pytest.fixture(scope="module")
+def mixed(sample_dir, tmp_path_factory) -> tuple[Path, list[str]]:
+    """``(root, exts)``: 60 real photos packed as wds, every other one stored as a lossless
+    PNG of its pixels; ``exts`` each train sample's ``ext`` in split order."""
     from shardkit.dataset.manifest import read_split_records
     from shardkit.packer.run import pack
 
+    tmp_path = tmp_path_factory.mktemp("mixed")
     src = tmp_path / "mixed"
     photos = sorted(p for p in sample_dir.rglob("*.jpg"))[:60]
     for i, photo in enumerate(photos):
@@ -172,6 +174,14 @@ def test_png_samples_are_never_counted_as_dct_reduced(sample_dir, tmp_path, shm)
     pack(src, out, format="wds", split={"train": 1.0}, seed=0, workers=1)
     exts = [r["ext"] for r in read_split_records(out, "train")]
     assert sorted(set(exts)) == ["jpg", "png"] and exts.count("png") == 30
+    return out, exts
+
+
+def test_png_samples_are_never_counted_as_dct_reduced(mixed, shm):
+    """A PNG is always decoded at scale 1, cached or not: in a split of real photos where
+    every other one is stored as a lossless PNG of its pixels, no PNG row is counted or
+    differs, and the count still equals the JPEG rows that differ (S=96)."""
+    out, exts = mixed
 
     def run(**kw):
         with make_loader(out, "train", 16, num_workers=2, image_size=SMALL,
@@ -187,6 +197,48 @@ def test_png_samples_are_never_counted_as_dct_reduced(sample_dir, tmp_path, shm)
         for row, pos in zip((x1 != x2).flatten(1).any(1).tolist(), i1.tolist()):
             differ[exts[pos]] += row
     assert differ["png"] == 0 and 0 < differ["jpg"] == stats["dct_reduced"]
+
+
+def test_split_records_without_ext_take_the_format_from_the_header(mixed, tmp_path):
+    """A hand-edited ``splits/train.jsonl`` whose records lost ``ext`` (allowed: the records
+    are metadata) still marks exactly the JPEGs as DCT-reducible, from each sample's header:
+    no PNG counted as a JPEG. The record fields that remain give the sizes."""
+    from shardkit.stream.cache_exact import stored_sizes
+    from shardkit.stream.source import ShardSource
+    from shardkit.transforms import make_transform
+
+    src, exts = mixed
+    root = tmp_path / "edited"
+    shutil.copytree(src, root)
+    path = root / "splits" / "train.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in records[::3]:  # a third lose ext: both formats among them
+        del r["ext"]
+    assert {exts[i] for i in range(0, len(exts), 3)} == {"jpg", "png"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tf = make_transform(TransformConfig(image_size=SMALL), True)
+    for root_ in (src, root):
+        sizes, reducible = stored_sizes(ShardSource(root_, "train"), tf)
+        assert list(reducible) == [int(e == "jpg") for e in exts]
+        assert sizes.tolist() == [[r["width"], r["height"]] for r in records]
+
+
+def test_dct_side_is_where_choose_scale_first_reduces():
+    """``dct_side`` is the least square box side that ``choose_scale`` reduces: 2 S for the
+    CPU decoders (1/2 their largest factor below 1), at S = 96 and 224; NEVER without
+    ``dct_scaling``."""
+    from shardkit.decode import FAST_DCT_REDUCTIONS, choose_scale
+    from shardkit.stream.cache_exact import NEVER, dct_side
+    from shardkit.transforms import make_transform
+
+    for s in (SMALL, 224):
+        for decoder in ("roi", "turbojpeg", "pil"):
+            side = dct_side(make_transform(TransformConfig(image_size=s, decoder=decoder), True))
+            assert side == 2 * s
+            assert choose_scale(side, side, s, s, FAST_DCT_REDUCTIONS) < 1
+            assert choose_scale(side - 1, side, s, s, FAST_DCT_REDUCTIONS) == 1
+    cfg = TransformConfig(image_size=224, dct_scaling=False)
+    assert dct_side(make_transform(cfg, True)) == NEVER
 
 
 def test_eval_loader_pixels_and_final_crops(packed_sample, shm):

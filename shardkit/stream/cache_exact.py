@@ -30,8 +30,9 @@ JPEG_EXTS = ("jpg", "jpeg")
 def stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
     """``(sizes, reducible)``: ``(width, height)`` of every stored image, and per sample 1 when
     its uncached decode may use a DCT reduction (a JPEG), else 0 (a PNG: always at scale 1).
-    From ``splits/<split>.jsonl`` (upright pixels, as stored; a record without ``ext`` counts
-    as a JPEG), else (an index without sizes) from each sample's header."""
+    From ``splits/<split>.jsonl`` (upright pixels, as stored; for a record without ``ext``, the
+    sample's header says whether it is a JPEG), else (an index without sizes) from each
+    sample's header."""
     n = len(source)
     sizes = np.zeros((n, 2), np.int64)
     try:
@@ -44,15 +45,19 @@ def stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
                                  and _side(r.get("height")) for r in records):
         sizes[:, 0] = [r["width"] for r in records]
         sizes[:, 1] = [r["height"] for r in records]
-        return sizes, bytes(str(r.get("ext", "jpg")).lower() in JPEG_EXTS for r in records)
+        reducible = bytearray(str(r.get("ext")).lower() in JPEG_EXTS for r in records)
+        unnamed = [i for i, r in enumerate(records) if "ext" not in r]
+        if unnamed:  # a record without ``ext`` (hand-made): its header says
+            dec = _decoder(source, transform)
+            for i in unnamed:
+                reducible[i] = min(dec.probe(source.read(i)).factors) < 1
+        return sizes, bytes(reducible)
     if why:
         log.warning("decoded cache: %s; reading %d image headers instead", why, n)
     else:
         log.info("decoded cache: split %r lists no image sizes; reading %d headers",
                  source.split, n)
-    from ..decode import get_decoder
-
-    dec = get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
+    dec = _decoder(source, transform)
     reducible = bytearray(n)
     for i in range(n):
         probe = dec.probe(source.read(i))
@@ -61,12 +66,19 @@ def stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
     return sizes, bytes(reducible)
 
 
+def _decoder(source, transform):
+    from ..decode import get_decoder
+
+    return get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
+
+
 def dct_side(transform) -> int:
     """The crop side from which the uncached decode of a JPEG by ``transform`` is DCT-reduced:
-    :func:`~shardkit.decode.choose_scale` picks a factor ``n/d < 1`` iff both sides of the crop
-    box are >= ``S * d / n`` for the largest such factor of the decoder (1/2 for roi, turbojpeg
-    and pil: ``2 S``); :data:`NEVER` without ``dct_scaling`` or for a decoder without
-    reductions (nvjpeg per image)."""
+    the least ``w`` for which :func:`~shardkit.decode.choose_scale` picks a factor < 1 for a
+    ``w x w`` box and the decoder's factors (``2 S`` for roi, turbojpeg and pil, whose largest
+    factor below 1 is 1/2); :data:`NEVER` without ``dct_scaling`` or for a decoder without
+    reductions (nvjpeg per image). A box reduces iff both its sides are >= this (the rule is
+    ``choose_scale``'s own, searched here, not restated)."""
     cfg = transform.cfg
     if not cfg.dct_scaling:
         return NEVER
@@ -74,7 +86,7 @@ def dct_side(transform) -> int:
 
     from PIL import Image
 
-    from ..decode import FAST_DCT_REDUCTIONS, get_decoder
+    from ..decode import FAST_DCT_REDUCTIONS, choose_scale, get_decoder
 
     buf = io.BytesIO()
     Image.new("RGB", (16, 16)).save(buf, format="JPEG")
@@ -82,13 +94,18 @@ def dct_side(transform) -> int:
         factors = get_decoder(cfg.decoder).probe(buf.getvalue()).factors
     except Exception:  # noqa: BLE001 - the loader reports a bad decoder; assume shardkit's set
         factors = FAST_DCT_REDUCTIONS
-    below = [f for f in factors if f < 1]
-    if not below:
+    s = cfg.image_size
+
+    def reduced(w: int) -> bool:
+        return choose_scale(w, w, s, s, factors) < 1
+
+    if not reduced(NEVER):
         return NEVER
-    f = max(below)
-    # ceil: an int (train) box side w has w * n >= S * d iff w >= ceil(S * d / n); an eval box's
-    # side is truncated to an int (CropParams), exact for n = 1 (every factor shardkit uses)
-    return -(-cfg.image_size * f.denominator // f.numerator)
+    lo, hi = 1, NEVER  # reduced() is monotone in w: the least w where it holds
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reduced(mid) else (mid + 1, hi)
+    return lo
 
 
 def _side(v) -> bool:
