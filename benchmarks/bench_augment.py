@@ -29,12 +29,13 @@ The JSON result goes to ``--out`` (default ``benchmarks/results/augment-loader.j
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
 import click
+
+from _common import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -129,9 +130,7 @@ def main(data, split, presets, batch_size, workers, image_size, repeats, baselin
                            "image_size": image_size, "repeats": repeats, "split": split,
                            "baseline": baseline}}
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(out, result)
 
 
 if __name__ == "__main__":

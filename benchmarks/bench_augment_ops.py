@@ -24,7 +24,6 @@ contrast op for a run of them (the same bytes; the code before the runs were fus
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -32,6 +31,8 @@ from pathlib import Path
 
 import click
 import numpy as np
+
+from _common import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -165,8 +166,7 @@ def main(images: int, repeats: int, out: str | None) -> None:
     result = _measure(images, repeats)
     result["environment"] = collect_environment()
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2))
+        write_json(out, result)
     click.echo(_table(result))
 
 

@@ -20,12 +20,12 @@ Writes ``benchmarks/results/autotune-flowers.json`` (``--out``).
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 
 import click
+
+from _common import write_json
 
 GRID_WORKERS = (0, 1, 2, 4)
 GRID_PREFETCH = (2, 4, 8)
@@ -123,9 +123,7 @@ def main(data, out, steps_ms, repeats, epochs, warmup, batch_size, image_size, b
                    f"{entry['auto_ratio_to_default']:.3f}x default ({default} "
                    f"{fixed[default]:.0f}); settled on "
                    f"{[(t['num_workers'], t['prefetch_factor']) for t in entry['auto_tuning']]}")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    click.echo(f"wrote {out}")
+    write_json(out, result)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ import time
 
 import click
 
+from _common import write_json
+
 
 def _epoch(loader, epoch: int, keep: bool = False):
     loader.set_epoch(epoch)
@@ -245,9 +247,7 @@ def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_b
 def _emit(result: dict, out: str | None) -> None:
     click.echo(json.dumps(result, indent=1))
     if out:
-        from shardkit.dataset.manifest import atomic_write_bytes
-
-        atomic_write_bytes(out, json.dumps(result, indent=1).encode() + b"\n")
+        write_json(out, result, indent=1)
 
 
 if __name__ == "__main__":

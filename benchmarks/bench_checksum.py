@@ -19,7 +19,6 @@ The target is ``xxh3 / fused < 2%``. Usage::
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from shardkit.bench.env import collect_environment  # noqa: E402
 from shardkit.bench.prepare import ensure_packed  # noqa: E402
+from _common import write_json  # noqa: E402
 
 
 def _per_item_us(fn, items) -> float:
@@ -120,8 +120,7 @@ def main(data, split, repeats, limit, out):
     print(f"  xxh3 / fused = {r['xxh3_to_fused']:.2%}; crc32 / fused = {r['crc32_to_fused']:.2%};"
           f" verified read overhead / fused = {r['verified_read_overhead_to_fused']:.2%}")
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out, result)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from _common import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -318,12 +320,9 @@ def main(data: Path, limit: int, repeat: int, out: Path, subsampling: str,
             click.echo(f"shardkit train roi {case:<18} built {1000 * sec['built']:.4f} ms  "
                        f"other {1000 * sec['other']:.4f} ms  built/other "
                        f"x{sec['built'] / sec['other']:.4f}")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"data": str(data), "subsampling": subsampling,
-                                   "num_images": len(blobs), "other_extension": str(compare_ext),
-                                   "seconds_per_sample": res, "environment": _environment()},
-                                  indent=1))
-        click.echo(f"wrote {out}")
+        write_json(out, {"data": str(data), "subsampling": subsampling,
+                         "num_images": len(blobs), "other_extension": str(compare_ext),
+                         "seconds_per_sample": res, "environment": _environment()}, indent=1)
         return
     results = []
     base = None
@@ -345,9 +344,7 @@ def main(data: Path, limit: int, repeat: int, out: Path, subsampling: str,
               "environment": _environment()}
     click.echo(json.dumps({"fast_flags_pixel_diff": report["fast_flags_pixel_diff"]}, indent=1))
     click.echo(json.dumps(report["environment"], indent=1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
-    click.echo(f"wrote {out}")
+    write_json(out, report, indent=1)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from shardkit.bench.env import collect_environment  # noqa: E402
 from shardkit.bench.prepare import ensure_packed  # noqa: E402
+from _common import write_json  # noqa: E402
 
 
 def _raw_items(packed: Path, split: str) -> tuple[list[str], str | None]:
@@ -210,9 +211,7 @@ def main(data, out, quick, split, repeats, limit, cold):
                "cold_method": cold_method if cold else None, "drop_caches_error": drop_reason,
                "notes": notes, "results": results,
                "environment": {k: env[k] for k in ("cpu", "platform", "python", "shardkit")}}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_json(out, payload, echo=False)
     for n in notes:
         click.echo(f"note: {n}")
     click.echo(f"wrote {out}")

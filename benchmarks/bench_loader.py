@@ -29,7 +29,6 @@ folder, ``bench.json`` and the PNG plots.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from shardkit.bench.cli import run_bench  # noqa: E402
 from shardkit.bench.prepare import ensure_packed  # noqa: E402
 from shardkit.bench.runner import RunConfig  # noqa: E402
+from _common import write_json  # noqa: E402
 
 
 def split_bytes(root: Path, split: str, limit: int | None = None) -> list[bytes]:
@@ -195,8 +195,7 @@ def main(data, out, quick, split, batch_size, image_size, num_workers, prefetch_
     payload["bare_decode"] = {**bare, "cores": cores, "limit_img_s": limit}
     payload["summary"] = summarize(payload, limit)
     payload["suite"] = "bench_loader"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+    write_json(out, payload, echo=False)
     click.echo(f"bare turbojpeg full decode: {bare['img_s']:.0f} img/s per core (CPU time; wall "
                f"{bare['wall_img_s']:.0f}) x {cores} cores = limit {limit:.0f} img/s "
                f"({bare['images']} images)")

@@ -24,7 +24,6 @@ Usage::
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from shardkit.images import neardup  # noqa: E402
 from shardkit.bench.env import collect_environment  # noqa: E402
+from _common import write_json  # noqa: E402
 
 FLIPS = (1, 2, 4)  # bits flipped in the three copies of a planted cluster centre
 
@@ -221,9 +221,7 @@ def main(n, clusters, thresholds, repeats, brute_n, phash_repeats, photos, out):
     for k, v in p["ms_per_image"].items():
         print(f"  {k:18s} {v:6.3f} ms {p['ms_per_image_min'][k]:6.3f} ms  "
               f"{p['ratios_to_decode_rgb'][k]:5.2f}x {p['ratios_to_decode_rgb_min'][k]:5.2f}x")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(out, result)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import time
 import click
 import numpy as np
 
+from _common import write_json
+
 
 def _fused_rate(datas, cfg, threads: int) -> float:
     from shardkit.sharding import SampleRng
@@ -182,9 +184,7 @@ def main(data, split, batch_size, image_size, repeats, workers, out):
     }
     click.echo(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
     if out:
-        from shardkit.dataset.manifest import atomic_write_bytes
-
-        atomic_write_bytes(out, json.dumps(result, indent=1).encode() + b"\n")
+        write_json(out, result, indent=1)
 
 
 if __name__ == "__main__":

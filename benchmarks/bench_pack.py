@@ -15,7 +15,6 @@ and JSON at ``--out`` (default ``bench-results/pack.json``) with the environment
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,6 +22,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "examples" / "flowers-sample"
@@ -128,9 +129,7 @@ def main(argv=None) -> dict:
     report = {"benchmark": "pack", "data": str(args.data), "num_files": len(files),
               "source_bytes": nbytes, "shard_samples": args.shard_samples, "repeat": args.repeat,
               "environment": environment(args.workers), "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, report)
     return report
 
 

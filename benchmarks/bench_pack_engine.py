@@ -19,7 +19,6 @@ storage (options ``--get-ms``, ``--list-ms``, ``--node-gbps``; none can be measu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,6 +26,8 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+
+from _common import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,7 +45,7 @@ def _pack_options(src: Path, **kw):
 def engine_rows(src: Path, cores: int, repeat: int) -> dict[str, list[float]]:
     from shardkit.packer.run import pack
 
-    rows = {f"local --workers 1": dict(workers=1), f"local --workers {cores}": dict(workers=cores),
+    rows = {"local --workers 1": dict(workers=1), f"local --workers {cores}": dict(workers=cores),
             "ray (local runtime)": dict(engine="ray")}
     times: dict[str, list[float]] = {name: [] for name in rows}
     for r in range(repeat + 1):  # round 0 warms the page cache and Ray's worker processes
@@ -206,9 +207,7 @@ def main(argv=None) -> dict:
                                     "node_gbps": args.node_gbps, "cores": args.model_cores},
               "model_100m": model, "python": sys.version.split()[0],
               "ray": ray.__version__, "load_avg_1m": os.getloadavg()[0]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, report)
     return report
 
 

@@ -31,7 +31,6 @@ prefetcher matters more (each lazily fetched shard costs a stream one round trip
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -40,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import slow_http_server, write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -47,25 +48,7 @@ sys.path.insert(0, str(ROOT))
 def serve(folder: str, latency_ms: float) -> None:
     """Serves ``folder`` on a free port of 127.0.0.1, every GET and HEAD after ``latency_ms``;
     prints the port and runs until killed (the subprocess of :func:`main`)."""
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            time.sleep(latency_ms / 1e3)
-            super().do_GET()
-
-        def do_HEAD(self):
-            time.sleep(latency_ms / 1e3)
-            super().do_HEAD()
-
-    class Server(ThreadingHTTPServer):
-        request_queue_size = 256
-        daemon_threads = True
-
-    httpd = Server(("127.0.0.1", 0), functools.partial(Handler, directory=folder))
+    httpd = slow_http_server(folder, latency_ms)
     print(httpd.server_address[1], flush=True)
     httpd.serve_forever()
 
@@ -145,8 +128,7 @@ def main(argv=None) -> dict:
     }
     for name in med:
         print(f"{name:22s} median {med[name]:7.0f} img/s  {med[name] / med['local']:.2f}x local")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out, indent=1)
     return out
 
 

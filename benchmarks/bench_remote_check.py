@@ -15,14 +15,14 @@ the local disk as the bound that no latency hiding can beat.
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _common import slow_http_server, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -32,21 +32,7 @@ SAMPLE = ROOT / "examples" / "flowers-sample"
 def serve(folder: str, latency_ms: float) -> None:
     """Serves ``folder`` on a free port of 127.0.0.1, each GET after ``latency_ms``; prints the
     port and runs until killed (the subprocess of :func:`main`)."""
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            time.sleep(latency_ms / 1e3)
-            super().do_GET()
-
-    class Server(ThreadingHTTPServer):
-        request_queue_size = 256  # the default 5 drops connections beyond it (1 s SYN retry)
-        daemon_threads = True
-
-    httpd = Server(("127.0.0.1", 0), functools.partial(Handler, directory=folder))
+    httpd = slow_http_server(folder, latency_ms, head=False)
     print(httpd.server_address[1], flush=True)
     httpd.serve_forever()
 
@@ -115,9 +101,7 @@ def main(argv=None) -> dict:
               "latency_ms": args.latency_ms, "cores": cores, "repeat": args.repeat,
               "results": results, "python": sys.version.split()[0],
               "load_avg_1m": os.getloadavg()[0]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_json(args.out, report)
     return report
 
 

@@ -24,6 +24,8 @@ import time
 
 import click
 
+from _common import write_json
+
 
 def _build_us(n: int = 20000) -> dict:
     from shardkit.sharding import SampleRng, sample_rng
@@ -93,9 +95,7 @@ def main(data, split, augment, repeats, out):
     }
     click.echo(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=1))
     if out:
-        from shardkit.dataset.manifest import atomic_write_bytes
-
-        atomic_write_bytes(out, json.dumps(result, indent=1).encode() + b"\n")
+        write_json(out, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 LOADER = r"""
@@ -96,8 +98,7 @@ def main() -> int:
         ratio = o / n if metric == "pack_s" else n / o
         result[metric] = {"old": o, "new": n, "new_vs_old": ratio}
         print(f"{metric}: old {o:,.2f}, new {n:,.2f}, new/old speed {ratio:.3f}")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1))
+    write_json(a.out, result, indent=1)
     return 0
 
 

@@ -15,7 +15,6 @@ is missing or fails is reported and makes the exit status 1; the others still ru
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from shardkit.bench.prepare import FORMAT_NAMES, pack_with_cli  # noqa: E402
+from _common import write_json  # noqa: E402
 
 SUITES = ("bench_loader", "bench_formats", "bench_decode", "bench_pack")
 PACKED_INPUT = {"bench_loader", "bench_formats"}  # the others read the original folder
@@ -103,7 +103,7 @@ def main(quick, data, out_dir, suites):
                                        "out": str(out)}
             if status != "ok":
                 failed.append(name)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_json(out_dir / "summary.json", summary, echo=False)
     for name, info in summary["suites"].items():
         secs = f" in {info['seconds']:.0f} s" if "seconds" in info else ""
         click.echo(f"{name:>14}: {info['status']}{secs}")
