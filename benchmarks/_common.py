@@ -28,7 +28,8 @@ def write_json(out: str | os.PathLike, result, *, indent: int = 2, echo: bool = 
     return path
 
 
-def slow_http_server(folder: str | os.PathLike, latency_ms: float, *, head: bool = True):
+def slow_http_server(folder: str | os.PathLike, latency_ms: float, *,
+                     head: bool = True):
     """A threading HTTP server of ``folder`` on a free port of 127.0.0.1 that answers every GET
     (and HEAD, with ``head``) after sleeping ``latency_ms`` milliseconds (a remote store's
     round trip, without an outside network). The caller runs ``serve_forever()`` and reads the port from

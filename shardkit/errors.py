@@ -37,11 +37,11 @@ from __future__ import annotations
 __all__ = [
     "ShardkitError", "ConfigError", "SourceError", "LabelError", "UnknownLabelError",
     "SplitError", "OutputExistsError", "ManifestError", "ShardCorruptError", "ShardFetchError",
-    "DecodeError",
-    "LoaderError", "SharedMemoryError", "CheckpointError", "ResourceLimitError", "ResumeMismatchError",
+    "DecodeError", "LoaderError", "SharedMemoryError", "CheckpointError", "ResourceLimitError",
+    "ResumeMismatchError",
     "TransformInputError", "OutputLockedError", "DiskFullError", "UploadError",
     "PackInvariantError", "PixelLimitError", "DecodeWarningError", "EvalCountError",
-    "ArenaUnavailable", "TrainingDivergedError", "BenchError", "PackFailed",
+    "ArenaUnavailable", "TrainingDivergedError", "BenchError", "PackFailed", "SAMPLE_ERRORS",
 ]
 
 
@@ -234,3 +234,9 @@ class ResumeMismatchError(ConfigError):
 
 class TransformInputError(ConfigError):
     """An argument handed to a transform (output buffer, batch tensor) has the wrong shape/dtype."""
+
+
+#: Errors a bad sample may raise while it is read or decoded: what ``on_error`` handles in the
+#: loader (:func:`shardkit.stream.make_loader`) and the Ray read tasks (a DecodeWarningError is
+#: ``on_warning``'s, never these; a programming error such as a TypeError is not among them).
+SAMPLE_ERRORS = (ShardkitError, OSError, ValueError, RuntimeError)

@@ -75,7 +75,7 @@ def _random_ops(rng) -> np.ndarray:
     for _ in range(int(rng.integers(1, 6))):
         code = int(rng.choice(CHAINABLE))
         args = {1: [rng.uniform(0, 2.5)], 2: [rng.uniform(0, 2.5)], 3: [rng.uniform(0, 2.5)],
-                5: [int(rng.integers(0, 9))], 6: [rng.uniform(-10, 270)], 9: []}[code]
+                5: [int(rng.integers(0, 9))], 6: [rng.uniform(-10, 255)], 9: []}[code]
         if code in (1, 2, 3) and rng.random() < 0.1:
             args = [float(rng.choice([0.0, 1.0, 40.0]))]  # edge factors: black, identity, huge
         if code == 6 and rng.random() < 0.2:

@@ -509,6 +509,7 @@ def _row(*values) -> np.ndarray:
     (dict(ops=_row(4, np.nan)), "factor must be"), (dict(ops=_row(5, 9)), "posterize bits"),
     (dict(ops=_row(5, -1)), "posterize bits"), (dict(ops=_row(5, 2.5)), "posterize bits"),
     (dict(ops=_row(6, np.nan)), "solarize threshold"),
+    (dict(ops=_row(6, 255.5)), "solarize threshold"), (dict(ops=_row(6, -np.inf)), "solarize"),
     (dict(ops=_row(10, 1, 0, np.nan, 0, 1, 0)), "affine matrix"),
     (dict(ops=_row(10, 1, 0, 1e39, 0, 1, 0)), "affine matrix"),
     (dict(ops=_row(10, 1, 0, 0, 0, 1, 0, 256, 0, 0)), "affine fill"),

@@ -223,6 +223,78 @@ def test_split_records_without_ext_take_the_format_from_the_header(mixed, tmp_pa
         assert sizes.tolist() == [[r["width"], r["height"]] for r in records]
 
 
+def _damage(root: Path, pos: int) -> str:
+    """Overwrites the first 16 stored bytes of train sample ``pos`` in its tar shard (its xxh3
+    no longer matches: a read raises ShardCorruptError); returns its key."""
+    from shardkit.stream.source import ShardSource
+
+    src = ShardSource(root, "train")
+    with open(root / src.shard_name(pos), "r+b") as f:
+        f.seek(int(src.index.offset[pos]))
+        f.write(b"\0" * 16)
+    return src.key(pos)
+
+
+def test_a_damaged_sample_leaves_the_cache_usable(root, tmp_path, shm, caplog):
+    """A sample the cache cannot read while it learns the sizes (damaged bytes, its record
+    without ``ext``, then the sizes read from headers because a record lost its width) is
+    not cached and goes to ``on_error`` in the loader, as without a cache: with ``skip`` both
+    loaders yield the other 139 samples, the same pixels, and one warning names the sample."""
+    root2 = tmp_path / "damaged"
+    shutil.copytree(root, root2)
+    key = _damage(root2, 5)
+    path = root2 / "splits" / "train.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    del records[5]["ext"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for lose_width in (False, True):
+        if lose_width:  # sizes from every header now, the damaged one's too
+            del records[7]["width"]
+            path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        caplog.clear()
+        plain, _ = _epochs(root2, [0], on_error="skip")
+        with caplog.at_level(logging.WARNING, logger="shardkit"):
+            cached, stats = _epochs(root2, [0, 1], cache="ram", on_error="skip")
+        n = _num_train(root2)
+        assert sum(len(y) for _, y in plain[0]) == n - 1
+        assert sum(len(y) for _, y in cached[1]) == n - 1
+        assert len(cached[0]) == len(plain[0])
+        for (x1, y1), (x2, y2) in zip(plain[0], cached[0]):  # the fill epoch: same batches
+            assert x1.equal(x2) and y1.equal(y2)
+        assert stats["filled_samples"] == n - 1
+        unread = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+        assert len(unread) == 1 and "1 sample(s)" in unread[0] and repr(key) in unread[0]
+        if lose_width:
+            assert any("record 8 gives width=None" in r.getMessage() for r in caplog.records)
+
+
+def test_the_fallback_warning_says_why_the_records_do_not_give_the_sizes(root, tmp_path, caplog):
+    """Records that cannot give every size are named for what is wrong: a missing record (the
+    count), a side over the limit (the record and its value); the sizes then come from the
+    headers, equal to the records'."""
+    from shardkit.stream.cache_exact import stored_sizes
+    from shardkit.stream.source import ShardSource
+    from shardkit.transforms import make_transform
+
+    tf = make_transform(TransformConfig(image_size=224), True)
+    want, _ = stored_sizes(ShardSource(root, "train"), tf)
+    path = tmp_path / "r" / "splits" / "train.jsonl"
+    shutil.copytree(root, tmp_path / "r")
+    lines = path.read_text().splitlines()
+    cases = [(lines[:-1], f"holds {len(lines) - 1} records for the index's {len(lines)} samples")]
+    big = json.loads(lines[2])
+    big["width"] = (1 << 20) + 1
+    cases.append((lines[:2] + [json.dumps(big)] + lines[3:],
+                   f"record 3 gives width={(1 << 20) + 1}, height={big['height']}"))
+    for edited, reason in cases:
+        path.write_text("\n".join(edited) + "\n")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="shardkit"):
+            sizes, _ = stored_sizes(ShardSource(tmp_path / "r", "train"), tf)
+        assert sizes.tolist() == want.tolist()
+        assert [reason in r.getMessage() for r in caplog.records] == [True]
+
+
 def test_dct_side_is_where_choose_scale_first_reduces():
     """``dct_side`` is the least square box side that ``choose_scale`` reduces: 2 S for the
     CPU decoders (1/2 their largest factor below 1), at S = 96 and 224; NEVER without

@@ -21,7 +21,9 @@ parameters; the reasons are in ``shardkit/augment/_kernels.c``):
   torchvision's pixels exactly wherever torch's CPU kernels fuse multiply-adds (AVX2, AVX-512,
   NEON) and on CUDA. On an x86-64 CPU without AVX2, torch rounds twice and a value within float
   rounding of an integer may truncate one level apart (near-grey pixels under saturation: about
-  1.3% of a photo's pixels; sharpness 0.02%);
+  1.3% of a photo's pixels; sharpness 0.02%). The same holds on any CPU in torch's scalar tail,
+  the last values (up to 31) of a tensor whose size is not a multiple of its vector step
+  (224 x 224 x 3 has none);
 - nearest ``affine`` / ``rotate`` / ``shear_origin``: torchvision's own sampling grid differs
   between CPUs (MKL's sgemm kernel is chosen per CPU), so no implementation can equal it on
   every host. Every output pixel whose exact source coordinate is more than 1e-3 px from a

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from shardkit.errors import ConfigError, ShardkitError
+from shardkit.errors import SAMPLE_ERRORS, ConfigError
 
 __all__ = ["DECODE_MODES", "ROWS_PER_BATCH", "ReadSpec", "TaskRows", "make_spec", "plan_tasks",
            "read_rows"]
@@ -35,9 +35,6 @@ DECODE_MODES = ("bytes", "train", "eval")
 (RandomResizedCrop + flip, then ``augment``) or the eval transform (resize + center crop)."""
 ROWS_PER_BATCH = 64
 """Rows per output block of a read task: 64 x 224 x 224 x 3 B = 9.6 MB decoded."""
-#: Errors a bad sample may raise while it is read or decoded: ``on_error`` handles them, as in
-#: :func:`shardkit.stream.make_loader` (a DecodeWarningError is ``on_warning``'s, never these).
-SAMPLE_ERRORS = (ShardkitError, OSError, ValueError, RuntimeError)
 #: In-memory bytes of a row besides ``image`` and ``key``: ``label`` and ``index`` (int64).
 ROW_OVERHEAD = 16
 

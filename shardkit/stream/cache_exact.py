@@ -14,7 +14,7 @@ import logging
 
 import numpy as np
 
-from ..errors import ShardkitError
+from ..errors import SAMPLE_ERRORS, ShardkitError
 from shardkit.dataset.manifest import read_split_records
 
 __all__ = ["NEVER", "JPEG_EXTS", "dct_side", "dct_warning", "stored_sizes"]
@@ -31,45 +31,94 @@ def stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
     """``(sizes, reducible)``: ``(width, height)`` of every stored image, and per sample 1 when
     its uncached decode may use a DCT reduction (a JPEG), else 0 (a PNG: always at scale 1).
     From ``splits/<split>.jsonl`` (upright pixels, as stored; for a record without ``ext``, the
-    sample's header says whether it is a JPEG), else (an index without sizes) from each
-    sample's header."""
+    sample's header says whether it is a JPEG), else (no records, or records that do not give
+    every sample's size: the warning says which) from each sample's header.
+
+    A sample whose bytes or header cannot be read here does not stop the cache: it gets
+    :data:`UNREAD_SIZE` (a slot no decoded image fits, so it is never served from the cache)
+    and one warning names the first such sample and the count; reading it in the loader
+    raises its error there, where ``on_error`` decides."""
     n = len(source)
     sizes = np.zeros((n, 2), np.int64)
     try:
         records = read_split_records(source.root, source.split)
-        why = (f"splits/{source.split}.jsonl does not give every sample's width and height "
-               "as a positive int") if records else None
+        why = _records_problem(records, n, source.split) if records else None
     except (ShardkitError, OSError) as e:  # damaged records: the headers say the sizes
         records, why = [], str(e)
-    if len(records) == n and all(isinstance(r, dict) and _side(r.get("width"))
-                                 and _side(r.get("height")) for r in records):
+    probe = _HeaderReader(source, transform)
+    if records and why is None:
         sizes[:, 0] = [r["width"] for r in records]
         sizes[:, 1] = [r["height"] for r in records]
         reducible = bytearray(str(r.get("ext")).lower() in JPEG_EXTS for r in records)
-        unnamed = [i for i, r in enumerate(records) if "ext" not in r]
-        if unnamed:  # a record without ``ext`` (hand-made): its header says
-            dec = _decoder(source, transform)
-            for i in unnamed:
-                reducible[i] = min(dec.probe(source.read(i)).factors) < 1
+        for i, r in enumerate(records):
+            if "ext" not in r:  # a record without ``ext`` (hand-made): its header says
+                found = probe(i)
+                reducible[i] = found is not None and min(found.factors) < 1
+        probe.report()
         return sizes, bytes(reducible)
     if why:
         log.warning("decoded cache: %s; reading %d image headers instead", why, n)
     else:
         log.info("decoded cache: split %r lists no image sizes; reading %d headers",
                  source.split, n)
-    dec = _decoder(source, transform)
     reducible = bytearray(n)
     for i in range(n):
-        probe = dec.probe(source.read(i))
-        sizes[i] = probe.width, probe.height
-        reducible[i] = min(probe.factors) < 1
+        found = probe(i)
+        if found is None:
+            sizes[i] = UNREAD_SIZE
+        else:
+            sizes[i] = found.width, found.height
+            reducible[i] = min(found.factors) < 1
+    probe.report()
     return sizes, bytes(reducible)
 
 
-def _decoder(source, transform):
-    from ..decode import get_decoder
+#: The size :func:`stored_sizes` gives a sample whose header it could not read.
+UNREAD_SIZE = (1, 1)
 
-    return get_decoder(transform.cfg.decoder, max_pixels=source.max_pixels)
+
+def _records_problem(records: list, n: int, split: str) -> str | None:
+    """Why ``records`` cannot give the ``n`` samples' sizes (None: they can)."""
+    where = f"splits/{split}.jsonl"
+    if len(records) != n:
+        return f"{where} holds {len(records)} records for the index's {n} samples"
+    for number, r in enumerate(records, 1):
+        w, h = r.get("width"), r.get("height")
+        if not (_side(w) and _side(h)):
+            return (f"{where} record {number} gives width={w!r}, height={h!r}; expected ints "
+                    f"in 1..{MAX_SIDE}")
+    return None
+
+
+class _HeaderReader:
+    """``reader(i)``: sample ``i``'s :class:`~shardkit.decode.ImageProbe` (the stored bytes
+    read as the loader reads them, then the header), or None when either raised one of the
+    sample errors; :meth:`report` logs the failures once."""
+
+    def __init__(self, source, transform):
+        self.source, self.transform = source, transform
+        self.decoder = None
+        self.failed: list[tuple[str, str]] = []
+
+    def __call__(self, i: int):
+        if self.decoder is None:
+            from ..decode import get_decoder
+
+            self.decoder = get_decoder(self.transform.cfg.decoder,
+                                       max_pixels=self.source.max_pixels)
+        try:
+            return self.decoder.probe(self.source.read(i))
+        except SAMPLE_ERRORS as e:
+            self.failed.append((self.source.key(i), f"{type(e).__name__}: {e}"))
+            return None
+
+    def report(self) -> None:
+        if self.failed:
+            key, err = self.failed[0]
+            log.warning("decoded cache: %d sample(s) of split %r could not be read to learn "
+                        "their size and format (first: %r, %s); they are never served from the "
+                        "cache, and reading them in the loader reports the error there",
+                        len(self.failed), self.source.split, key, err)
 
 
 def dct_side(transform) -> int:
@@ -108,8 +157,12 @@ def dct_side(transform) -> int:
     return lo
 
 
+#: The largest image side :func:`stored_sizes` takes from a record (px).
+MAX_SIDE = 1 << 20
+
+
 def _side(v) -> bool:
-    return type(v) is int and 1 <= v <= 1 << 20
+    return type(v) is int and 1 <= v <= MAX_SIDE
 
 
 def dct_warning(crop: tuple[int, int], side: int, image_size: int) -> str:

@@ -31,15 +31,15 @@ import numpy as np
 
 from ..augment.prims import apply_hwc, compile_hwc, run_steps
 from ..decode.base import DecodeWarningError, apply_warning_policy
-from ..errors import (ConfigError, DecodeError, ShardCorruptError, ShardFetchError,
-                      ShardkitError)
+from ..errors import (SAMPLE_ERRORS, ConfigError, DecodeError, ShardCorruptError,
+                      ShardFetchError, ShardkitError)
 from ..formats import resource_error
 from ..sharding import sample_rng
 from ..transforms import SampleTransform, declared
 from .options import ON_ERROR, ON_WARNING
 from .source import ShardSource
 
-__all__ = ["SampleStages", "BatchTally", "SAMPLE_ERRORS", "LEFT_OUT", "ErrorHandler",
+__all__ = ["SampleStages", "BatchTally", "LEFT_OUT", "ErrorHandler",
            "RaiseOnError", "SkipOnError", "error_handler", "WarningHandler",
            "KeepOnWarning", "SkipOnWarning", "RaiseOnWarning", "warning_handler", "names_sample"]
 
@@ -49,10 +49,6 @@ def _splits_crop(tf) -> bool:
     """Whether ``tf`` is the factory's transform, whose call is ``crop_box`` then
     ``decode_crop`` (a subclass that overrides the call is taken at its word: called whole)."""
     return isinstance(tf, SampleTransform) and type(tf).__call__ is SampleTransform.__call__
-
-
-#: Errors a bad sample may raise while it is read or decoded (handled by ``on_error``).
-SAMPLE_ERRORS = (ShardkitError, OSError, ValueError, RuntimeError)
 
 
 class _LeftOut:
