@@ -127,7 +127,9 @@ def dct_side(transform) -> int:
     ``w x w`` box and the decoder's factors (``2 S`` for roi, turbojpeg and pil, whose largest
     factor below 1 is 1/2); :data:`NEVER` without ``dct_scaling`` or for a decoder without
     reductions (nvjpeg per image). A box reduces iff both its sides are >= this (the rule is
-    ``choose_scale``'s own, searched here, not restated)."""
+    ``choose_scale``'s own, searched here, not restated). An eval box's float sides are
+    compared as ``CropParams``' truncated ints: the same decision for every factor ``1/d``
+    (all of shardkit's)."""
     cfg = transform.cfg
     if not cfg.dct_scaling:
         return NEVER
