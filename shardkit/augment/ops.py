@@ -74,9 +74,10 @@ def color_jitter(rng, h, w, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.
     a few times a brightness pass, benchmarks/bench_augment_ops.py)."""
     ranges = _jitter_ranges(_hashable(brightness), _hashable(contrast), _hashable(saturation),
                             _hashable(hue))
-    order = rng.permutation(4)
-    factors = [None if r is None else rng.uniform(*r) for r in ranges]
-    return [(_JITTER_NAMES[k], (float(factors[k]),)) for k in order if factors[k] is not None]
+    order = rng.permutation(4).tolist()
+    uniform = rng.uniform  # a Python float per call (this runs per sample)
+    factors = [None if r is None else uniform(r[0], r[1]) for r in ranges]
+    return [(_JITTER_NAMES[k], (factors[k],)) for k in order if factors[k] is not None]
 
 
 _JITTER_NAMES = ("brightness", "contrast", "saturation", "hue")
