@@ -18,20 +18,20 @@ and backend. A resume point is ``(epoch, batches consumed)``, valid for any ``nu
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Iterator
 
 import torch
 
-from ..errors import ConfigError, LoaderError, ShardkitError
+from ..errors import LoaderError, ShardkitError
 from ..validate import check_int
 from .backends import ProcessBackend, ThreadBackend
-from .cache import make_cache, parse_cache, shm_reserve
+from .cache import make_cache, shm_reserve
 from .datasets import BatchDataset
-from .options import (SamplingOptions, WorkerOptions, is_eval_split, resolve_train,
-                      resolve_transform_input)
+from .options import SamplingOptions, WorkerOptions
 from .prefetch import resolve_prefetch_bytes
-from .source import ShardSource, dist_rank_world
+from .resolve import (check_device_decode, check_options, rank_sampling, resolve_augment,
+                      resolve_mode, resolve_transform, warn_torch_threads)
+from .source import ShardSource
 from .state import Sampling, check_epoch
 from .tuning import check_counts, plan_tuning
 
@@ -264,38 +264,12 @@ class ShardLoader:
         self.close()
 
 
-def _warn_torch_threads(spec, aug_device, backend: str, num_workers: int) -> None:
-    """One warning when ops without a C kernel would run torch's tensor functions inside
-    decoding threads while torch's intra-op pool has several threads: the two compete for the
-    cores (measured: adjust_hue at 2 torch threads on a busy 2-core host, 70x its one-thread
-    time). DataLoader worker processes run torch with one thread each."""
-    slow = [] if aug_device is not None or backend != "thread" else spec.torch_path_ops()
-    if slow and num_workers > 0 and torch.get_num_threads() > 1:
-        log.warning("augment ops %s run torchvision tensor functions in %d decoding threads "
-                    "while torch uses %d intra-op threads; they compete for the cores: use "
-                    "WorkerOptions(backend='process'), augment_device='cuda', or "
-                    "torch.set_num_threads(1) if the process does nothing else on the CPU",
-                    slow, num_workers, torch.get_num_threads())
-
-
 def _augment_on_device(images: torch.Tensor, programs: list, device) -> torch.Tensor:
     """Moves a uint8 ``(N, 3, S, S)`` batch to ``device`` and runs the rows' programs there as
     batched torchvision-equivalent tensor ops (:func:`shardkit.augment.batched.apply_batch`)."""
     from ..augment.batched import apply_batch
 
     return apply_batch(images.to(device, non_blocking=True), programs)
-
-
-def _resolve_transform(transform, train: bool, image_size: int | None):
-    """``(callable, S)`` from a ``TransformConfig``, a callable, or None (the default config):
-    :func:`~shardkit.stream.options.resolve_transform_input`, a config made into its
-    transform."""
-    from ..transforms import TransformConfig, make_transform
-
-    transform, size = resolve_transform_input(transform, image_size)
-    if isinstance(transform, TransformConfig):
-        return make_transform(transform, train), size
-    return transform, size
 
 
 def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
@@ -429,24 +403,24 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     """
     check_int("batch_size", batch_size, 1)
     num_workers, prefetch_factor = check_counts(num_workers, prefetch_factor)
-    sampling, workers = _check_options(sampling, workers)
-    train, why = _resolve_mode(train, split, sampling)
-    tf, size = _resolve_transform(transform, train, image_size)
-    spec, aug_device = _resolve_augment(augment, augment_device, device_decode, train, split,
+    sampling, workers = check_options(sampling, workers)
+    train, why = resolve_mode(train, split, sampling)
+    tf, size = resolve_transform(transform, train, image_size)
+    spec, aug_device = resolve_augment(augment, augment_device, device_decode, train, split,
                                         why)
-    sampling = _rank_sampling(sampling, train, split)
+    sampling = rank_sampling(sampling, train, split)
     source = ShardSource(root, split, on_error, verify_reads, max_pixels)
     source.prefetch_bytes = resolve_prefetch_bytes(workers.shard_prefetch_bytes)
     plan = Sampling(source, sampling, seed=seed, batch_size=batch_size, train=train)
     counts = plan_tuning(workers.backend, num_workers, prefetch_factor, batch_size, size)
     num_workers, prefetch_factor = counts[:2]  # the most threads; the auto choice is tuned
-    _check_device_decode(tf, device_decode, cache)
+    check_device_decode(tf, device_decode, cache)
     if hasattr(tf, "max_pixels"):
         tf.max_pixels = source.max_pixels  # the limit pack applied, again at read time
     dc = make_cache(source, tf, cache, max_side=cache_max_side, cache_eval=cache_eval,
                     train=train, verify=verify_reads, transport_bytes=shm_reserve(
                         workers.backend, num_workers, prefetch_factor, batch_size, size))
-    _warn_torch_threads(spec, aug_device, workers.backend, num_workers)
+    warn_torch_threads(spec, aug_device, workers.backend, num_workers)
     dataset = BatchDataset(source, plan, tf, size, on_warning,
                            device_decode=device_decode is not None, cache=dc, augment=spec,
                            augment_on_device=aug_device is not None)
@@ -460,63 +434,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
                        augment=spec, augment_device=aug_device, train=train)
 
 
-# --- the steps of make_loader, in its order ---------------------------------------------------
-
-def _check_options(sampling, workers) -> tuple[SamplingOptions, WorkerOptions]:
-    """``(sampling, workers)`` with None as the defaults.
-
-    Raises:
-        ConfigError: either is not of its option class.
-    """
-    sampling = sampling or SamplingOptions()
-    workers = workers or WorkerOptions()
-    if not isinstance(sampling, SamplingOptions) or not isinstance(workers, WorkerOptions):
-        raise ConfigError("sampling= takes a SamplingOptions and workers= a WorkerOptions "
-                          f"(got {type(sampling).__name__}, {type(workers).__name__})")
-    return sampling, workers
-
-
-def _resolve_mode(train, split: str, sampling: SamplingOptions) -> tuple[bool, str]:
-    """``(train, why)``: the mode (:func:`~shardkit.stream.options.resolve_train`) and, for the
-    errors of an eval loader, how it came to be one.
-
-    Raises:
-        LoaderError: ``even`` or a resampling ``mode`` in evaluation (exactly once, always).
-    """
-    train_given = train is not None
-    train = resolve_train(train, split, "make_loader")
-    why = "train=False" if train_given else f"train unset: {split!r} is an eval split by its name"
-    if not train and sampling.even is not None:
-        raise LoaderError(f"even={sampling.even!r} is for training; evaluation ({why}) reads "
-                          "every sample exactly once")
-    if not train and sampling.mode != "exact":
-        raise LoaderError(f"mode={sampling.mode!r} resamples; evaluation (split {split!r}, "
-                          f"{why}) needs mode='exact'")
-    return train, why
-
-
-def _rank_sampling(sampling: SamplingOptions, train: bool, split: str) -> SamplingOptions:
-    """``sampling`` with this process's ``rank`` and ``world_size``
-    (:func:`~shardkit.stream.source.dist_rank_world`) and ``even="pad"`` by default when a
-    training split is read by several ranks."""
-    rank, world_size = dist_rank_world(sampling.rank, sampling.world_size)
-    if sampling.even is None and train and world_size > 1 and not is_eval_split(split):
-        sampling = replace(sampling, even="pad")
-    return replace(sampling, rank=rank, world_size=world_size)
-
-
-def _check_device_decode(tf, device_decode, cache) -> None:
-    """Raises ConfigError when ``device_decode`` is given with a transform that cannot be split
-    into crop drawing and batched decoding (a custom callable), or with a decoded cache."""
-    if device_decode is None:
-        return
-    if not hasattr(tf, "crop_box"):
-        raise ConfigError("device_decode needs a TransformConfig transform (a custom callable "
-                          "cannot be split into crop drawing and batched decoding)")
-    if parse_cache(cache)[0] != "none":
-        raise ConfigError(f"cache={cache!r} and device_decode={device_decode!r}: the cache "
-                          "holds CPU pixels; use one or the other")
-
+# --- the step of make_loader that builds (the others check and resolve: resolve.py) -----------
 
 def _make_backend(dataset: BatchDataset, workers: WorkerOptions, counts: tuple,
                   pin_memory: bool) -> ThreadBackend | ProcessBackend:
@@ -539,30 +457,3 @@ def _make_backend(dataset: BatchDataset, workers: WorkerOptions, counts: tuple,
                                  plan.world_size)
     backend.tuning = tuning
     return backend
-
-
-def _resolve_augment(augment, augment_device, device_decode, train: bool, split: str,
-                     why: str = "train=False"):
-    """``(AugmentSpec, device or None)``: None means the ops run on the CPU rows; ``why``: how
-    the loader came to be an eval loader (for the error)."""
-    from ..augment import AugmentSpec
-
-    spec = AugmentSpec.parse(augment)
-    if not train and (spec.ops or spec.batch_ops):
-        raise ConfigError(f"augment={spec.describe()} on an eval loader ({why}, split "
-                          f"{split!r}): evaluation never augments (per-sample ops and the batch "
-                          "ops mixup/cutmix run in training loaders only)")
-    if augment_device is None:
-        device = device_decode
-    elif str(augment_device) == "cpu":
-        if device_decode is not None and not spec.is_identity:
-            raise ConfigError(f"augment_device='cpu' with device_decode={device_decode!r}: the "
-                              "pixels are decoded on the device; augment there (leave "
-                              "augment_device unset)")
-        device = None
-    else:
-        device = torch.device(augment_device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"augment_device={augment_device!r}, but torch sees no CUDA "
-                              "device here; leave it unset to augment in the decoding threads")
-    return spec, (None if spec.is_identity or device is None else torch.device(device))
