@@ -122,9 +122,10 @@ def simd_levels():
 
 @pytest.mark.parametrize("interp", ["bilinear", "bicubic", "box"])
 def test_every_simd_level_gives_the_same_bytes(interp, simd_levels, sample_dir):
-    """Scalar C, SSE4.1 and AVX2 horizontal passes: identical output, equal to Pillow's
-    (stock Pillow; SIMD Pillow rounds differently). Row counts not a multiple of 4 and boxes
-    touching the right edge exercise the AVX2 -> SSE4.1 -> scalar hand-offs."""
+    """Scalar C, SSE4.1 and AVX2 horizontal passes and the scalar and AVX2 vertical passes:
+    identical output, equal to Pillow's (stock Pillow; SIMD Pillow rounds differently). Row
+    counts not a multiple of 4, rows whose bytes are not a multiple of 32 and boxes touching
+    the right edge exercise the AVX2 -> SSE4.1 -> scalar hand-offs."""
     mod, levels = simd_levels
     assert mod._set_simd(99) == levels[-1] and mod._set_simd(-5) == mod.SIMD_SCALAR
     stock = ".post" not in Image.__version__

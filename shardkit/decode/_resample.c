@@ -10,9 +10,9 @@
  * bit; tests/test_decode.py checks it.
  *
  * Portability: the scalar C code below builds on every architecture (aarch64, ppc64le, ...).
- * The hand-written SSE4.1 / AVX2 horizontal passes are compiled only for x86 with GCC or clang
- * (compile-time guard RS_X86; AVX2 needs x86-64) and chosen at run time from the CPU's features
- * (rs_simd_init). They do the same integer arithmetic in vector lanes, so every path gives the
+ * The hand-written SSE4.1 / AVX2 horizontal passes and the AVX2 vertical pass are compiled only
+ * for x86 with GCC or clang (compile-time guard RS_X86; AVX2 needs x86-64) and chosen at run
+ * time from the CPU's features (rs_simd_init). They do the same integer arithmetic in vector lanes, so every path gives the
  * same bytes (tests/test_cext.py compares them, and compiles this file with the x86 macros
  * undefined to keep the scalar-only build honest).
  */
@@ -301,6 +301,71 @@ RS_CLONES static void rs_vpass(const unsigned char *src, int w, int y_off, const
     }
 }
 
+#ifdef RS_X86_64
+/* rs_vpass with the taps innermost: 32 bytes of the output row at a time in four 8-lane int32
+ * accumulators held in registers across the taps (the tap-major loop above loads and stores its
+ * accumulator row once per tap), then narrowed as the AVX2 horizontal pass narrows (shift, then
+ * signed and unsigned saturating packs: rs_clip8's clamp). The same integer sums in the same
+ * lanes, so the same bytes (tests/test_cext.py). The last n3 % 32 bytes: rs_vpass's loop. */
+__attribute__((target("avx2"))) static void rs_vpass_avx2(const unsigned char *src, int w,
+                                                          int y_off, const int *bv,
+                                                          const int *kv, int ksv,
+                                                          unsigned char *dst, int oh) {
+    const int n3 = w * 3;
+    const size_t stride = (size_t)n3;
+    const __m256i half = _mm256_set1_epi32(1 << (RS_PRECISION_BITS - 1));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int yy, xx, y;
+    for (yy = 0; yy < oh; yy++) {
+        const int *k = kv + yy * ksv;
+        const unsigned char *base = src + (size_t)(bv[yy * 2] - y_off) * stride;
+        const int n = bv[yy * 2 + 1];
+        unsigned char *q = dst + (size_t)yy * stride;
+        for (xx = 0; xx + 32 <= n3; xx += 32) {
+            __m256i a0 = half, a1 = half, a2 = half, a3 = half;
+            for (y = 0; y < n; y++) {
+                const unsigned char *r = base + (size_t)y * stride + xx;
+                const __m256i ky = _mm256_set1_epi32(k[y]);
+                a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                              _mm_loadl_epi64((const __m128i *)r)), ky));
+                a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                              _mm_loadl_epi64((const __m128i *)(r + 8))), ky));
+                a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                              _mm_loadl_epi64((const __m128i *)(r + 16))), ky));
+                a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                              _mm_loadl_epi64((const __m128i *)(r + 24))), ky));
+            }
+            /* packs work per 128-bit lane: the dwords come out as bytes 0-3, 8-11, 16-19,
+             * 24-27 | 4-7, 12-15, 20-23, 28-31; the permute puts them in order */
+            const __m256i p01 = _mm256_packs_epi32(_mm256_srai_epi32(a0, RS_PRECISION_BITS),
+                                                   _mm256_srai_epi32(a1, RS_PRECISION_BITS));
+            const __m256i p23 = _mm256_packs_epi32(_mm256_srai_epi32(a2, RS_PRECISION_BITS),
+                                                   _mm256_srai_epi32(a3, RS_PRECISION_BITS));
+            _mm256_storeu_si256((__m256i *)(q + xx), _mm256_permutevar8x32_epi32(
+                                                         _mm256_packus_epi16(p01, p23), order));
+        }
+        for (; xx < n3; xx++) {
+            int acc = 1 << (RS_PRECISION_BITS - 1);
+            for (y = 0; y < n; y++) acc += base[(size_t)y * stride + xx] * k[y];
+            q[xx] = rs_clip8(acc);
+        }
+    }
+}
+#endif /* RS_X86_64 */
+
+static void rs_vpass_any(const unsigned char *src, int w, int y_off, const int *bv,
+                         const int *kv, int ksv, unsigned char *dst, int oh, int *acc) {
+#ifdef RS_X86_64
+    int level = rs_level;
+    if (level < 0) level = rs_simd_init();
+    if (level >= RS_SIMD_AVX2) {
+        rs_vpass_avx2(src, w, y_off, bv, kv, ksv, dst, oh);
+        return;
+    }
+#endif
+    rs_vpass(src, w, y_off, bv, kv, ksv, dst, oh, acc);
+}
+
 /* src: sh rows of sw packed RGB pixels; dst: oh rows of ow packed RGB pixels. 0 on success.
  * Pass order follows Pillow 13 (ImagingResampleInner): vertical first only when the height
  * shrinks by more than twice as many pixels as the width; otherwise horizontal first. */
@@ -323,14 +388,14 @@ int rs_resize(const unsigned char *src, int sw, int sh, const float box[4], unsi
         if (tmp) {
             int *acc = (int *)(tmp + off);
             rs_hpass_any(src + (size_t)y0 * sw * 3, sw, y1 - y0, bh, kh, ksh, tmp, ow, flip);
-            rs_vpass(tmp, ow, y0, bv, kv, ksv, dst, oh, acc);
+            rs_vpass_any(tmp, ow, y0, bv, kv, ksv, dst, oh, acc);
         }
     } else {
         size_t off = ((size_t)oh * sw * 3 + 15) & ~(size_t)15;
         tmp = (unsigned char *)malloc(off + (size_t)sw * 3 * sizeof(int));
         if (tmp) {
             int *acc = (int *)(tmp + off);
-            rs_vpass(src, sw, 0, bv, kv, ksv, tmp, oh, acc);
+            rs_vpass_any(src, sw, 0, bv, kv, ksv, tmp, oh, acc);
             rs_hpass_any(tmp, sw, oh, bh, kh, ksh, dst, ow, flip);
         }
     }
