@@ -12,9 +12,9 @@
  * Portability: the scalar C code below builds on every architecture (aarch64, ppc64le, ...).
  * The hand-written SSE4.1 / AVX2 horizontal passes and the AVX2 vertical pass are compiled only
  * for x86 with GCC or clang (compile-time guard RS_X86; AVX2 needs x86-64) and chosen at run
- * time from the CPU's features (rs_simd_init). They do the same integer arithmetic in vector lanes, so every path gives the
- * same bytes (tests/test_cext.py compares them, and compiles this file with the x86 macros
- * undefined to keep the scalar-only build honest).
+ * time from the CPU's features (rs_simd_init). They do the same integer arithmetic in vector
+ * lanes, so every path gives the same bytes (tests/test_cext.py compares them, and compiles
+ * this file with the x86 macros undefined to keep the scalar-only build honest).
  */
 #include <math.h>
 #include <stdlib.h>
