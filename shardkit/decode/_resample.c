@@ -179,9 +179,14 @@ __attribute__((target("sse4.1"))) static void rs_hpass_sse41(
 #endif /* RS_X86 */
 
 #ifdef RS_X86_64
-/* AVX2 variant: four rows at once (same taps for every row), two rows per 8-lane vector.
- * Same integer arithmetic as rs_hpass, hence identical output. Rows left over (rows % 4) and
- * pixels whose 4-byte loads would pass the end of the buffer go to rs_hpass_sse41. */
+/* AVX2 variant: four rows at once (same taps for every row), two rows per 8-lane vector, one
+ * pixel (R, G, B, 0) per 4 lanes. Where a pixel's taps lie in the 16 bytes from its first one
+ * (at most 5 taps) and those bytes are inside the buffer, each row's 16 bytes are loaded once
+ * and each tap's pixel is moved into the lanes by a byte shuffle; otherwise the taps are loaded
+ * one by one. Same integer arithmetic as rs_hpass (integer sums: any order gives the same
+ * value), hence identical output. Rows left over (rows % 4) and pixels whose loads would pass
+ * the end of the buffer go to rs_hpass_sse41. */
+#define RS_SHUFFLED_TAPS 5
 __attribute__((target("avx2"))) static int rs_hpass_avx2(
     const unsigned char *src, int sw, int rows, const int *bh, const int *kh, int ksh,
     unsigned char *dst, int ow, int flip) {
@@ -189,6 +194,16 @@ __attribute__((target("avx2"))) static int rs_hpass_avx2(
     size_t stride = (size_t)sw * 3, dstride = (size_t)ow * 3;
     const unsigned char *end = src + (size_t)rows * stride;
     const __m256i half = _mm256_set1_epi32(1 << (RS_PRECISION_BITS - 1));
+    __m256i tap[RS_SHUFFLED_TAPS]; /* tap x: bytes 3x, 3x+1, 3x+2 of each 16 into lanes 0-2 */
+    for (x = 0; x < RS_SHUFFLED_TAPS; x++) {
+        signed char m[32];
+        int b;
+        for (b = 0; b < 32; b++) {
+            const int lane = (b % 16) / 4, byte = b % 4;
+            m[b] = (signed char)(byte == 0 && lane < 3 ? 3 * x + lane : -1);
+        }
+        tap[x] = _mm256_loadu_si256((const __m256i *)m);
+    }
     for (yy = 0; yy + 4 <= rows; yy += 4) {
         const unsigned char *row = src + (size_t)yy * stride;
         unsigned char *drow = dst + (size_t)yy * dstride;
@@ -199,20 +214,37 @@ __attribute__((target("avx2"))) static int rs_hpass_avx2(
             unsigned char *q = drow + (size_t)(flip ? ow - 1 - xx : xx) * 3;
             __m256i a01 = half, a23 = half;
             unsigned char o[32];
-            if (p + 3 * stride + (size_t)n * 3 + 1 > end) return yy; /* rest: the SSE path */
-            for (x = 0; x < n; x++) {
-                unsigned int v0, v1, v2, v3;
-                const unsigned char *px = p + x * 3;
-                __m256i kv = _mm256_set1_epi32(k[x]);
-                memcpy(&v0, px, 4);
-                memcpy(&v1, px + stride, 4);
-                memcpy(&v2, px + 2 * stride, 4);
-                memcpy(&v3, px + 3 * stride, 4);
-                a01 = _mm256_add_epi32(a01, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
-                    _mm_cvtsi64_si128((long long)v0 | ((long long)v1 << 32))), kv));
-                a23 = _mm256_add_epi32(a23, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
-                    _mm_cvtsi64_si128((long long)v2 | ((long long)v3 << 32))), kv));
+            if (n <= RS_SHUFFLED_TAPS && p + 3 * stride + 16 <= end) {
+                const __m256i r01 = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                    _mm_loadu_si128((const __m128i *)(p + stride)), 1);
+                const __m256i r23 = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + 2 * stride))),
+                    _mm_loadu_si128((const __m128i *)(p + 3 * stride)), 1);
+                for (x = 0; x < n; x++) {
+                    const __m256i kv = _mm256_set1_epi32(k[x]);
+                    a01 = _mm256_add_epi32(
+                        a01, _mm256_mullo_epi32(_mm256_shuffle_epi8(r01, tap[x]), kv));
+                    a23 = _mm256_add_epi32(
+                        a23, _mm256_mullo_epi32(_mm256_shuffle_epi8(r23, tap[x]), kv));
+                }
+            } else {
+                if (p + 3 * stride + (size_t)n * 3 + 1 > end) return yy; /* rest: the SSE path */
+                for (x = 0; x < n; x++) {
+                    unsigned int v0, v1, v2, v3;
+                    const unsigned char *px = p + x * 3;
+                    __m256i kv = _mm256_set1_epi32(k[x]);
+                    memcpy(&v0, px, 4);
+                    memcpy(&v1, px + stride, 4);
+                    memcpy(&v2, px + 2 * stride, 4);
+                    memcpy(&v3, px + 3 * stride, 4);
+                    a01 = _mm256_add_epi32(a01, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                        _mm_cvtsi64_si128((long long)v0 | ((long long)v1 << 32))), kv));
+                    a23 = _mm256_add_epi32(a23, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                        _mm_cvtsi64_si128((long long)v2 | ((long long)v3 << 32))), kv));
+                }
             }
+            /* both forms: the low 128 bits of a01 (a23) are row 0 (2), the high ones row 1 (3) */
             a01 = _mm256_srai_epi32(a01, RS_PRECISION_BITS);
             a23 = _mm256_srai_epi32(a23, RS_PRECISION_BITS);
             /* packs work per 128-bit lane: [r0 r1 | r2 r3] after the two packs -> bytes */
