@@ -3,7 +3,7 @@
 ``make_loader`` reaches ~0.93-0.96x of bare decoding threads (``bench_overhead.py``); this says
 what the rest is. One process, ``num_workers=0`` (every batch built in the calling thread, the
 same ``BatchDataset.build`` the worker threads run), wall time per image of each stage, timed by
-wrapping the stage's method (``time.perf_counter_ns`` around each call; a wrapper adds ~0.1-0.3
+wrapping the stage's method (``time.perf_counter_ns`` around each call; a wrapper adds ~0.3-0.5
 us per call, so a stage's figure includes the wrappers of the stages inside it):
 
 - ``loader``: whole epochs of the loader, per image;
