@@ -41,7 +41,7 @@ __all__ = [
     "ResumeMismatchError",
     "TransformInputError", "OutputLockedError", "DiskFullError", "UploadError",
     "PackInvariantError", "PixelLimitError", "DecodeWarningError", "EvalCountError",
-    "ArenaUnavailable", "TrainingDivergedError", "BenchError", "PackFailed", "SAMPLE_ERRORS",
+    "ArenaUnavailable", "TrainingDivergedError", "BenchError", "PackFailed",
 ]
 
 
@@ -239,4 +239,5 @@ class TransformInputError(ConfigError):
 #: Errors a bad sample may raise while it is read or decoded: what ``on_error`` handles in the
 #: loader (:func:`shardkit.stream.make_loader`) and the Ray read tasks (a DecodeWarningError is
 #: ``on_warning``'s, never these; a programming error such as a TypeError is not among them).
+#: Not in ``__all__``, which lists the exception classes.
 SAMPLE_ERRORS = (ShardkitError, OSError, ValueError, RuntimeError)
