@@ -247,10 +247,22 @@ def test_a_damaged_sample_leaves_the_cache_usable(root, tmp_path, shm, caplog):
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     del records[5]["ext"]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    from shardkit.dataset.manifest import read_split_records
+    from shardkit.stream.cache_exact import UNREAD_SIZE, stored_sizes
+    from shardkit.stream.source import ShardSource
+    from shardkit.transforms import make_transform
+
+    tf = make_transform(TransformConfig(image_size=224), True)
     for lose_width in (False, True):
         if lose_width:  # sizes from every header now, the damaged one's too
             del records[7]["width"]
             path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        # on either path the unread sample gets a slot no image fits (were its read to work
+        # later, it is still never served from the cache), the others their own sizes
+        sizes, reducible = stored_sizes(ShardSource(root2, "train"), tf)
+        assert tuple(sizes[5]) == UNREAD_SIZE and reducible[5] == 0
+        want = [(r["width"], r["height"]) for r in read_split_records(root, "train")]
+        assert [tuple(v) for k, v in enumerate(sizes.tolist()) if k != 5] == want[:5] + want[6:]
         caplog.clear()
         plain, _ = _epochs(root2, [0], on_error="skip")
         with caplog.at_level(logging.WARNING, logger="shardkit"):

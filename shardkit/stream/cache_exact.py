@@ -53,7 +53,10 @@ def stored_sizes(source, transform) -> tuple[np.ndarray, bytes]:
         for i, r in enumerate(records):
             if "ext" not in r:  # a record without ``ext`` (hand-made): its header says
                 found = probe(i)
-                reducible[i] = found is not None and min(found.factors) < 1
+                if found is None:  # unreadable now: never served from the cache
+                    sizes[i] = UNREAD_SIZE
+                else:
+                    reducible[i] = min(found.factors) < 1
         probe.report()
         return sizes, bytes(reducible)
     if why:

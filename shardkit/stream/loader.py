@@ -407,7 +407,7 @@ def make_loader(root, split: str, batch_size: int, *, train: bool | None = None,
     train, why = resolve_mode(train, split, sampling)
     tf, size = resolve_transform(transform, train, image_size)
     spec, aug_device = resolve_augment(augment, augment_device, device_decode, train, split,
-                                        why)
+                                       why)
     sampling = rank_sampling(sampling, train, split)
     source = ShardSource(root, split, on_error, verify_reads, max_pixels)
     source.prefetch_bytes = resolve_prefetch_bytes(workers.shard_prefetch_bytes)

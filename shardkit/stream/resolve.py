@@ -1,9 +1,9 @@
-"""What :func:`~shardkit.stream.make_loader` makes of its arguments, one step per function in
-its order: the option objects (:func:`check_options`), train or eval (:func:`resolve_mode`),
-this process's rank (:func:`rank_sampling`), the transform (:func:`resolve_transform`),
-``device_decode`` (:func:`check_device_decode`) and the augmentation (:func:`resolve_augment`,
-:func:`warn_torch_threads`). Each raises the error a user sees for a wrong combination, naming
-the values; none builds anything.
+"""What :func:`~shardkit.stream.make_loader` makes of its arguments, one step per function, in
+its order: the option objects (:func:`check_options`), train or eval (:func:`resolve_mode`), the
+transform (:func:`resolve_transform`), the augmentation (:func:`resolve_augment`), this
+process's rank (:func:`rank_sampling`), ``device_decode`` (:func:`check_device_decode`) and the
+thread warning (:func:`warn_torch_threads`). Each raises the error a user sees for a wrong
+combination, naming the values; none builds anything.
 """
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def check_device_decode(tf, device_decode, cache) -> None:
 
 
 def resolve_augment(augment, augment_device, device_decode, train: bool, split: str,
-                     why: str = "train=False"):
+                    why: str = "train=False"):
     """``(AugmentSpec, device or None)``: None means the ops run on the CPU rows; ``why``: how
     the loader came to be an eval loader (for the error)."""
     from ..augment import AugmentSpec
