@@ -1148,24 +1148,14 @@ static long long chain_pass(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
     return chain_generic(p, n, st, ns, want_gray);
 }
 
-/* A pass whose stages each map a channel value alone (no saturation or grayscale: those mix
- * the channels) is a table of 256 entries: the table is the pass itself run on the 256 values
- * (the same code path, so the same arithmetic lane by lane), applied with do_lut. It pays
- * where do_lut is vectorised (AVX-512 VBMI): 4 us against 18-27 us for a vector pass at 224 px.
- * The gray sum, when wanted, is then a pass that only reads. */
+/* whether tables pay: do_lut is vectorised (AVX-512 VBMI), 4 us for a table against 18-27 us
+ * for a vector pass at 224 px */
 static int tables_fast(void) {
 #ifdef HAVE_FMA_CLONE
     return path_used == PATH_FMA && chain_wide == 2;
 #else
     return 0;
 #endif
-}
-
-static int lut_pays(const stage_t *st, int ns) {
-    if (ns == 0 || !tables_fast()) return 0;
-    for (int s = 0; s < ns; s++)
-        if (st[s].kind == ST_SAT) return 0;
-    return 1;
 }
 
 /* the stages st[0..ns) (each mapping a channel value alone) applied as their table */
@@ -1178,22 +1168,24 @@ static void stages_as_table(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns)
     do_lut(p, n, lut, 1);
 }
 
-/* chain_pass's bytes and gray sum, through tables where lut_pays: a pass with no saturation
- * is its table (then a read-only pass for the gray sum); in a pass with one, the stages before
- * the first saturation are a table applied first, and the stages after the last one a table
- * applied after when the pass needs no gray sum (each stage costs the vector pass 5-7 us at
- * 224 px, a table 4 us for all of them: standard's colour jitter 43 -> 37 us per image on
- * average over its six orders). Each table is those stages run on the 256 values through
- * chain_pass, so every byte is chain_pass's. */
+/* chain_pass's bytes and gray sum, through tables where tables_fast. Brightness, contrast,
+ * posterize and solarize map each channel value alone (saturation and grayscale, ST_SAT, mix
+ * the channels): a pass with no saturation is its table (then a read-only pass for the gray
+ * sum); in a pass with one, the stages before the first saturation are a table applied first,
+ * and the stages after the last one a table applied after when the pass needs no gray sum
+ * (each stage costs the vector pass 5-7 us at 224 px, a table 4 us for all of them: standard's
+ * colour jitter 43 -> 37 us per image on average over its six orders). Each table is those
+ * stages run on the 256 values through chain_pass (the same code path, so the same arithmetic
+ * lane by lane), so every byte is chain_pass's. */
 static long long chain_run(uint8_t *p, Py_ssize_t n, const stage_t *st, int ns,
                            int want_gray) {
-    if (lut_pays(st, ns)) {
+    if (ns == 0 || !tables_fast()) return chain_pass(p, n, st, ns, want_gray);
+    int first = 0, last = ns - 1;
+    while (first < ns && st[first].kind != ST_SAT) first++;
+    if (first == ns) { /* no saturation: the pass is its table */
         stages_as_table(p, n, st, ns);
         return want_gray ? chain_pass(p, n, st, 0, 1) : 0;
     }
-    if (ns == 0 || !tables_fast()) return chain_pass(p, n, st, ns, want_gray);
-    int first = 0, last = ns - 1; /* a saturation is among the stages (lut_pays said no) */
-    while (st[first].kind != ST_SAT) first++;
     while (st[last].kind != ST_SAT) last--;
     const int tail = want_gray ? 0 : ns - 1 - last;
     if (first == 0 && tail == 0) return chain_pass(p, n, st, ns, want_gray);
