@@ -68,7 +68,8 @@ def _timed(acc: collections.Counter, owner, name: str, label: str) -> None:
 @click.option("--data", required=True, help="A packed wds dataset (shardkit pack output).")
 @click.option("--split", default="train", show_default=True)
 @click.option("--batch-size", default=64, show_default=True)
-@click.option("--epochs", default=4, show_default=True, help="Timed epochs (after one warm-up).")
+@click.option("--epochs", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Timed epochs (after one warm-up).")
 @click.option("--stub-decode/--real-decode", default=False, show_default=True,
               help="Replace the decode + resize C call by a no-op.")
 @click.option("--out", default=None, help="Write the results as JSON here.")
