@@ -199,6 +199,16 @@ def test_png_samples_are_never_counted_as_dct_reduced(mixed, shm):
     assert differ["png"] == 0 and 0 < differ["jpg"] == stats["dct_reduced"]
 
 
+def _edit_records(root: Path, edit) -> list[dict]:
+    """Rewrites ``root``'s ``splits/train.jsonl`` after ``edit(records)`` changed the list of
+    record dicts in place (a hand edit: the records are metadata); returns the records."""
+    path = root / "splits" / "train.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    edit(records)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
 def test_split_records_without_ext_take_the_format_from_the_header(mixed, tmp_path):
     """A hand-edited ``splits/train.jsonl`` whose records lost ``ext`` (allowed: the records
     are metadata) still marks exactly the JPEGs as DCT-reducible, from each sample's header:
@@ -210,12 +220,13 @@ def test_split_records_without_ext_take_the_format_from_the_header(mixed, tmp_pa
     src, exts = mixed
     root = tmp_path / "edited"
     shutil.copytree(src, root)
-    path = root / "splits" / "train.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    for r in records[::3]:  # a third lose ext: both formats among them
-        del r["ext"]
+
+    def drop_ext(records):
+        for r in records[::3]:  # a third lose ext: both formats among them
+            del r["ext"]
+
+    records = _edit_records(root, drop_ext)
     assert {exts[i] for i in range(0, len(exts), 3)} == {"jpg", "png"}
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
     tf = make_transform(TransformConfig(image_size=SMALL), True)
     for root_ in (src, root):
         sizes, reducible = stored_sizes(ShardSource(root_, "train"), tf)
@@ -240,23 +251,19 @@ def test_a_damaged_sample_leaves_the_cache_usable(root, tmp_path, shm, caplog):
     without ``ext``, then the sizes read from headers because a record lost its width) is
     not cached and goes to ``on_error`` in the loader, as without a cache: with ``skip`` both
     loaders yield the other 139 samples, the same pixels, and one warning names the sample."""
-    root2 = tmp_path / "damaged"
-    shutil.copytree(root, root2)
-    key = _damage(root2, 5)
-    path = root2 / "splits" / "train.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    del records[5]["ext"]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
     from shardkit.dataset.manifest import read_split_records
     from shardkit.stream.cache_exact import UNREAD_SIZE, stored_sizes
     from shardkit.stream.source import ShardSource
     from shardkit.transforms import make_transform
 
+    root2 = tmp_path / "damaged"
+    shutil.copytree(root, root2)
+    key = _damage(root2, 5)
+    _edit_records(root2, lambda records: records[5].pop("ext"))
     tf = make_transform(TransformConfig(image_size=224), True)
     for lose_width in (False, True):
         if lose_width:  # sizes from every header now, the damaged one's too
-            del records[7]["width"]
-            path.write_text("".join(json.dumps(r) + "\n" for r in records))
+            _edit_records(root2, lambda records: records[7].pop("width"))
         # on either path the unread sample gets a slot no image fits (were its read to work
         # later, it is still never served from the cache), the others their own sizes
         sizes, reducible = stored_sizes(ShardSource(root2, "train"), tf)
