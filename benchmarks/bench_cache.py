@@ -45,6 +45,10 @@ Usage::
         [--backend thread] [--augment standard] [--out FILE]
     .venv/bin/python benchmarks/bench_cache.py --data OUT --memory [--workers 2] [--out FILE]
     .venv/bin/python benchmarks/bench_cache.py --data OUT --fill-breakdown [--out FILE]
+
+``--shm-dir DIR`` (every mode): the tmpfs each repeat's arena folder is made in (default
+``/dev/shm``), e.g. one mounted ``huge=within_size`` to measure the fill with 2 MiB pages; the
+output's ``huge_pages`` is that tmpfs's mode (:func:`shardkit.stream.memory.tmpfs_huge`).
 """
 from __future__ import annotations
 
@@ -57,6 +61,14 @@ import time
 import click
 
 from _common import write_json
+
+
+_SHM_PARENT = ["/dev/shm"]
+
+
+def _shm_parent() -> str:
+    """The tmpfs folder each repeat's arena folder is made in (``--shm-dir``)."""
+    return _SHM_PARENT[0]
 
 
 def _epoch(loader, epoch: int, keep: bool = False):
@@ -78,7 +90,7 @@ def _one_repeat(root, split, batch, workers, backend, epoch, augment="none"):
     rates, stats = {}, {}
     with make_loader(root, split, batch, **opts) as loader:
         rates["uncached"], plain = _epoch(loader, epoch + 1, keep=True)
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+    with tempfile.TemporaryDirectory(dir=_shm_parent()) as shm:
         os.environ["SHARDKIT_CACHE_SHM"] = shm
         with make_loader(root, split, batch, cache="ram", **opts) as loader:
             rates["fill"], _ = _epoch(loader, epoch)
@@ -113,7 +125,7 @@ def _fill_breakdown(root, split, repeats):
              "crop_params", "resize_from_pixels")
     best = {k: np.full(len(datas), np.inf) for k in names}
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        with tempfile.TemporaryDirectory(dir=_shm_parent()) as shm:
             os.environ["SHARDKIT_CACHE_SHM"] = shm
             fresh, other = DecodedCache(src, tf, "ram", None), DecodedCache(src, tf, "ram", None)
             other.path = other.arena.path = os.path.join(shm, "parts.arena")
@@ -166,7 +178,7 @@ def _memory(root, split, batch, workers, epochs):
         backend="process", multiprocessing_context="fork", persistent_workers=True))
     out = {}
     for mode in ("none", "ram"):
-        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        with tempfile.TemporaryDirectory(dir=_shm_parent()) as shm:
             os.environ["SHARDKIT_CACHE_SHM"] = shm
             with make_loader(root, split, batch, cache=mode, **opts) as loader:
                 for e in range(epochs + 1):
@@ -202,10 +214,17 @@ def _memory(root, split, batch, workers, epochs):
 @click.option("--augment", default="none", show_default=True,
               help="Augmentation preset of every loader, e.g. standard: the ops run "
                    "after the cache on the cached pixels' crops, every epoch.")
+@click.option("--shm-dir", default="/dev/shm", show_default=True,
+              type=click.Path(exists=True, file_okay=False),
+              help="tmpfs folder of the arenas (a tmpfs mounted huge=within_size: see README).")
 def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_breakdown,
-         augment):
+         augment, shm_dir):
+    from shardkit.stream.memory import tmpfs_huge
+
+    _SHM_PARENT[0] = shm_dir
     if fill_breakdown:
         return _emit({"data": str(data), "split": split, "repeats": repeats,
+                      "shm_dir": shm_dir, "huge_pages": tmpfs_huge(shm_dir),
                       **_fill_breakdown(data, split, repeats)}, out)
     if memory:
         result = {"data": str(data), "split": split, "batch_size": batch_size,
@@ -220,6 +239,7 @@ def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_b
     result = {
         "data": str(data), "split": split, "batch_size": batch_size, "workers": workers,
         "backend": backend, "repeats": repeats, "cores": os.cpu_count(), "augment": augment,
+        "shm_dir": shm_dir, "huge_pages": full["huge_pages"],
         "images_per_s": med,
         "ratio_cached_to_uncached": med["cached"] / med["uncached"],
         "ratio_cached_noverify_to_uncached": med["cached_noverify"] / med["uncached"],

@@ -12,6 +12,12 @@ manifest's shard sha256s); ``"auto"`` (ram when the split's pixels fit in half o
 memory and in the tmpfs's free space less its reserve, else none; one log line says which and
 why). ``cache_eval="final"`` on an eval loader stores the final deterministic crops instead.
 
+Fill cost: every stored slot takes fresh pages of the arena's file system. On a tmpfs without
+huge pages (``huge=never``, the default) that is a page fault per 4 KiB, the fill epoch's largest
+cost where faults are slow (a VM whose host takes freed memory back: ``benchmarks/README.md``,
+"Seventh pass"); ``cache_stats()["huge_pages"]`` says which (:func:`tmpfs_huge`), and
+``$SHARDKIT_CACHE_SHM`` may name a tmpfs mounted ``huge=within_size`` (2 MiB pages).
+
 Room for the batches (the tmpfs reserve): DataLoader worker processes pass every batch to the
 consumer in a fresh ``/dev/shm`` segment, so a cache that filled the tmpfs would starve them
 (Docker gives containers 64 MB). A cache never takes the last :func:`shm_reserve` bytes of its
@@ -60,7 +66,7 @@ from ..errors import ArenaUnavailable, ConfigError
 from ..validate import check_int
 from .arena import Arena, table_layout
 from .cache_exact import NEVER, dct_side, dct_warning, stored_sizes
-from .memory import arena_memory, available_memory, free_bytes, same_fs, shm_reserve
+from .memory import arena_memory, available_memory, free_bytes, same_fs, shm_reserve, tmpfs_huge
 
 __all__ = ["DecodedCache", "make_cache", "parse_cache", "CACHE_EVAL", "SHM_DIR_ENV",
            "SHM_MARGIN", "cache_identity", "cached_size", "available_memory", "free_bytes",
@@ -381,7 +387,10 @@ class DecodedCache:
     # --- accounting --------------------------------------------------------------------------
     def stats(self) -> dict:
         """``{"mode", "kind", "resolution", "path", "size_bytes" (all slots), "filled_samples",
-        "filled_bytes", "num_samples", "disabled"}`` as seen now (every process's fills)."""
+        "filled_bytes", "num_samples", "disabled", "huge_pages"}`` as seen now (every process's
+        fills); ``huge_pages``: the arena folder's tmpfs huge-page mode
+        (:func:`~shardkit.stream.memory.tmpfs_huge`: ``"never"`` means a page fault per 4 KiB
+        stored, the fill epoch's largest cost on some machines), None when not on a tmpfs."""
         arena = self.arena
         filled = arena.filled() if arena.attached else (0, 0)
         stopped = arena.filling_stopped if arena.attached else None
@@ -389,7 +398,7 @@ class DecodedCache:
                 "path": self.path, "size_bytes": self.projected_bytes,
                 "num_samples": arena.n if arena.attached else None,
                 "filled_samples": filled[0], "filled_bytes": filled[1],
-                "disabled": self.disabled or stopped}
+                "disabled": self.disabled or stopped, "huge_pages": tmpfs_huge(self.folder)}
 
 
 def make_cache(source, transform, cache, *, max_side: int | None = None,

@@ -143,7 +143,9 @@ class ShardLoader:
         pixels where the uncached decode would have used a DCT reduction: a JPEG crop with both
         sides >= 2 x image_size; with ``cache_max_side`` unset, exactly the samples whose
         pixels differ from an uncached run's, close but not bit-exact; the first one logs a
-        warning, once per loader, whatever the backend)}``.
+        warning, once per loader, whatever the backend), "huge_pages" (the tmpfs huge-page mode
+        of the arena's folder, ``"never"``, ``"always"``, ``"within_size"``, ``"advise"``, or
+        None off a tmpfs: :func:`~shardkit.stream.memory.tmpfs_huge`)}``.
         """
         cache = self.cache
         if cache is None:

@@ -3,6 +3,9 @@
 - Room: :func:`available_memory` (``MemAvailable``), :func:`free_bytes` (a file system's free
   space), :func:`shm_reserve` (what a loader's batches may hold of ``/dev/shm``) and
   :func:`same_fs`: the inputs of ``cache="auto"`` and of the reserve a cache leaves free.
+- Pages: :func:`tmpfs_huge`, whether a tmpfs gives its files 2 MiB pages (a RAM arena's fill
+  then costs a page fault per 2 MiB instead of per 4 KiB; ``benchmarks/README.md``, seventh
+  pass).
 - Use: :func:`arena_memory` (Linux ``/proc``), how each process maps an arena, for benchmarks
   and tests of the one-copy-per-machine property.
 """
@@ -10,7 +13,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["arena_memory", "available_memory", "free_bytes", "same_fs", "shm_reserve"]
+__all__ = ["arena_memory", "available_memory", "free_bytes", "same_fs", "shm_reserve",
+           "tmpfs_huge"]
 
 _SMAPS_FIELDS = {"Rss": "rss", "Pss": "pss", "Shared_Clean": "shared", "Shared_Dirty": "shared",
                  "Private_Clean": "private", "Private_Dirty": "private", "Anonymous": "anonymous"}
@@ -103,3 +107,53 @@ def same_fs(a, b) -> bool:
         return os.stat(a).st_dev == os.stat(b).st_dev
     except OSError:
         return False
+
+
+_HUGE_MODES = ("never", "always", "within_size", "advise")
+
+
+def tmpfs_huge(folder, mountinfo: str | None = None, shmem_enabled: str | None = None
+               ) -> str | None:
+    """The huge-page mode of the tmpfs holding ``folder`` (Linux): ``"never"`` (4 KiB pages,
+    the default of a tmpfs mounted without ``huge=``), ``"always"``, ``"within_size"`` or
+    ``"advise"`` (its ``huge=`` mount option; ``"advise"`` gives huge pages only to mappings
+    that ask with ``madvise``, and the arena's ``pwrite`` does not), as overridden by the
+    system-wide ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` when that is ``force``
+    (``"always"``) or ``deny`` (``"never"``). None when ``folder`` is missing, not on a tmpfs,
+    or the mount table cannot be read.
+
+    The mount is found by device number (``st_dev`` against the ``major:minor`` field of
+    ``/proc/self/mountinfo``), so a bind mount or a symbolic link in ``folder`` finds its
+    tmpfs. ``mountinfo`` and ``shmem_enabled`` stand in for those two files' text (tests).
+    A tmpfs gets huge pages with, as root, ``mount -o remount,huge=within_size /dev/shm``.
+    """
+    try:
+        st = os.stat(folder)
+        if mountinfo is None:
+            with open("/proc/self/mountinfo") as fh:
+                mountinfo = fh.read()
+    except OSError:
+        return None
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    mode = None
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 10 or fields[2] != dev or "-" not in fields[6:]:
+            continue
+        rest = fields[fields.index("-", 6) + 1:]  # fstype, source, super options
+        if len(rest) < 3 or rest[0] != "tmpfs":
+            return None
+        options = dict(o.partition("=")[::2] for o in rest[2].split(","))
+        mode = options.get("huge", "never")
+        mode = mode if mode in _HUGE_MODES else "never"
+    if mode is None:
+        return None
+    if shmem_enabled is None:
+        try:
+            with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as fh:
+                shmem_enabled = fh.read()
+        except OSError:
+            shmem_enabled = ""
+    chosen = shmem_enabled[shmem_enabled.find("[") + 1:shmem_enabled.find("]")] \
+        if "[" in shmem_enabled else ""
+    return {"force": "always", "deny": "never"}.get(chosen, mode)
