@@ -18,6 +18,7 @@ from shardkit.bench.env import (collect_environment, describe_pil, libjpeg_turbo
 from shardkit.bench.grid import Setting, parse_backends, parse_caches, parse_int_list
 from shardkit.bench.runner import RunConfig, run_rows
 from shardkit.errors import BenchError, ConfigError
+from shardkit.stream.memory import tmpfs_huge
 
 
 class FixedDelayLoader:
@@ -847,6 +848,9 @@ def test_cli_cache_none_and_ram_rows_carry_size_hit_rate_and_fill(packed_sample,
     assert cached["fill_ratio_to_uncached"] > 0
     assert doc["recommendation"]["recommended_row"] in (0, 1)
     assert c["path"].startswith("/dev/shm/") and not Path(c["path"]).exists()  # removed
+    assert c["huge_pages"] == tmpfs_huge("/dev/shm")  # the arena's tmpfs, named in the text
+    assert (f"tmpfs huge pages: {c['huge_pages']}" in result.output) == (c["huge_pages"]
+                                                                          is not None)
 
 
 def test_bench_disk_cache_is_reused_by_the_next_row(packed_sample, tmp_path):

@@ -368,6 +368,8 @@ def _cache_line(rec: dict, c: dict) -> str:
         parts.append(f"{rec['ratio_to_uncached']:.2f}x uncached (row {rec['uncached_row']})")
     if rec.get("fill_ratio_to_uncached"):
         parts.append(f"fill {rec['fill_ratio_to_uncached']:.2f}x uncached")
+    if c.get("huge_pages") is not None:  # "never": a page allocation per 4 KiB stored
+        parts.append(f"tmpfs huge pages: {c['huge_pages']}")
     if c.get("disabled"):
         parts.append(f"disabled: {c['disabled']}")
     return "; ".join(parts)

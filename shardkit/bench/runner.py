@@ -110,8 +110,8 @@ def cache_record(requested: str, fill: dict | None, after: dict | None) -> dict:
     (wall seconds of the untimed fill epoch), "fill_img_s", "fill_hit_rate" (hits during the
     fill epoch: 0.0 for a fresh arena, 1.0 for a reused disk arena), "hits", "misses",
     "hit_rate" (during the timed repeats, warm-up included; None without samples),
-    "disabled"}``. ``fill`` is :func:`fill_cache`'s result, ``after`` the loader's
-    ``cache_stats()`` after timing."""
+    "disabled", "huge_pages" (the arena tmpfs's huge-page mode, None off a tmpfs)}``. ``fill``
+    is :func:`fill_cache`'s result, ``after`` the loader's ``cache_stats()`` after timing."""
     if fill is None or after is None:
         return {"requested": requested, "mode": "none"}
     before = fill["stats_after_fill"]
@@ -125,7 +125,7 @@ def cache_record(requested: str, fill: dict | None, after: dict | None) -> dict:
             "fill_s": fill["fill_s"], "fill_img_s": fill["fill_img_s"],
             "fill_hit_rate": before["hit_rate"], "hits": hits, "misses": misses,
             "hit_rate": hits / (hits + misses) if hits + misses else None,
-            "disabled": after["disabled"]}
+            "disabled": after["disabled"], "huge_pages": after.get("huge_pages")}
 
 
 def add_cache_ratios(results: list[dict]) -> None:

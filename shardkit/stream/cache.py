@@ -12,11 +12,12 @@ manifest's shard sha256s); ``"auto"`` (ram when the split's pixels fit in half o
 memory and in the tmpfs's free space less its reserve, else none; one log line says which and
 why). ``cache_eval="final"`` on an eval loader stores the final deterministic crops instead.
 
-Fill cost: every stored slot takes fresh pages of the arena's file system. On a tmpfs without
-huge pages (``huge=never``, the default) that is a page fault per 4 KiB, the fill epoch's largest
-cost where faults are slow (a VM whose host takes freed memory back: ``benchmarks/README.md``,
-"Seventh pass"); ``cache_stats()["huge_pages"]`` says which (:func:`tmpfs_huge`), and
-``$SHARDKIT_CACHE_SHM`` may name a tmpfs mounted ``huge=within_size`` (2 MiB pages).
+Fill cost: every stored slot takes fresh pages of the arena's file system, allocated by the
+kernel inside the ``pwrite`` (0.12 ms of a 0.81 ms fill per flowers photo, one thread, 2-vCPU
+VM; ``benchmarks/README.md``, "Seventh pass"). ``cache_stats()["huge_pages"]`` names the tmpfs's
+page mode (:func:`tmpfs_huge`); ``$SHARDKIT_CACHE_SHM`` may name a tmpfs mounted
+``huge=within_size`` (2 MiB pages, 512 times fewer allocations), which did not pay reliably on
+that VM, where the host backs freed memory again on its first touch.
 
 Room for the batches (the tmpfs reserve): DataLoader worker processes pass every batch to the
 consumer in a fresh ``/dev/shm`` segment, so a cache that filled the tmpfs would starve them
@@ -389,8 +390,8 @@ class DecodedCache:
         """``{"mode", "kind", "resolution", "path", "size_bytes" (all slots), "filled_samples",
         "filled_bytes", "num_samples", "disabled", "huge_pages"}`` as seen now (every process's
         fills); ``huge_pages``: the arena folder's tmpfs huge-page mode
-        (:func:`~shardkit.stream.memory.tmpfs_huge`: ``"never"`` means a page fault per 4 KiB
-        stored, the fill epoch's largest cost on some machines), None when not on a tmpfs."""
+        (:func:`~shardkit.stream.memory.tmpfs_huge`: ``"never"``, one page allocation per 4 KiB
+        stored), None when not on a tmpfs."""
         arena = self.arena
         filled = arena.filled() if arena.attached else (0, 0)
         stopped = arena.filling_stopped if arena.attached else None

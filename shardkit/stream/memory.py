@@ -4,8 +4,8 @@
   space), :func:`shm_reserve` (what a loader's batches may hold of ``/dev/shm``) and
   :func:`same_fs`: the inputs of ``cache="auto"`` and of the reserve a cache leaves free.
 - Pages: :func:`tmpfs_huge`, whether a tmpfs gives its files 2 MiB pages (a RAM arena's fill
-  then costs a page fault per 2 MiB instead of per 4 KiB; ``benchmarks/README.md``, seventh
-  pass).
+  then allocates a page per 2 MiB instead of per 4 KiB; ``benchmarks/README.md``, "Seventh
+  pass").
 - Use: :func:`arena_memory` (Linux ``/proc``), how each process maps an arena, for benchmarks
   and tests of the one-copy-per-machine property.
 """
