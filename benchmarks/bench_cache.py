@@ -36,7 +36,9 @@ step timed back to back on the same image and the minimum over ``--repeats`` pas
 load from other processes inflates little): the uncached transform (crop-window decode fused
 with the resize), the cache's ``fill`` (a fresh arena each pass), and its parts: the fill's one
 C call (``decode_for_cache(..., crop=...)``: whole-image decode into the fill buffer, then the
-crop resized from it), the store (``pwrite`` into fresh tmpfs pages + xxh3); for comparison the
+crop resized from it), the store (``pwrite`` into fresh tmpfs pages + xxh3) and the same store
+again into the pages it just allocated (``store_rewrite``: copy + xxh3, so ``store`` minus it is
+``store_page_allocation_ms``, the kernel's page allocation); for comparison the
 whole-image decode alone, the crop window's decode alone, drawing the crop, and the two-step
 fill's resize from decoded pixels (``from_pixels``).
 Usage::
@@ -121,8 +123,8 @@ def _fill_breakdown(root, split, repeats):
     datas = [bytes(src.read(i)) for i in range(len(src))]
     tf = make_transform(TransformConfig(image_size=224), True)
     dec, out, clk = tf.decoder, np.empty((224, 224, 3), np.uint8), time.perf_counter
-    names = ("uncached", "fill", "fused_decode_crop", "store", "decode_whole", "decode_window",
-             "crop_params", "resize_from_pixels")
+    names = ("uncached", "fill", "fused_decode_crop", "store", "store_rewrite", "decode_whole",
+             "decode_window", "crop_params", "resize_from_pixels")
     best = {k: np.full(len(datas), np.inf) for k in names}
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(dir=_shm_parent()) as shm:
@@ -144,6 +146,8 @@ def _fill_breakdown(root, split, repeats):
                 t.append(clk())
                 other.arena.store(i, buf, 0)  # fresh tmpfs pages, as in the fill
                 t.append(clk())
+                other.arena.store(i, buf, 0)  # the same slot again: its pages exist now
+                t.append(clk())
                 pix = dec.decode_scaled(d, Fraction(1))
                 t.append(clk())
                 p = sample_crop_params(w, h, tf.cfg, np.random.default_rng(i))
@@ -164,6 +168,8 @@ def _fill_breakdown(root, split, repeats):
             "ratio_fill_to_uncached_speed": ms["uncached"] / ms["fill"],
             "ratio_decode_whole_to_window": ms["decode_whole"] / ms["decode_window"],
             "floor_without_store_speed": ms["uncached"] / (ms["fill"] - ms["store"]),
+            # what the store pays for fresh pages: the kernel's allocation inside pwrite
+            "store_page_allocation_ms": ms["store"] - ms["store_rewrite"],
             "floor_fused_call_alone_speed": ms["uncached"] / ms["fused_decode_crop"]}
 
 

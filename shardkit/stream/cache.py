@@ -13,7 +13,7 @@ memory and in the tmpfs's free space less its reserve, else none; one log line s
 why). ``cache_eval="final"`` on an eval loader stores the final deterministic crops instead.
 
 Fill cost: every stored slot takes fresh pages of the arena's file system, allocated by the
-kernel inside the ``pwrite`` (0.12 ms of a 0.81 ms fill per flowers photo, one thread, 2-vCPU
+kernel inside the ``pwrite`` (0.08 ms of a 0.86 ms fill per flowers photo, one thread, 2-vCPU
 VM; ``benchmarks/README.md``, "Seventh pass"). ``cache_stats()["huge_pages"]`` names the tmpfs's
 page mode (:func:`tmpfs_huge`); ``$SHARDKIT_CACHE_SHM`` may name a tmpfs mounted
 ``huge=within_size`` (2 MiB pages, 512 times fewer allocations), which did not pay reliably on
