@@ -65,14 +65,6 @@ import click
 from _common import write_json
 
 
-_SHM_PARENT = ["/dev/shm"]
-
-
-def _shm_parent() -> str:
-    """The tmpfs folder each repeat's arena folder is made in (``--shm-dir``)."""
-    return _SHM_PARENT[0]
-
-
 def _epoch(loader, epoch: int, keep: bool = False):
     loader.set_epoch(epoch)
     n, t0, kept = 0, time.perf_counter(), []
@@ -83,7 +75,7 @@ def _epoch(loader, epoch: int, keep: bool = False):
     return n / (time.perf_counter() - t0), kept
 
 
-def _one_repeat(root, split, batch, workers, backend, epoch, augment="none"):
+def _one_repeat(root, split, batch, workers, backend, epoch, augment="none", shm_dir="/dev/shm"):
     import torch
 
     from shardkit.stream import WorkerOptions, make_loader
@@ -92,7 +84,7 @@ def _one_repeat(root, split, batch, workers, backend, epoch, augment="none"):
     rates, stats = {}, {}
     with make_loader(root, split, batch, **opts) as loader:
         rates["uncached"], plain = _epoch(loader, epoch + 1, keep=True)
-    with tempfile.TemporaryDirectory(dir=_shm_parent()) as shm:
+    with tempfile.TemporaryDirectory(dir=shm_dir) as shm:
         os.environ["SHARDKIT_CACHE_SHM"] = shm
         with make_loader(root, split, batch, cache="ram", **opts) as loader:
             rates["fill"], _ = _epoch(loader, epoch)
@@ -109,7 +101,7 @@ def _one_repeat(root, split, batch, workers, backend, epoch, augment="none"):
     return rates, stats, diff
 
 
-def _fill_breakdown(root, split, repeats):
+def _fill_breakdown(root, split, repeats, shm_dir="/dev/shm"):
     """Per-image ms of the uncached transform, the cache fill and the fill's parts (module doc)."""
     from fractions import Fraction
 
@@ -127,7 +119,7 @@ def _fill_breakdown(root, split, repeats):
              "decode_window", "crop_params", "resize_from_pixels")
     best = {k: np.full(len(datas), np.inf) for k in names}
     for _ in range(repeats):
-        with tempfile.TemporaryDirectory(dir=_shm_parent()) as shm:
+        with tempfile.TemporaryDirectory(dir=shm_dir) as shm:
             os.environ["SHARDKIT_CACHE_SHM"] = shm
             fresh, other = DecodedCache(src, tf, "ram", None), DecodedCache(src, tf, "ram", None)
             other.path = other.arena.path = os.path.join(shm, "parts.arena")
@@ -173,7 +165,7 @@ def _fill_breakdown(root, split, repeats):
             "floor_fused_call_alone_speed": ms["uncached"] / ms["fused_decode_crop"]}
 
 
-def _memory(root, split, batch, workers, epochs):
+def _memory(root, split, batch, workers, epochs, shm_dir="/dev/shm"):
     """PSS of main + worker processes, cached (ram) and uncached; see the module doc."""
     import psutil
 
@@ -184,7 +176,7 @@ def _memory(root, split, batch, workers, epochs):
         backend="process", multiprocessing_context="fork", persistent_workers=True))
     out = {}
     for mode in ("none", "ram"):
-        with tempfile.TemporaryDirectory(dir=_shm_parent()) as shm:
+        with tempfile.TemporaryDirectory(dir=shm_dir) as shm:
             os.environ["SHARDKIT_CACHE_SHM"] = shm
             with make_loader(root, split, batch, cache=mode, **opts) as loader:
                 for e in range(epochs + 1):
@@ -227,17 +219,16 @@ def main(data, split, batch_size, workers, backend, repeats, out, memory, fill_b
          augment, shm_dir):
     from shardkit.stream.memory import tmpfs_huge
 
-    _SHM_PARENT[0] = shm_dir
+    where = {"shm_dir": shm_dir, "huge_pages": tmpfs_huge(shm_dir)}
     if fill_breakdown:
         return _emit({"data": str(data), "split": split, "repeats": repeats,
-                      "shm_dir": shm_dir, "huge_pages": tmpfs_huge(shm_dir),
-                      **_fill_breakdown(data, split, repeats)}, out)
+                      **where, **_fill_breakdown(data, split, repeats, shm_dir)}, out)
     if memory:
         result = {"data": str(data), "split": split, "batch_size": batch_size,
                   "workers": workers, "epochs_after_fill": repeats,
-                  **_memory(data, split, batch_size, workers, repeats)}
+                  **where, **_memory(data, split, batch_size, workers, repeats, shm_dir)}
         return _emit(result, out)
-    runs = [_one_repeat(data, split, batch_size, workers, backend, 2 * r, augment)
+    runs = [_one_repeat(data, split, batch_size, workers, backend, 2 * r, augment, shm_dir)
             for r in range(repeats)]
     med = {k: statistics.median(r[0][k] for r in runs) for k in runs[0][0]}
     full, small = runs[0][1]["full"], runs[0][1]["max256"]

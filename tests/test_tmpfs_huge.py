@@ -34,6 +34,7 @@ def _table(dev: str, fstype: str, options: str) -> str:
     ("rw,size=24683664k", "always within_size advise never deny [force]\n", "always"),
     ("rw,huge=always", "always within_size advise never [deny] force\n", "never"),
     ("rw,huge=always", "", "always"),  # no sysfs file (older kernels): the mount option
+    ("rw,huge=some_new_mode", SHMEM_NEVER, "some_new_mode"),  # not guessed as "never"
 ])
 def test_the_mount_option_and_the_system_override(tmp_path, options, shmem, want):
     table = _table(_dev(tmp_path), "tmpfs", options)

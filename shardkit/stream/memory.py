@@ -109,18 +109,16 @@ def same_fs(a, b) -> bool:
         return False
 
 
-_HUGE_MODES = ("never", "always", "within_size", "advise")
-
-
 def tmpfs_huge(folder, mountinfo: str | None = None, shmem_enabled: str | None = None
                ) -> str | None:
-    """The huge-page mode of the tmpfs holding ``folder`` (Linux): ``"never"`` (4 KiB pages,
+    """The huge-page mode of the tmpfs holding ``folder`` (Linux): ``"never"`` (base pages,
     the default of a tmpfs mounted without ``huge=``), ``"always"``, ``"within_size"`` or
     ``"advise"`` (its ``huge=`` mount option; ``"advise"`` gives huge pages only to mappings
     that ask with ``madvise``, and the arena's ``pwrite`` does not), as overridden by the
     system-wide ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` when that is ``force``
     (``"always"``) or ``deny`` (``"never"``). None when ``folder`` is missing, not on a tmpfs,
-    or the mount table cannot be read.
+    or the mount table cannot be read. A ``huge=`` value of a newer kernel is returned as it
+    is, never guessed. The mode is the mount's now: pages stored before a remount keep theirs.
 
     The mount is found by device number (``st_dev`` against the ``major:minor`` field of
     ``/proc/self/mountinfo``), so a bind mount or a symbolic link in ``folder`` finds its
@@ -144,8 +142,7 @@ def tmpfs_huge(folder, mountinfo: str | None = None, shmem_enabled: str | None =
         if len(rest) < 3 or rest[0] != "tmpfs":
             return None
         options = dict(o.partition("=")[::2] for o in rest[2].split(","))
-        mode = options.get("huge", "never")
-        mode = mode if mode in _HUGE_MODES else "never"
+        mode = options.get("huge", "never")  # a value a newer kernel adds is passed on as is
     if mode is None:
         return None
     if shmem_enabled is None:
